@@ -1,0 +1,50 @@
+"""`.cu` -> objects with the toolkit's nvcc, wrapped in a cc_library.
+
+Targets built with these macros exist only under --config=cuda (chosen by
+deploy/setup.sh where /usr/local/cuda holds the toolkit); elsewhere they are
+skipped as incompatible, so a CPU-only machine still builds //... cleanly."""
+
+_NVCC = "/usr/local/cuda/bin/nvcc"
+
+# sm_80 (A100) and sm_90 (H100/H200) machine code, plus PTX for newer devices.
+_NVCC_FLAGS = " ".join([
+    "-c",
+    "-O3",
+    "-std=c++20",
+    "-Xcompiler -fPIC",
+    "-Xcompiler -Wall",
+    "-Werror all-warnings",
+    "--expt-relaxed-constexpr",
+    "-gencode arch=compute_80,code=sm_80",
+    "-gencode arch=compute_90,code=sm_90",
+    "-gencode arch=compute_90,code=compute_90",
+])
+
+CUDA_ONLY = select({
+    "//bazel:cuda_enabled": [],
+    "//conditions:default": ["//bazel:incompatible"],
+})
+
+def dynapipe_cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
+    """Compiles each .cu in `srcs` with nvcc; `hdrs` are visible to them and to users."""
+    objs = []
+    for src in srcs:
+        obj = src[:-len(".cu")] + ".cu.o"
+        native.genrule(
+            name = name + "_" + src.replace("/", "_").replace(".", "_"),
+            srcs = [src] + hdrs,
+            outs = [obj],
+            cmd = "%s %s -I. -I$(GENDIR) $(location %s) -o $@" % (_NVCC, _NVCC_FLAGS, src),
+            message = "nvcc " + src,
+            target_compatible_with = CUDA_ONLY,
+        )
+        objs.append(obj)
+    native.cc_library(
+        name = name,
+        srcs = objs,
+        hdrs = hdrs,
+        deps = deps + ["//bazel:cuda_runtime"],
+        linkstatic = True,
+        target_compatible_with = CUDA_ONLY,
+        visibility = visibility,
+    )

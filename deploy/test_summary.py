@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Counts Catch2 test cases from a Bazel build-event JSON file.
+
+Prints failing targets, then one line "tests: N passed, M failed[, K skipped]".
+A test target that failed to build, crashed or timed out without a Catch2
+summary counts as one failed case. Exit status 1 if anything failed.
+"""
+import json
+import re
+import sys
+from urllib.parse import unquote, urlparse
+
+ALL_PASSED = re.compile(r"All tests passed \((\d+) assertions? in (\d+) test cases?\)")
+MIXED = re.compile(r"test cases:\s+(\d+)\s+\|\s+(\d+) passed\s+\|\s+(\d+) failed")
+ALL_FAILED = re.compile(r"test cases:\s+(\d+)\s+\|\s+(\d+) failed")
+SKIPPED = re.compile(r"^skipped: (\d+) \[gpu\] test cases", re.M)
+
+
+def count_log(text):
+    """(passed, failed, skipped) of one Catch2 run, or None without a summary."""
+    skipped = sum(int(m) for m in SKIPPED.findall(text))
+    m = ALL_PASSED.search(text)
+    if m:
+        return int(m.group(2)), 0, skipped
+    m = MIXED.search(text)
+    if m:
+        return int(m.group(2)), int(m.group(3)), skipped
+    m = ALL_FAILED.search(text)
+    if m:
+        return 0, int(m.group(2)), skipped
+    return None
+
+
+def main(path):
+    results = {}  # label -> (status, log path)
+    build_failed = set()
+    tests_seen = set()
+    with open(path) as f:
+        for line in f:
+            ev = json.loads(line)
+            eid = ev.get("id", {})
+            if "testResult" in eid:
+                label = eid["testResult"]["label"]
+                tr = ev.get("testResult", {})
+                log = None
+                for out in tr.get("testActionOutput", []):
+                    if out.get("name") == "test.log":
+                        log = unquote(urlparse(out["uri"]).path)
+                results[label] = (tr.get("status", "NO_STATUS"), log)
+            elif "targetCompleted" in eid:
+                label = eid["targetCompleted"]["label"]
+                completed = ev.get("completed", {})
+                if completed.get("testSize") or label.endswith("_test"):
+                    tests_seen.add(label)
+                if "aborted" in ev or not completed.get("success", False):
+                    skipped_incompatible = ev.get("aborted", {}).get("reason") == "SKIPPED"
+                    if not skipped_incompatible and ("aborted" in ev or completed):
+                        build_failed.add(label)
+
+    passed = failed = skipped = 0
+    failures = []
+    for label in sorted(build_failed):
+        if label in results:
+            continue
+        if label.endswith("_test") or label in tests_seen:
+            failed += 1
+            failures.append(f"{label}: failed to build")
+    for label, (status, log) in sorted(results.items()):
+        text = ""
+        if log:
+            try:
+                with open(log, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                pass
+        counts = count_log(text)
+        if counts is None:
+            failed += 1
+            failures.append(f"{label}: {status} without a Catch2 summary")
+            continue
+        p, fl, s = counts
+        if status != "PASSED" and fl == 0:
+            fl = 1  # e.g. a crash after the summary, or a sanitizer report
+            failures.append(f"{label}: {status}")
+        elif fl:
+            failures.append(f"{label}: {fl} failed test case(s) (log: {log})")
+        passed += p
+        failed += fl
+        skipped += s
+
+    for line in failures:
+        print("FAILED " + line)
+    tail = f", {skipped} skipped" if skipped else ""
+    print(f"tests: {passed} passed, {failed} failed{tail}")
+    return 1 if failed or (passed == 0 and not results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,45 @@
+#pragma once
+
+// A real redis-server for tests, on a free loopback port, with no
+// persistence. Stopped (SIGTERM, then SIGKILL) when destroyed.
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace dynapipe::testing {
+
+class RedisServer {
+ public:
+  // Starts redis-server (found on PATH) and waits until it answers PING.
+  static absl::StatusOr<std::unique_ptr<RedisServer>> Start(absl::Duration timeout = absl::Seconds(10));
+  ~RedisServer();
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  int port() const { return port_; }
+  bool running() const { return pid_ > 0; }
+  // Stops the server (all data is lost); the port stays reserved for Restart.
+  void Stop();
+  // Starts a fresh, empty server on the same port (simulates a Redis blip).
+  absl::Status Restart(absl::Duration timeout = absl::Seconds(10));
+
+ private:
+  explicit RedisServer(int port) : port_(port) {}
+  absl::Status Spawn(absl::Duration timeout);
+
+  int port_;
+  pid_t pid_ = -1;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+absl::StatusOr<int> PickFreeLoopbackPort();
+
+// True when a Redis server on 127.0.0.1:port answers PING within `timeout`.
+bool RedisAnswersPing(int port, absl::Duration timeout);
+
+}  // namespace dynapipe::testing
