@@ -1,0 +1,53 @@
+#pragma once
+
+// Per-layer cost queries: the one interface the planner's algorithms use to
+// ask "how long and how much memory", implemented from a measured profile or
+// from model dimensions and a device description.
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dynapipe::planner {
+
+enum class LayerKind { kEmbedding, kEncoder, kDecoder, kPostprocess };
+
+// Activation recomputation levels (Korthikanti et al. 2022 naming):
+// kNone keeps every activation; kSelective drops the attention scores and
+// recomputes the attention core; kFull keeps only each layer's input and
+// recomputes the whole forward during backward.
+enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
+inline constexpr int kNumRecompute = 3;
+
+const char* LayerKindName(LayerKind kind);
+const char* RecomputeName(Recompute r);
+
+// A padded micro-batch: `mbs` rows of `seq` tokens (and `dec_seq` decoder
+// tokens for encoder-decoder models).
+struct Shape {
+  int mbs = 0;
+  int seq = 0;
+  int dec_seq = 0;
+  bool operator==(const Shape&) const = default;
+};
+
+struct LayerCost {
+  double fw_ms = 0;
+  double bw_ms = 0;      // includes recomputation
+  double stored_mb = 0;  // kept from forward until backward
+  double peak_mb = 0;    // transient extra while the layer runs
+};
+
+class LayerCostModel {
+ public:
+  virtual ~LayerCostModel() = default;
+  // Cost of one layer. OUT_OF_RANGE (naming the shape and the profiled range)
+  // when the model cannot answer for this shape.
+  virtual absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const = 0;
+  // Parameters of one layer of `kind`, in millions.
+  virtual double ParamsMillions(LayerKind kind) const = 0;
+  // Short description for reports ("profile h100 (gpt)", "analytic h100-sxm").
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace dynapipe::planner

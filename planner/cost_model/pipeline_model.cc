@@ -1,0 +1,161 @@
+#include "planner/cost_model/pipeline_model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace dynapipe::planner {
+
+absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& model, int num_devices,
+                                                    std::span<const int> layer_to_device,
+                                                    std::shared_ptr<const LayerCostModel> cost,
+                                                    MemoryOptions memory) {
+  if (num_devices <= 0) return absl::InvalidArgumentError("parallelism.pp: must be positive");
+  if (model.num_layers() <= 0) return absl::InvalidArgumentError("model.num_layers: must be positive");
+  const bool t5 = model.kind() == proto::ModelKind::t5;
+  if (t5 && model.num_decoder_layers() <= 0) {
+    return absl::InvalidArgumentError("model.num_decoder_layers: must be positive for t5");
+  }
+  const int layers = model.num_layers() + (t5 ? model.num_decoder_layers() : 0);
+  std::vector<int> assign(layer_to_device.begin(), layer_to_device.end());
+  if (assign.empty()) {
+    if (layers < num_devices) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallelism.pp: ", num_devices, " stages for only ", layers, " layers"));
+    }
+    // Equal ranges; the remainder goes to the middle stages, since the first
+    // holds the embedding and the last the LM head.
+    std::vector<int> count(num_devices, layers / num_devices);
+    for (int extra = layers % num_devices, d = num_devices > 2 ? 1 : 0; extra > 0; --extra) {
+      ++count[d];
+      d = d + 1 < num_devices - (num_devices > 2 ? 1 : 0) ? d + 1 : (num_devices > 2 ? 1 : 0);
+    }
+    for (int d = 0; d < num_devices; ++d) assign.insert(assign.end(), count[d], d);
+  }
+  if (static_cast<int>(assign.size()) != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.layer_to_device: has ", assign.size(),
+                                                   " entries for ", layers, " layers"));
+  }
+  std::vector<int> seen(num_devices, 0);
+  for (size_t i = 0; i < assign.size(); ++i) {
+    if (assign[i] < 0 || assign[i] >= num_devices) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallelism.layer_to_device[", i, "]: device ", assign[i], " outside 0..", num_devices - 1));
+    }
+    seen[assign[i]] = 1;
+  }
+  for (int d = 0; d < num_devices; ++d) {
+    if (!seen[d]) return absl::InvalidArgumentError(absl::StrCat("parallelism.layer_to_device: device ", d, " has no layer"));
+  }
+
+  PipelineModel pm;
+  pm.cost_ = std::move(cost);
+  pm.memory_ = memory;
+  pm.num_devices_ = num_devices;
+  pm.encoder_decoder_ = t5;
+  pm.num_encoder_layers_ = model.num_layers();
+  pm.hidden_ = model.hidden();
+  pm.activation_bytes_ = model.dtype() == proto::DType::fp32 ? 4 : 2;
+  for (int i = 0; i < layers; ++i) {
+    if (i == 0 || assign[i] != assign[i - 1]) {
+      Chunk c;
+      c.device = assign[i];
+      c.first_layer = i;
+      pm.chunks_.push_back(c);
+    }
+    Chunk& c = pm.chunks_.back();
+    (i < model.num_layers() ? c.num_encoder : c.num_decoder)++;
+  }
+  pm.chunks_.front().embedding = true;
+  pm.chunks_.back().postprocess = true;
+  std::vector<int> per_device(num_devices, 0);
+  for (const Chunk& c : pm.chunks_) ++per_device[c.device];
+  pm.chunks_per_device_ = *std::max_element(per_device.begin(), per_device.end());
+
+  // Model state: compute weights + fp32 gradients + Adam (fp32 master copy
+  // when the compute copy is narrower, and two moments), ZeRO-1 sharding the
+  // optimizer part over data-parallel ranks.
+  const double w = memory.weight_bytes;
+  const double optimizer = (w < 4 ? 4 : 0) + 8;
+  const double per_param = w + 4 + optimizer / (memory.zero1 ? std::max(1, memory.dp) : 1);
+  pm.static_mb_.assign(num_devices, 0);
+  pm.grad_mb_.assign(num_devices, 0);
+  const LayerCostModel& lc = *pm.cost_;
+  for (const Chunk& c : pm.chunks_) {
+    double params = c.num_encoder * lc.ParamsMillions(LayerKind::kEncoder) +
+                    c.num_decoder * lc.ParamsMillions(LayerKind::kDecoder);
+    if (c.embedding) params += lc.ParamsMillions(LayerKind::kEmbedding);
+    if (c.postprocess) params += lc.ParamsMillions(LayerKind::kPostprocess);
+    pm.static_mb_[c.device] += params * per_param;
+    pm.grad_mb_[c.device] += params * 4;
+  }
+  for (int d = 0; d < num_devices; ++d) {
+    if (pm.static_mb_[d] >= memory.limit_mb) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model does not fit: device ", d, " needs ", static_cast<int64_t>(pm.static_mb_[d]),
+          " MB for parameters, gradients and optimizer state; the limit is ", static_cast<int64_t>(memory.limit_mb),
+          " MB"));
+    }
+  }
+  return pm;
+}
+
+absl::Status PipelineModel::ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out) const {
+  const LayerCostModel& lc = *cost_;
+  LayerCost enc, dec, emb, post;
+  bool have_enc = false, have_dec = false;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const Chunk& c = chunks_[i];
+    ChunkCost& o = out[i];
+    o = ChunkCost{};
+    auto add = [&o](const LayerCost& l, int n) {
+      o.fw_ms += n * l.fw_ms;
+      o.bw_ms += n * l.bw_ms;
+      o.stored_mb += n * l.stored_mb;
+      o.peak_mb = std::max(o.peak_mb, l.peak_mb);
+    };
+    if (c.embedding) {
+      auto v = lc.Cost(LayerKind::kEmbedding, shape, r);
+      if (!v.ok()) return v.status();
+      emb = *v;
+      add(emb, 1);
+    }
+    if (c.num_encoder > 0) {
+      if (!have_enc) {
+        auto v = lc.Cost(LayerKind::kEncoder, shape, r);
+        if (!v.ok()) return v.status();
+        enc = *v;
+        have_enc = true;
+      }
+      add(enc, c.num_encoder);
+    }
+    if (c.num_decoder > 0) {
+      if (!have_dec) {
+        auto v = lc.Cost(LayerKind::kDecoder, shape, r);
+        if (!v.ok()) return v.status();
+        dec = *v;
+        have_dec = true;
+      }
+      add(dec, c.num_decoder);
+    }
+    if (c.postprocess) {
+      auto v = lc.Cost(LayerKind::kPostprocess, shape, r);
+      if (!v.ok()) return v.status();
+      post = *v;
+      add(post, 1);
+    }
+  }
+  return absl::OkStatus();
+}
+
+double PipelineModel::BoundaryMb(const Shape& shape, int chunk) const {
+  const Chunk& c = chunks_[chunk];
+  const double per_token = static_cast<double>(hidden_) * activation_bytes_ / 1e6;
+  const bool in_decoder = encoder_decoder_ && c.first_layer + c.num_encoder + c.num_decoder > num_encoder_layers_;
+  // Encoder-decoder: once the decoder starts, both the encoder output and the
+  // decoder hidden states travel.
+  const double tokens = in_decoder ? shape.seq + shape.dec_seq : shape.seq;
+  return shape.mbs * tokens * per_token;
+}
+
+}  // namespace dynapipe::planner

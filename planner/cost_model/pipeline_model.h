@@ -1,0 +1,92 @@
+#pragma once
+
+// The model laid out over pipeline devices: which layers form each chunk
+// (a contiguous run of layers on one device, in pipeline order), what a
+// micro-batch costs per chunk, and the memory model per device (parameters,
+// gradients and optimizer state, optionally ZeRO-1 sharded, plus activations).
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost_model/layer_cost.h"
+#include "proto/model.pb.h"
+
+namespace dynapipe::planner {
+
+struct Chunk {
+  int device = 0;
+  int first_layer = 0;  // transformer layers [first_layer, first_layer + num_layers)
+  int num_encoder = 0;
+  int num_decoder = 0;
+  bool embedding = false;    // first chunk
+  bool postprocess = false;  // last chunk
+};
+
+struct ChunkCost {
+  double fw_ms = 0;
+  double bw_ms = 0;
+  double stored_mb = 0;
+  double peak_mb = 0;
+};
+
+struct MemoryOptions {
+  double limit_mb = 80000;  // per device
+  int dp = 1;               // data-parallel degree (ZeRO-1 shards over it)
+  bool zero1 = false;
+  int weight_bytes = 2;     // bytes per parameter of the compute copy
+};
+
+class PipelineModel {
+ public:
+  // `layer_to_device[i]` is the pipeline device of transformer layer i; empty
+  // means contiguous, as-equal-as-possible ranges over `num_devices`.
+  // INVALID_ARGUMENT names the bad field; FAILED_PRECONDITION when the model
+  // state alone does not fit on a device.
+  static absl::StatusOr<PipelineModel> Create(const proto::ModelSpec& model, int num_devices,
+                                              std::span<const int> layer_to_device,
+                                              std::shared_ptr<const LayerCostModel> cost, MemoryOptions memory);
+
+  int num_devices() const { return num_devices_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  // Chunks per device (1 unless interleaved); the bubble divides by it.
+  int chunks_per_device() const { return chunks_per_device_; }
+  bool interleaved() const { return chunks_per_device_ > 1; }
+  bool encoder_decoder() const { return encoder_decoder_; }
+  const std::vector<Chunk>& chunks() const { return chunks_; }
+  const LayerCostModel& cost_model() const { return *cost_; }
+  const MemoryOptions& memory() const { return memory_; }
+
+  // Per-chunk costs of one micro-batch; OUT_OF_RANGE passes through from the
+  // layer cost model. `out` must hold num_chunks() entries.
+  absl::Status ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out) const;
+
+  // Parameters, gradients and optimizer state on `device`, in MB.
+  double StaticMb(int device) const { return static_mb_[device]; }
+  // Activation bytes chunk c sends to chunk c+1 (the gradient coming back has
+  // the same size), in MB.
+  double BoundaryMb(const Shape& shape, int chunk) const;
+  int hidden() const { return hidden_; }
+  int activation_bytes() const { return activation_bytes_; }
+  // Gradient bytes each device all-reduces across data-parallel groups, in MB.
+  double GradientMb(int device) const { return grad_mb_[device]; }
+
+ private:
+  PipelineModel() = default;
+
+  std::shared_ptr<const LayerCostModel> cost_;
+  MemoryOptions memory_;
+  std::vector<Chunk> chunks_;
+  std::vector<double> static_mb_;
+  std::vector<double> grad_mb_;
+  int num_devices_ = 0;
+  int chunks_per_device_ = 1;
+  int num_encoder_layers_ = 0;
+  bool encoder_decoder_ = false;
+  int hidden_ = 0;
+  int activation_bytes_ = 2;
+};
+
+}  // namespace dynapipe::planner

@@ -1,0 +1,158 @@
+#include "planner/cost_model/profile_cost_model.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dynapipe::planner {
+namespace {
+
+absl::StatusOr<LayerKind> KindOf(proto::LayerProfile::Kind kind, int index) {
+  switch (kind) {
+    case proto::LayerProfile::embedding: return LayerKind::kEmbedding;
+    case proto::LayerProfile::encoder: return LayerKind::kEncoder;
+    case proto::LayerProfile::decoder: return LayerKind::kDecoder;
+    case proto::LayerProfile::postprocess: return LayerKind::kPostprocess;
+    default: break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("layers[", index, "].kind: must be set"));
+}
+
+std::vector<int> Axis(const proto::LayerProfile& layer, int (proto::CostPoint::*get)() const) {
+  std::vector<int> v;
+  for (const auto& p : layer.points()) v.push_back((p.*get)());
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+// Index i and weight w such that x lies in [axis[i], axis[i+1]] with
+// x = (1-w)*axis[i] + w*axis[i+1]; false if x is outside the axis.
+bool Locate(const std::vector<int>& axis, int x, int* i, double* w) {
+  if (axis.size() == 1) {
+    *i = 0;
+    *w = 0;
+    return x == axis[0];
+  }
+  if (x < axis.front() || x > axis.back()) return false;
+  const auto it = std::upper_bound(axis.begin(), axis.end(), x);
+  int hi = static_cast<int>(it - axis.begin());
+  if (hi == static_cast<int>(axis.size())) hi = static_cast<int>(axis.size()) - 1;
+  *i = hi - 1;
+  *w = static_cast<double>(x - axis[*i]) / (axis[hi] - axis[*i]);
+  return true;
+}
+
+std::string Range(const std::vector<int>& axis) {
+  return axis.size() == 1 ? absl::StrCat(axis[0]) : absl::StrCat(axis.front(), "..", axis.back());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProfileCostModel>> ProfileCostModel::Create(const proto::CostProfile& profile,
+                                                                           int bytes_per_element) {
+  std::unique_ptr<ProfileCostModel> model(new ProfileCostModel());
+  model->device_ = profile.device();
+  model->hidden_ = profile.hidden();
+  model->bytes_per_element_ = bytes_per_element;
+  if (profile.hidden() <= 0) return absl::InvalidArgumentError("hidden: must be positive");
+  for (int li = 0; li < profile.layers_size(); ++li) {
+    const auto& layer = profile.layers(li);
+    const std::string where = absl::StrCat("layers[", li, "]");
+    auto kind = KindOf(layer.kind(), li);
+    if (!kind.ok()) return kind.status();
+    Grid& g = model->grids_[static_cast<int>(*kind)];
+    if (g.present) return absl::InvalidArgumentError(absl::StrCat(where, ": kind ", LayerKindName(*kind), " appears twice"));
+    if (layer.param_mb() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ".param_mb: negative"));
+    if (layer.points_size() == 0) return absl::InvalidArgumentError(absl::StrCat(where, ".points: empty"));
+    g.present = true;
+    g.params_millions = layer.param_mb() / bytes_per_element;
+    g.mbs = Axis(layer, &proto::CostPoint::mbs);
+    g.seq = Axis(layer, &proto::CostPoint::seq);
+    g.dec = Axis(layer, &proto::CostPoint::dec_seq);
+    const size_t cells = g.mbs.size() * g.seq.size() * g.dec.size();
+    if (cells != static_cast<size_t>(layer.points_size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".points: not a complete grid (", layer.points_size(), " points for ", g.mbs.size(), " mbs x ",
+          g.seq.size(), " seq x ", g.dec.size(), " dec_seq values)"));
+    }
+    g.values.assign(cells, LayerCost{});
+    std::vector<bool> seen(cells, false);
+    for (int pi = 0; pi < layer.points_size(); ++pi) {
+      const auto& p = layer.points(pi);
+      const std::string pw = absl::StrCat(where, ".points[", pi, "]");
+      if (p.mbs() <= 0 || p.seq() <= 0 || p.dec_seq() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(pw, ": mbs and seq must be positive"));
+      }
+      if (!(p.fw_ms() >= 0) || !(p.bw_ms() >= 0) || !(p.stored_activation_mb() >= 0) ||
+          !(p.peak_activation_mb() >= 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(pw, ": times and memory must be non-negative numbers"));
+      }
+      const size_t mi = std::lower_bound(g.mbs.begin(), g.mbs.end(), p.mbs()) - g.mbs.begin();
+      const size_t si = std::lower_bound(g.seq.begin(), g.seq.end(), p.seq()) - g.seq.begin();
+      const size_t di = std::lower_bound(g.dec.begin(), g.dec.end(), p.dec_seq()) - g.dec.begin();
+      const size_t cell = (mi * g.seq.size() + si) * g.dec.size() + di;
+      if (seen[cell]) {
+        return absl::InvalidArgumentError(absl::StrCat(pw, ": duplicate point (mbs ", p.mbs(), ", seq ", p.seq(),
+                                                       ", dec_seq ", p.dec_seq(), ")"));
+      }
+      seen[cell] = true;
+      g.values[cell] = {p.fw_ms(), p.bw_ms(), p.stored_activation_mb(), p.peak_activation_mb()};
+    }
+  }
+  return model;
+}
+
+absl::StatusOr<LayerCost> ProfileCostModel::Cost(LayerKind kind, const Shape& shape, Recompute r) const {
+  const Grid& g = GridFor(kind);
+  if (!g.present) {
+    return absl::OutOfRangeError(absl::StrCat("profile ", device_, " has no ", LayerKindName(kind), " layer"));
+  }
+  int mi, si, di;
+  double mw, sw, dw;
+  const int dec = g.dec.size() == 1 && g.dec[0] == 0 ? 0 : shape.dec_seq;
+  if (!Locate(g.mbs, shape.mbs, &mi, &mw) || !Locate(g.seq, shape.seq, &si, &sw) || !Locate(g.dec, dec, &di, &dw)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "out of profile: ", LayerKindName(kind), " layer at mbs ", shape.mbs, ", seq ", shape.seq,
+        dec ? absl::StrCat(", dec_seq ", dec) : "", "; profiled mbs ", Range(g.mbs), ", seq ", Range(g.seq),
+        g.dec.size() > 1 ? absl::StrCat(", dec_seq ", Range(g.dec)) : ""));
+  }
+  LayerCost out;
+  const size_t ns = g.seq.size(), nd = g.dec.size();
+  for (int a = 0; a < 2; ++a) {
+    const double wa = a ? mw : 1 - mw;
+    if (wa == 0) continue;
+    for (int b = 0; b < 2; ++b) {
+      const double wb = b ? sw : 1 - sw;
+      if (wb == 0) continue;
+      for (int c = 0; c < 2; ++c) {
+        const double wc = c ? dw : 1 - dw;
+        if (wc == 0) continue;
+        const LayerCost& v = g.values[((mi + a) * ns + (si + b)) * nd + (di + c)];
+        const double w = wa * wb * wc;
+        out.fw_ms += w * v.fw_ms;
+        out.bw_ms += w * v.bw_ms;
+        out.stored_mb += w * v.stored_mb;
+        out.peak_mb += w * v.peak_mb;
+      }
+    }
+  }
+  if (r == Recompute::kFull && (kind == LayerKind::kEncoder || kind == LayerKind::kDecoder)) {
+    const double input_mb =
+        static_cast<double>(shape.mbs) * (shape.seq + shape.dec_seq) * hidden_ * bytes_per_element_ / 1e6;
+    // The recomputed forward needs the activations again, transiently.
+    out.peak_mb += out.stored_mb;
+    out.stored_mb = std::min(out.stored_mb, input_mb);
+    out.bw_ms += out.fw_ms;
+  }
+  return out;
+}
+
+double ProfileCostModel::ParamsMillions(LayerKind kind) const { return GridFor(kind).params_millions; }
+
+std::string ProfileCostModel::Describe() const { return absl::StrCat("profile ", device_); }
+
+}  // namespace dynapipe::planner
