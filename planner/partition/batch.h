@@ -1,0 +1,34 @@
+#pragma once
+
+// Samples and micro-batches as the planner sees them (lengths only).
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/cost_model/layer_cost.h"
+
+namespace dynapipe::planner {
+
+struct Sample {
+  int64_t id = 0;      // index in the dataset
+  int32_t input = 0;   // tokens (decoder-only: prompt + target, already truncated)
+  int32_t target = 0;  // target tokens (decoder of encoder-decoder; loss tokens of decoder-only)
+};
+
+// Where a sample sits in a micro-batch's tensors.
+struct Placement {
+  int32_t sample = 0;  // index into the iteration's sample list
+  int32_t row = 0;
+  int32_t offset = 0;
+};
+
+struct MicroBatch {
+  Shape shape;                  // padded tensor shape: rows x seq (x dec_seq)
+  std::vector<Placement> samples;
+  bool packed = false;          // rows hold several samples (packing baseline)
+};
+
+// Rounds `len` up to a multiple of `multiple` (>= 1).
+inline int RoundUp(int len, int multiple) { return (len + multiple - 1) / multiple * multiple; }
+
+}  // namespace dynapipe::planner

@@ -1,0 +1,74 @@
+#pragma once
+
+// Turning an iteration's samples into micro-batches: DynaPipe's ordering + DP
+// ("dynamic") and the baselines it is compared with. All methods see the same
+// samples and the same cost model.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/partition/batch.h"
+#include "planner/partition/dp_partitioner.h"
+#include "planner/partition/shape_costs.h"
+
+namespace dynapipe::planner {
+
+enum class Batching { kDynamic = 0, kPacking = 1, kPadding = 2, kTokenBased = 3, kFixedMbs = 4 };
+inline constexpr int kNumBatchings = 5;
+const char* BatchingName(Batching b);
+
+// Orders samples so neighbours have similar lengths: decoder-only by length;
+// encoder-decoder by a nearest-neighbour tour over (input, target) starting
+// from the shortest sample (ties broken by a hash of `seed` and the id).
+std::vector<int> OrderSamples(std::span<const Sample> samples, bool encoder_decoder, uint64_t seed);
+
+// Padded shape of samples[order[begin..end)] as one micro-batch, one sample per row.
+Shape PaddedShape(std::span<const Sample> samples, std::span<const int> order, int round_multiple,
+                  bool encoder_decoder);
+
+// Builds micro-batches from split points over `order`.
+std::vector<MicroBatch> FromSplit(std::span<const Sample> samples, std::span<const int> order,
+                                  std::span<const int> ends, int round_multiple, bool encoder_decoder);
+
+struct DynamicOptions {
+  int round_multiple = 8;
+  double tolerance = 0.02;
+  int max_mbs = 0;     // 0: bounded by memory only
+  int candidates = 1;  // best DP splits returned (see DpOptions::keep)
+};
+
+// The DP over `order` with micro-batch costs from `costs`. Tries the
+// preferred per-micro-batch memory budget (room for one micro-batch per
+// in-flight slot of 1F1B) and falls back to "one micro-batch must fit".
+// FAILED_PRECONDITION names a sample that fits in no micro-batch. Returns
+// up to options.candidates splits, best objective first.
+absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<const Sample> samples, std::span<const int> order,
+                                                       ShapeCosts& costs, Recompute r, const DpOptions& dp,
+                                                       const DynamicOptions& options, DpResult* stats = nullptr);
+
+// Padding: file order, `mbs` samples per micro-batch, every sample padded to
+// the longest sample of the iteration.
+std::vector<MicroBatch> PaddingBatches(std::span<const Sample> samples, int mbs, int round_multiple,
+                                       bool encoder_decoder);
+
+// Packing: samples packed first-fit-decreasing into rows of `row_len` tokens
+// (decoder-only: input; encoder-decoder: input and target each within the
+// row length), `rows` rows per micro-batch. Attention runs over whole rows.
+std::vector<MicroBatch> PackingBatches(std::span<const Sample> samples, int rows, int row_len,
+                                       int round_multiple, bool encoder_decoder);
+
+// Token-based: sorted order, a micro-batch closes before its padded token
+// count (rows x padded length) would pass `budget`.
+std::vector<MicroBatch> TokenBasedBatches(std::span<const Sample> samples, std::span<const int> order,
+                                          int64_t budget, int round_multiple, bool encoder_decoder);
+
+// Fixed size: sorted order, `mbs` samples per micro-batch, each padded to its own longest.
+std::vector<MicroBatch> FixedBatches(std::span<const Sample> samples, std::span<const int> order, int mbs,
+                                     int round_multiple, bool encoder_decoder);
+
+// Real tokens / computed (padded) tokens over `mbs`.
+double PaddingEfficiency(std::span<const Sample> samples, std::span<const MicroBatch> mbs, bool encoder_decoder);
+
+}  // namespace dynapipe::planner

@@ -1,0 +1,122 @@
+#include "planner/partition/dp_partitioner.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace dynapipe::planner {
+
+CostTable::CostTable(int n) : n_(n), kmax_(n + 1, 0), offset_(n + 2, 0) { t_.reserve(static_cast<size_t>(n) * 16); }
+
+void CostTable::Push(int j, double t) {
+  const int k = ++kmax_[j];
+  if (k > 1 && t < t_.back()) monotone_ = false;
+  t_.push_back(t);
+}
+
+void CostTable::FinishRow(int j) { offset_[j + 1] = t_.size(); }
+
+double PipelineObjective(double max_ms, double sum_ms, const DpOptions& o) {
+  return (o.stages - 1) * max_ms / o.chunks_per_device + sum_ms / o.data_parallel;
+}
+
+absl::StatusOr<DpResult> SolveDp(const CostTable& table, const DpOptions& options) {
+  const int n = table.n();
+  if (n == 0) return DpResult{};
+  // No cap below `floor` can succeed: every sample must sit in some
+  // micro-batch, and the cheapest micro-batch covering sample i costs
+  // cover[i] = min over ends j > i of min_{k >= j - i} t(j, k).
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> cover(n, kInf), suffix;
+  for (int j = 1; j <= n; ++j) {
+    const int kmax = table.kmax(j);
+    suffix.assign(kmax + 2, kInf);
+    for (int k = kmax; k >= 1; --k) suffix[k] = std::min(suffix[k + 1], table.at(j, k));
+    for (int k = 1; k <= std::min(kmax, j); ++k) cover[j - k] = std::min(cover[j - k], suffix[k]);
+  }
+  double floor = 0;
+  for (int i = 0; i < n; ++i) {
+    if (cover[i] == kInf) {
+      return absl::FailedPreconditionError(absl::StrCat("sample at position ", i, " fits in no micro-batch"));
+    }
+    floor = std::max(floor, cover[i]);
+  }
+  std::vector<double> caps;
+  for (int j = 1; j <= n; ++j) {
+    for (int k = 1; k <= table.kmax(j); ++k) {
+      const double t = table.at(j, k);
+      if (t >= floor) caps.push_back(t);
+    }
+  }
+  std::sort(caps.begin(), caps.end());
+  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+
+  std::vector<double> f(n + 1);
+  std::vector<int> choice(n + 1), best_choice;
+  DpResult best;
+  best.objective_ms = kInf;
+  double last_cap = -1;
+  const bool monotone = table.monotone();
+  for (double cap : caps) {
+    if (last_cap > 0 && cap <= last_cap * (1 + options.tolerance) && cap != caps.back()) continue;
+    // The bubble term alone already loses to the kept splits: larger caps only grow it.
+    const double bar = static_cast<int>(best.alternatives.size()) < std::max(1, options.keep)
+                           ? kInf
+                           : best.alternatives.back().objective_ms;
+    if (PipelineObjective(cap, 0, options) >= bar) break;
+    last_cap = cap;
+    ++best.caps_tried;
+    f[0] = 0;
+    for (int j = 1; j <= n; ++j) {
+      double fj = kInf;
+      int cj = 0;
+      const int kmax = std::min(table.kmax(j), j);
+      for (int k = 1; k <= kmax; ++k) {
+        const double t = table.at(j, k);
+        if (t > cap) {
+          if (monotone) break;
+          continue;
+        }
+        const double v = f[j - k] + t;
+        if (v < fj) {
+          fj = v;
+          cj = k;
+        }
+      }
+      f[j] = fj;
+      choice[j] = cj;
+    }
+    if (f[n] == kInf) continue;
+    // Score with the realised maximum, which is at most the cap.
+    double max_t = 0;
+    for (int j = n; j > 0; j -= choice[j]) max_t = std::max(max_t, table.at(j, choice[j]));
+    const double obj = PipelineObjective(max_t, f[n], options);
+    if (obj < bar) {
+      DpResult::Split split{{}, obj};
+      for (int j = n; j > 0; j -= choice[j]) split.ends.push_back(j);
+      std::reverse(split.ends.begin(), split.ends.end());
+      auto& alts = best.alternatives;
+      bool duplicate = false;
+      for (const auto& a : alts) duplicate = duplicate || a.ends == split.ends;
+      if (!duplicate) {
+        alts.insert(std::upper_bound(alts.begin(), alts.end(), obj,
+                                     [](double v, const DpResult::Split& a) { return v < a.objective_ms; }),
+                    std::move(split));
+        if (static_cast<int>(alts.size()) > std::max(1, options.keep)) alts.pop_back();
+      }
+      if (obj < best.objective_ms) {
+        best.objective_ms = obj;
+        best.max_ms = max_t;
+        best.sum_ms = f[n];
+        best_choice = choice;
+      }
+    }
+  }
+  if (best_choice.empty()) return absl::FailedPreconditionError("no split of the batch satisfies the limits");
+  for (int j = n; j > 0; j -= best_choice[j]) best.ends.push_back(j);
+  std::reverse(best.ends.begin(), best.ends.end());
+  return best;
+}
+
+}  // namespace dynapipe::planner

@@ -1,0 +1,168 @@
+#include "planner/partition/dp_partitioner.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <limits>
+#include <random>
+
+#include "planner/cost_model/analytic_cost_model.h"
+#include "planner/partition/batching.h"
+
+namespace dynapipe::planner {
+namespace {
+
+using Catch::Detail::Approx;
+
+// Every contiguous split of n items (2^(n-1) of them), under the same table.
+double BruteForce(const CostTable& table, const DpOptions& o, std::vector<int>* best_ends) {
+  const int n = table.n();
+  double best = std::numeric_limits<double>::infinity();
+  for (uint32_t mask = 0; mask < (1u << (n - 1)); ++mask) {
+    std::vector<int> ends;
+    for (int i = 1; i < n; ++i) {
+      if (mask & (1u << (i - 1))) ends.push_back(i);
+    }
+    ends.push_back(n);
+    double mx = 0, sum = 0;
+    bool ok = true;
+    int begin = 0;
+    for (int e : ends) {
+      const int k = e - begin;
+      if (k > table.kmax(e)) {
+        ok = false;
+        break;
+      }
+      mx = std::max(mx, table.at(e, k));
+      sum += table.at(e, k);
+      begin = e;
+    }
+    if (!ok) continue;
+    const double obj = PipelineObjective(mx, sum, o);
+    if (obj < best) {
+      best = obj;
+      *best_ends = ends;
+    }
+  }
+  return best;
+}
+
+double Score(const CostTable& table, const std::vector<int>& ends, const DpOptions& o) {
+  double mx = 0, sum = 0;
+  int begin = 0;
+  for (int e : ends) {
+    mx = std::max(mx, table.at(e, e - begin));
+    sum += table.at(e, e - begin);
+    begin = e;
+  }
+  return PipelineObjective(mx, sum, o);
+}
+
+TEST_CASE("DP equals brute force on random tables") {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 12);
+    const int kcap = 1 + static_cast<int>(rng() % n);
+    CostTable table(n);
+    std::uniform_real_distribution<double> fixed(0.1, 5), per(0.1, 3);
+    for (int j = 1; j <= n; ++j) {
+      // Monotone in k for most trials; some non-monotone to exercise that path.
+      double t = fixed(rng);
+      for (int k = 1; k <= std::min(j, kcap); ++k) {
+        t += trial % 5 == 0 ? per(rng) - 1.5 : per(rng);
+        table.Push(j, std::max(0.05, t));
+      }
+      table.FinishRow(j);
+    }
+    DpOptions o{1 + static_cast<int>(rng() % 16), 1 + static_cast<int>(rng() % 2), 1 + static_cast<int>(rng() % 2), 0.0};
+    INFO("trial " << trial << " n " << n << " S " << o.stages);
+    std::vector<int> bf_ends;
+    const double bf = BruteForce(table, o, &bf_ends);
+    auto dp = SolveDp(table, o);
+    REQUIRE(dp.ok());
+    CHECK(dp->objective_ms == Approx(bf).epsilon(1e-12));
+    CHECK(Score(table, dp->ends, o) == Approx(bf).epsilon(1e-12));
+    CHECK(dp->ends.back() == n);
+  }
+}
+
+TEST_CASE("DP equals brute force under the analytic cost model with memory limits") {
+  proto::ModelSpec model;
+  model.set_kind(proto::ModelKind::gpt);
+  model.set_num_layers(8);
+  model.set_hidden(1024);
+  model.set_heads(16);
+  model.set_vocab(32000);
+  model.set_max_positions(8192);
+  proto::DeviceSpec dev;
+  dev.set_peak_tflops(300);
+  dev.set_memory_bandwidth_gbps(2000);
+  auto cost = AnalyticCostModel::Create(model, dev, {});
+  REQUIRE(cost.ok());
+  MemoryOptions mem;
+  mem.limit_mb = 9000;
+  auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)), mem);
+  REQUIRE(pm.ok());
+  ShapeCosts costs(std::make_shared<PipelineModel>(std::move(*pm)));
+  std::mt19937 rng(3);
+  std::lognormal_distribution<double> len(5.5, 1.0);
+  int limited = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int n = 2 + trial % 11;
+    std::vector<Sample> samples;
+    for (int i = 0; i < n; ++i) samples.push_back({i, std::clamp(static_cast<int>(len(rng)), 1, 4096), 0});
+    const std::vector<int> order = OrderSamples(samples, false, 1);
+    CostTable table(n);
+    for (int j = 1; j <= n; ++j) {
+      for (int k = 1; k <= j; ++k) {
+        const Shape shape = PaddedShape(samples, std::span<const int>(order).subspan(j - k, k), 8, false);
+        auto c = costs.Get(shape, Recompute::kNone);
+        REQUIRE(c.ok());
+        if (!costs.Fits(**c, false)) break;
+        table.Push(j, (*c)->time_ms);
+      }
+      table.FinishRow(j);
+      limited += table.kmax(j) < j;
+    }
+    const DpOptions o{4, 1, 1, 0.0};
+    std::vector<int> bf_ends;
+    const double bf = BruteForce(table, o, &bf_ends);
+    auto dp = SolveDp(table, o);
+    REQUIRE(dp.ok());
+    CHECK(dp->objective_ms == Approx(bf).epsilon(1e-12));
+  }
+  CHECK(limited > 0);  // the memory limit actually bounded some micro-batches
+}
+
+TEST_CASE("A relative tolerance trades a bounded loss for fewer caps") {
+  std::mt19937 rng(5);
+  CostTable table(60);
+  for (int j = 1; j <= 60; ++j) {
+    double t = 1 + (rng() % 100) / 50.0;
+    for (int k = 1; k <= j; ++k) table.Push(j, t += 0.5 + (rng() % 100) / 100.0);
+    table.FinishRow(j);
+  }
+  const DpOptions exact{8, 1, 1, 0.0};
+  DpOptions thinned = exact;
+  thinned.tolerance = 0.05;
+  auto a = SolveDp(table, exact);
+  auto b = SolveDp(table, thinned);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(b->caps_tried < a->caps_tried);
+  CHECK(b->objective_ms >= a->objective_ms);
+  CHECK(b->objective_ms <= a->objective_ms * 1.05 + 1e-9);
+}
+
+TEST_CASE("A sample that fits in no micro-batch is an error") {
+  CostTable table(3);
+  table.Push(1, 1.0);
+  table.FinishRow(1);
+  table.FinishRow(2);  // sample 1 cannot stand even alone
+  table.Push(3, 1.0);
+  table.FinishRow(3);
+  auto r = SolveDp(table, DpOptions{});
+  CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace dynapipe::planner

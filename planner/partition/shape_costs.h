@@ -1,0 +1,54 @@
+#pragma once
+
+// Per-shape costs of a micro-batch through the whole pipeline, memoised: the
+// partitioner, baselines and schedule search ask for the same shapes many
+// times, within an iteration and across iterations of a job. Thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "planner/cost_model/pipeline_model.h"
+#include "src/common/mutex.h"
+
+namespace dynapipe::planner {
+
+struct ShapeCost {
+  std::vector<ChunkCost> chunks;  // per chunk
+  double time_ms = 0;             // slowest device's forward + backward for this micro-batch
+  // Per device: stored activations and stored + transient peak of one
+  // micro-batch on that device.
+  std::vector<double> stored_mb, peak_mb;
+};
+
+class ShapeCosts {
+ public:
+  explicit ShapeCosts(std::shared_ptr<const PipelineModel> model) : model_(std::move(model)) {}
+
+  // The cost of `shape` under recomputation `r` (computed once, then cached).
+  // OUT_OF_RANGE passes through from the cost model. The pointer stays valid
+  // for the lifetime of this object.
+  absl::StatusOr<const ShapeCost*> Get(const Shape& shape, Recompute r);
+
+  // Whether one micro-batch of this cost fits on every device when each keeps
+  // `in_flight(d)` such micro-batches: model state + in_flight * stored + the
+  // transient peak of one, against the memory limit.
+  bool Fits(const ShapeCost& c, bool preferred) const;
+
+  const PipelineModel& model() const { return *model_; }
+
+ private:
+  static uint64_t Key(const Shape& s, Recompute r) {
+    return (static_cast<uint64_t>(s.mbs) << 40) ^ (static_cast<uint64_t>(s.seq) << 20) ^
+           static_cast<uint64_t>(s.dec_seq) ^ (static_cast<uint64_t>(r) << 62);
+  }
+
+  std::shared_ptr<const PipelineModel> model_;
+  Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ShapeCost>> cache_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dynapipe::planner

@@ -1,0 +1,341 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "planner/plan/instructions.h"
+#include "planner/plan/validate.h"
+#include "planner/schedule_search.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::planner {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m) {
+  switch (m) {
+    case proto::BatchingSpec::unspecified:
+    case proto::BatchingSpec::dynamic: return Batching::kDynamic;
+    case proto::BatchingSpec::packing: return Batching::kPacking;
+    case proto::BatchingSpec::padding: return Batching::kPadding;
+    case proto::BatchingSpec::token_based: return Batching::kTokenBased;
+    case proto::BatchingSpec::fixed_mbs: return Batching::kFixedMbs;
+    default: break;
+  }
+  return absl::InvalidArgumentError("batching.method: unknown value");
+}
+
+}  // namespace
+
+absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& job) {
+  PlannerConfig c;
+  c.job_id = job.name().empty() ? "offline" : job.name();
+  c.model = job.model();
+  const auto& m = job.model();
+  if (m.kind() == proto::ModelKind::unspecified) return absl::InvalidArgumentError("model.kind: must be gpt or t5");
+  if (m.num_layers() <= 0) return absl::InvalidArgumentError("model.num_layers: must be positive");
+  if (m.hidden() <= 0) return absl::InvalidArgumentError("model.hidden: must be positive");
+  if (m.heads() <= 0 || m.hidden() % m.heads() != 0) {
+    return absl::InvalidArgumentError("model.heads: must be positive and divide model.hidden");
+  }
+  if (m.vocab() <= 0) return absl::InvalidArgumentError("model.vocab: must be positive");
+  c.pp = job.parallelism().pp() > 0 ? job.parallelism().pp() : 1;
+  c.dp = job.parallelism().dp() > 0 ? job.parallelism().dp() : 1;
+  if (job.parallelism().pp() < 0) return absl::InvalidArgumentError("parallelism.pp: must be positive");
+  if (job.parallelism().dp() < 0) return absl::InvalidArgumentError("parallelism.dp: must be positive");
+  c.layer_to_device.assign(job.parallelism().layer_to_device().begin(), job.parallelism().layer_to_device().end());
+  ASSIGN_OR_RETURN(c.batching, BatchingOf(job.batching().method()));
+  const auto& b = job.batching();
+  if (b.round_multiple() < 0) return absl::InvalidArgumentError("batching.round_multiple: must be positive");
+  c.round_multiple = b.round_multiple() > 0 ? b.round_multiple() : 8;
+  if (b.max_seq_len() < 0) return absl::InvalidArgumentError("batching.max_seq_len: must be positive");
+  c.max_seq_len = b.max_seq_len() > 0 ? b.max_seq_len() : 2048;
+  if (m.max_positions() > 0 && c.max_seq_len > m.max_positions()) {
+    return absl::InvalidArgumentError(absl::StrCat("batching.max_seq_len: ", c.max_seq_len,
+                                                   " exceeds model.max_positions ", m.max_positions()));
+  }
+  if (b.micro_batch_size() < 0) return absl::InvalidArgumentError("batching.micro_batch_size: must be positive");
+  c.micro_batch_size = b.micro_batch_size();
+  c.micro_batch_tokens = b.micro_batch_tokens();
+  if (b.cap_tolerance() < 0) return absl::InvalidArgumentError("batching.cap_tolerance: must not be negative");
+  c.tolerance = b.cap_tolerance() > 0 ? b.cap_tolerance() : 0.02;
+  if (b.dp_candidates() < 0) return absl::InvalidArgumentError("batching.dp_candidates: must be positive");
+  c.dp_candidates = b.dp_candidates() > 0 ? b.dp_candidates() : 3;
+  c.policy = job.schedule().policy() == proto::ScheduleSpec::unspecified ? proto::ScheduleSpec::auto_
+                                                                            : job.schedule().policy();
+  c.recompute = job.schedule().recompute() == proto::RecomputeLevel::unspecified ? proto::RecomputeLevel::auto_
+                                                                                    : job.schedule().recompute();
+  if (job.schedule().permutations() < 0) return absl::InvalidArgumentError("schedule.permutations: must be positive");
+  c.permutations = job.schedule().permutations() > 0 ? job.schedule().permutations() : 4;
+  c.seed = job.seed();
+  c.cluster = job.cluster();
+  if (job.memory_limit_mb() < 0) return absl::InvalidArgumentError("memory_limit_mb: must be positive");
+  c.memory_limit_mb = job.memory_limit_mb() > 0 ? job.memory_limit_mb() : job.cluster().device().memory_mb();
+  if (!(c.memory_limit_mb > 0)) {
+    return absl::InvalidArgumentError("memory_limit_mb: must be set (or cluster.device.memory_mb)");
+  }
+  c.zero1 = job.optimizer().zero1();
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(const PlannerConfig& config,
+                                                         std::shared_ptr<const LayerCostModel> cost) {
+  MemoryOptions mem;
+  mem.limit_mb = config.memory_limit_mb;
+  mem.dp = config.dp;
+  mem.zero1 = config.zero1;
+  mem.weight_bytes = config.model.dtype() == proto::DType::fp32 ? 4 : 2;
+  ASSIGN_OR_RETURN(PipelineModel pm,
+                   PipelineModel::Create(config.model, config.pp, config.layer_to_device, std::move(cost), mem));
+  if (config.policy == proto::ScheduleSpec::one_f_one_b && pm.interleaved()) {
+    return absl::InvalidArgumentError("schedule.policy: 1f1b needs one layer range per device");
+  }
+  if (config.policy == proto::ScheduleSpec::interleaved_1f1b && !pm.interleaved()) {
+    return absl::InvalidArgumentError("schedule.policy: interleaved_1f1b needs an interleaved layer_to_device");
+  }
+  return std::unique_ptr<Planner>(new Planner(config, std::make_shared<PipelineModel>(std::move(pm))));
+}
+
+Planner::Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> model)
+    : config_(std::move(config)), model_(std::move(model)), comm_(config_.cluster),
+      costs_(std::make_unique<ShapeCosts>(model_)) {}
+
+absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::span<const Sample> samples, Batching b,
+                                                                         Recompute r, uint64_t seed) const {
+  const bool ed = model_->encoder_decoder();
+  const int n = static_cast<int>(samples.size());
+  std::vector<std::vector<MicroBatch>> out;
+  if (b == Batching::kDynamic) {
+    const std::vector<int> order = OrderSamples(samples, ed, seed);
+    DpOptions dp{config_.pp, model_->chunks_per_device(), config_.dp, config_.tolerance};
+    DynamicOptions opt{config_.round_multiple, config_.tolerance, 0, config_.dp_candidates};
+    return DynamicBatches(samples, order, *costs_, r, dp, opt);
+  }
+  // Fixed-size methods: the configured size, or every power of two whose
+  // largest micro-batch fits in memory on its own.
+  auto fits = [&](const std::vector<MicroBatch>& mbs) {
+    for (const MicroBatch& mb : mbs) {
+      auto c = costs_->Get(mb.shape, r);
+      if (!c.ok() || !costs_->Fits(**c, /*preferred=*/false)) return false;
+    }
+    return true;
+  };
+  const std::vector<int> order = OrderSamples(samples, ed, seed);
+  for (int64_t size = 1; size <= std::max(n, 1); size *= 2) {
+    std::vector<MicroBatch> mbs;
+    switch (b) {
+      case Batching::kPadding:
+        mbs = PaddingBatches(samples, config_.micro_batch_size > 0 ? config_.micro_batch_size : static_cast<int>(size),
+                             config_.round_multiple, ed);
+        break;
+      case Batching::kPacking:
+        mbs = PackingBatches(samples, static_cast<int>(size), config_.max_seq_len, config_.round_multiple, ed);
+        break;
+      case Batching::kFixedMbs:
+        mbs = FixedBatches(samples, order, config_.micro_batch_size > 0 ? config_.micro_batch_size : static_cast<int>(size),
+                           config_.round_multiple, ed);
+        break;
+      case Batching::kTokenBased:
+        mbs = TokenBasedBatches(samples, order,
+                                config_.micro_batch_tokens > 0 ? config_.micro_batch_tokens : size * 1024,
+                                config_.round_multiple, ed);
+        break;
+      case Batching::kDynamic: break;
+    }
+    const bool fixed = (b == Batching::kTokenBased && config_.micro_batch_tokens > 0) ||
+                       ((b == Batching::kPadding || b == Batching::kFixedMbs) && config_.micro_batch_size > 0);
+    if (!fits(mbs)) break;  // larger sizes only need more memory
+    out.push_back(std::move(mbs));
+    if (fixed || out.back().size() <= 1) break;
+  }
+  if (out.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(BatchingName(b), ": even the smallest micro-batch does not fit in ",
+                                                      static_cast<int64_t>(config_.memory_limit_mb), " MB with ",
+                                                      RecomputeName(r), " recomputation"));
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> Planner::SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const {
+  const int D = config_.dp;
+  std::vector<std::vector<int>> groups(D);
+  if (D == 1) {
+    for (size_t i = 0; i < mbs.size(); ++i) groups[0].push_back(static_cast<int>(i));
+    return groups;
+  }
+  // Longest-processing-time first onto the least loaded group, then each
+  // group keeps the original (length) order.
+  std::vector<std::pair<double, int>> by_time;
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    auto c = costs_->Get(mbs[i].shape, r);
+    by_time.push_back({c.ok() ? (*c)->time_ms : 0.0, static_cast<int>(i)});
+  }
+  std::sort(by_time.begin(), by_time.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  std::vector<double> load(D, 0);
+  for (const auto& [t, i] : by_time) {
+    const int g = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[g] += t;
+    groups[g].push_back(i);
+  }
+  for (auto& g : groups) std::sort(g.begin(), g.end());
+  return groups;
+}
+
+absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int64_t iteration,
+                                            const PlanRequest& request) const {
+  return Plan(samples, iteration, config_.batching, request);
+}
+
+absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int64_t iteration, Batching batching,
+                                            const PlanRequest& request) const {
+  const auto t_start = std::chrono::steady_clock::now();
+  if (samples.empty()) return absl::InvalidArgumentError(absl::StrCat("iteration ", iteration, ": no samples"));
+  const int D = config_.dp, S = config_.pp;
+  if (static_cast<int>(samples.size()) < D) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration ", iteration, ": ", samples.size(),
+                                                   " samples for ", D, " data-parallel groups"));
+  }
+  const uint64_t seed = config_.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(iteration);
+  std::vector<Recompute> levels;
+  switch (config_.recompute) {
+    case proto::RecomputeLevel::none: levels = {Recompute::kNone}; break;
+    case proto::RecomputeLevel::selective: levels = {Recompute::kSelective}; break;
+    case proto::RecomputeLevel::full: levels = {Recompute::kFull}; break;
+    default: levels = {Recompute::kNone, Recompute::kSelective, Recompute::kFull}; break;
+  }
+  SearchOptions search;
+  search.permutations = config_.permutations;
+  search.seed = seed;
+  for (int k = 0; k < kNumScheduleKinds; ++k) search.try_kind[k] = config_.policy == proto::ScheduleSpec::auto_;
+  if (config_.policy == proto::ScheduleSpec::one_f_one_b) search.try_kind[0] = true;
+  if (config_.policy == proto::ScheduleSpec::interleaved_1f1b) search.try_kind[1] = true;
+  if (config_.policy == proto::ScheduleSpec::wait_free_cyclic) search.try_kind[2] = true;
+
+  IterationPlan best;
+  best.predicted_ms = std::numeric_limits<double>::infinity();
+  std::vector<GroupSchedule> best_groups;
+  std::vector<PipelineTimes> best_times;
+  absl::Status last_error = absl::OkStatus();
+  double partition_ms = 0, schedule_ms = 0;
+  int simulations = 0;
+  for (Recompute r : levels) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto candidates = Candidates(samples, batching, r, seed);
+    partition_ms += MsSince(t0);
+    if (!candidates.ok()) {
+      last_error = candidates.status();
+      continue;
+    }
+    t0 = std::chrono::steady_clock::now();
+    for (std::vector<MicroBatch>& mbs : *candidates) {
+      const auto split = SplitGroups(mbs, r);
+      std::vector<GroupSchedule> found(D);
+      std::vector<PipelineTimes> times(D);
+      std::vector<std::vector<MicroBatch>> group_mbs(D);
+      double slowest = 0;
+      bool ok = true;
+      for (int g = 0; g < D && ok; ++g) {
+        for (int i : split[g]) group_mbs[g].push_back(mbs[i]);
+        auto gt = GroupTimes(group_mbs[g], *costs_, r, comm_, g);
+        if (!gt.ok()) {
+          last_error = gt.status();
+          ok = false;
+          break;
+        }
+        times[g] = std::move(*gt);
+        found[g] = SearchSchedule(times[g], config_.memory_limit_mb, search);
+        simulations += found[g].simulations;
+        ok = found[g].found;
+        slowest = std::max(slowest, found[g].makespan_ms);
+      }
+      if (!ok) {
+        if (last_error.ok()) {
+          last_error = absl::FailedPreconditionError(absl::StrCat(
+              BatchingName(batching), " with ", RecomputeName(r), " recomputation: no schedule fits in ",
+              static_cast<int64_t>(config_.memory_limit_mb), " MB per device"));
+        }
+        continue;
+      }
+      double allreduce = 0;
+      for (int d = 0; d < S && D > 1; ++d) {
+        std::vector<int> ranks;
+        for (int g = 0; g < D; ++g) ranks.push_back(g * S + d);
+        allreduce = std::max(allreduce, comm_.AllReduceMs(ranks, model_->GradientMb(d)));
+      }
+      if (slowest + allreduce < best.predicted_ms) {
+        best.predicted_ms = slowest + allreduce;
+        best.allreduce_ms = allreduce;
+        best.recompute = r;
+        best.groups.assign(D, {});
+        for (int g = 0; g < D; ++g) {
+          for (int i : found[g].order) best.groups[g].push_back(group_mbs[g][i]);
+        }
+        best_groups = std::move(found);
+        best_times = std::move(times);
+      }
+    }
+    schedule_ms += MsSince(t0);
+  }
+  if (best_groups.empty()) {
+    return last_error.ok() ? absl::FailedPreconditionError("no feasible plan") : last_error;
+  }
+  best.iteration = iteration;
+  best.batching = batching;
+  best.simulations = simulations;
+  const bool ed = model_->encoder_decoder();
+  for (const Sample& s : samples) best.tokens += s.input + (ed ? s.target : 0);
+  std::vector<MicroBatch> all;
+  for (const auto& g : best.groups) all.insert(all.end(), g.begin(), g.end());
+  best.padding_efficiency = PaddingEfficiency(samples, all, ed);
+
+  auto t0 = std::chrono::steady_clock::now();
+  best.peak_mb.assign(S, 0);
+  for (int g = 0; g < D; ++g) {
+    best.schedules.push_back(best_groups[g].kind);
+    const PipelineTimes t = Permute(best_times[g], best_groups[g].order);
+    auto sim = Simulate(t, best_groups[g].device_orders, request.record || request.build_plans);
+    if (!sim.ok()) return absl::InternalError(absl::StrCat("re-simulating the chosen schedule: ", sim.status().message()));
+    for (int d = 0; d < S; ++d) best.peak_mb[d] = std::max(best.peak_mb[d], sim->peak_mb[d]);
+    best.sims.push_back(std::move(*sim));
+  }
+  if (request.build_plans) {
+    best.plans.reserve(static_cast<size_t>(S) * D);
+    for (int g = 0; g < D; ++g) {
+      GroupPlanInput in;
+      in.model = model_.get();
+      in.samples = samples;
+      in.mbs = best.groups[g];
+      in.sim = &best.sims[g];
+      in.dp_rank = g;
+      in.dp_size = D;
+      in.job_id = config_.job_id;
+      in.iteration = iteration;
+      in.schedule = best.schedules[g];
+      in.recompute = best.recompute;
+      in.predicted_iteration_ms = best.predicted_ms;
+      for (auto& p : BuildGroupPlans(in)) best.plans.push_back(std::move(p));
+    }
+  }
+  best.timings.instructions_ms = MsSince(t0);
+  if (request.build_plans && request.validate) {
+    t0 = std::chrono::steady_clock::now();
+    std::vector<int64_t> ids;
+    ids.reserve(samples.size());
+    for (const Sample& s : samples) ids.push_back(s.id);
+    const absl::Status v = ValidatePlans(best.plans, ids);
+    best.timings.validate_ms = MsSince(t0);
+    if (!v.ok()) return absl::InternalError(absl::StrCat("generated plan failed validation: ", v.message()));
+  }
+  if (!request.record) best.sims.clear();
+  best.timings.partition_ms = partition_ms;
+  best.timings.schedule_ms = schedule_ms;
+  best.timings.total_ms = MsSince(t_start);
+  return best;
+}
+
+}  // namespace dynapipe::planner

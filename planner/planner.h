@@ -1,0 +1,108 @@
+#pragma once
+
+// Plans one training iteration end to end: micro-batches (DynaPipe's DP or a
+// baseline), data-parallel split, schedule search over recomputation levels,
+// schedules and micro-batch orders, then one validated execution plan per
+// rank. Pure: no I/O; safe to call from several threads at once.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/comm_model.h"
+#include "planner/cost_model/pipeline_model.h"
+#include "planner/partition/batching.h"
+#include "planner/partition/shape_costs.h"
+#include "planner/schedule/schedules.h"
+#include "planner/sim/simulator.h"
+#include "proto/job.pb.h"
+#include "proto/plan.pb.h"
+
+namespace dynapipe::planner {
+
+struct PlannerConfig {
+  std::string job_id = "offline";
+  proto::ModelSpec model;
+  int pp = 1;
+  int dp = 1;
+  std::vector<int> layer_to_device;  // empty: equal contiguous stages
+  Batching batching = Batching::kDynamic;
+  int round_multiple = 8;
+  int max_seq_len = 2048;
+  int micro_batch_size = 0;       // padding / fixed_mbs; 0: best power of two
+  int64_t micro_batch_tokens = 0;  // token_based; 0: best power of two x 1024
+  double tolerance = 0.02;
+  int dp_candidates = 3;  // best DP splits simulated per recomputation level
+  proto::ScheduleSpec::Policy policy = proto::ScheduleSpec::auto_;
+  proto::RecomputeLevel::Value recompute = proto::RecomputeLevel::auto_;
+  int permutations = 4;
+  uint64_t seed = 1;
+  double memory_limit_mb = 80000;
+  bool zero1 = false;
+  proto::ClusterSpec cluster;
+};
+
+// Reads the planning part of a JobSpec, filling defaults. INVALID_ARGUMENT
+// names the offending field.
+absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& job);
+
+struct PlanTimings {
+  double partition_ms = 0, schedule_ms = 0, instructions_ms = 0, validate_ms = 0, total_ms = 0;
+};
+
+struct IterationPlan {
+  int64_t iteration = 0;
+  Batching batching = Batching::kDynamic;
+  Recompute recompute = Recompute::kNone;
+  std::vector<std::vector<MicroBatch>> groups;  // per dp group, in execution order
+  std::vector<ScheduleKind> schedules;          // per dp group
+  std::vector<SimResult> sims;                  // per dp group (recorded)
+  double predicted_ms = 0;                      // slowest group + gradient all-reduce
+  double allreduce_ms = 0;
+  std::vector<double> peak_mb;                  // per pipeline stage, max over groups
+  double padding_efficiency = 0;
+  int64_t tokens = 0;                           // real tokens in the iteration
+  int simulations = 0;
+  PlanTimings timings;
+  std::vector<proto::ExecutionPlan> plans;      // index = global rank
+};
+
+struct PlanRequest {
+  bool build_plans = true;  // instructions for every rank
+  bool validate = true;     // run ValidatePlans on them
+  bool record = true;       // keep per-op timings (traces)
+};
+
+class Planner {
+ public:
+  // FAILED_PRECONDITION if the model state alone does not fit in memory.
+  static absl::StatusOr<std::unique_ptr<Planner>> Create(const PlannerConfig& config,
+                                                         std::shared_ptr<const LayerCostModel> cost);
+
+  // Plans `samples` (lengths already truncated to max_seq_len). With
+  // batching `override_batching` (if set) instead of the configured one.
+  absl::StatusOr<IterationPlan> Plan(std::span<const Sample> samples, int64_t iteration,
+                                     const PlanRequest& request = {}) const;
+  absl::StatusOr<IterationPlan> Plan(std::span<const Sample> samples, int64_t iteration, Batching batching,
+                                     const PlanRequest& request) const;
+
+  const PlannerConfig& config() const { return config_; }
+  const PipelineModel& model() const { return *model_; }
+
+ private:
+  Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> model);
+  // Candidate micro-batch sets of a method under recomputation `r`.
+  absl::StatusOr<std::vector<std::vector<MicroBatch>>> Candidates(std::span<const Sample> samples, Batching b,
+                                                                  Recompute r, uint64_t seed) const;
+  std::vector<std::vector<int>> SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const;
+
+  PlannerConfig config_;
+  std::shared_ptr<const PipelineModel> model_;
+  CommModel comm_;
+  std::unique_ptr<ShapeCosts> costs_;  // shared cache, thread-safe
+};
+
+}  // namespace dynapipe::planner

@@ -1,0 +1,286 @@
+// Property tests over random batches x schedules x stages x data-parallel
+// degrees: every returned plan validates and fits in memory; infeasible
+// inputs give clear errors; tampered plans are rejected by the validator.
+#include "planner/planner.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "planner/cost_model/analytic_cost_model.h"
+#include "planner/plan/instructions.h"
+#include "planner/plan/validate.h"
+
+namespace dynapipe::planner {
+namespace {
+
+using Catch::Matchers::Contains;
+
+proto::ModelSpec Gpt(int layers, int hidden, int heads) {
+  proto::ModelSpec m;
+  m.set_kind(proto::ModelKind::gpt);
+  m.set_num_layers(layers);
+  m.set_hidden(hidden);
+  m.set_heads(heads);
+  m.set_ffn(4 * hidden);
+  m.set_vocab(32000);
+  m.set_max_positions(8192);
+  m.set_dtype(proto::DType::bf16);
+  return m;
+}
+
+proto::ClusterSpec Cluster() {
+  proto::ClusterSpec c;
+  c.set_devices_per_node(8);
+  c.mutable_device()->set_name("test-gpu");
+  c.mutable_device()->set_peak_tflops(300);
+  c.mutable_device()->set_memory_bandwidth_gbps(2000);
+  c.set_intra_node_bandwidth_gbps(1200);
+  c.set_inter_node_bandwidth_gbps(200);
+  c.set_intra_node_latency_us(5);
+  c.set_inter_node_latency_us(10);
+  return c;
+}
+
+std::unique_ptr<Planner> MakePlanner(const PlannerConfig& config) {
+  auto cost = AnalyticCostModel::Create(config.model, config.cluster.device(), {});
+  REQUIRE(cost.ok());
+  auto planner = Planner::Create(config, std::shared_ptr<const LayerCostModel>(std::move(*cost)));
+  REQUIRE(planner.ok());
+  return std::move(*planner);
+}
+
+std::vector<Sample> RandomBatch(std::mt19937& rng, int n, int max_len) {
+  std::lognormal_distribution<double> len(5.3, 1.1);
+  std::vector<Sample> s;
+  for (int i = 0; i < n; ++i) {
+    const int l = std::clamp(static_cast<int>(len(rng)), 1, max_len);
+    s.push_back({1000 + i * 7, l, std::max(1, l / 10)});
+  }
+  return s;
+}
+
+TEST_CASE("Every plan validates and fits in memory across stages, groups and schedules", "[property]") {
+  std::mt19937 rng(11);
+  int plans_checked = 0;
+  for (int stages : {1, 2, 4, 8, 16}) {
+    for (int dp : {1, 2}) {
+      for (auto policy : {proto::ScheduleSpec::auto_, proto::ScheduleSpec::one_f_one_b,
+                          proto::ScheduleSpec::wait_free_cyclic}) {
+        PlannerConfig config;
+        config.model = Gpt(16, 512, 8);
+        config.pp = stages;
+        config.dp = dp;
+        config.cluster = Cluster();
+        config.max_seq_len = 2048;
+        config.memory_limit_mb = 6000;
+        config.policy = policy;
+        auto planner = MakePlanner(config);
+        for (int trial = 0; trial < 2; ++trial) {
+          const auto batch = RandomBatch(rng, 20 + static_cast<int>(rng() % 60), config.max_seq_len);
+          INFO("stages " << stages << " dp " << dp << " policy " << policy << " trial " << trial);
+          auto plan = planner->Plan(batch, trial);
+          REQUIRE(plan.ok());
+          REQUIRE(plan->plans.size() == static_cast<size_t>(stages * dp));
+          CHECK(ValidatePlans(plan->plans).ok());
+          for (double peak : plan->peak_mb) CHECK(peak <= config.memory_limit_mb);
+          for (const auto& p : plan->plans) CHECK(p.predicted_peak_memory_mb() <= config.memory_limit_mb);
+          CHECK(plan->padding_efficiency > 0.5);
+          CHECK(plan->padding_efficiency <= 1.0);
+          if (policy == proto::ScheduleSpec::one_f_one_b) {
+            for (auto k : plan->schedules) CHECK(k == ScheduleKind::kOneFOneB);
+          }
+          ++plans_checked;
+        }
+      }
+    }
+  }
+  CHECK(plans_checked == 5 * 2 * 3 * 2);
+}
+
+TEST_CASE("Interleaved layouts plan with interleaved 1F1B or wait-free cyclic") {
+  PlannerConfig config;
+  config.model = Gpt(8, 512, 8);
+  config.pp = 4;
+  config.layer_to_device = {0, 1, 2, 3, 0, 1, 2, 3};
+  config.cluster = Cluster();
+  config.memory_limit_mb = 8000;
+  auto planner = MakePlanner(config);
+  std::mt19937 rng(2);
+  auto plan = planner->Plan(RandomBatch(rng, 40, 2048), 0);
+  REQUIRE(plan.ok());
+  CHECK(plan->schedules[0] != ScheduleKind::kOneFOneB);
+  CHECK(ValidatePlans(plan->plans).ok());
+}
+
+TEST_CASE("Every batching method yields valid plans on the same batch") {
+  PlannerConfig config;
+  config.model = Gpt(8, 512, 8);
+  config.pp = 4;
+  config.dp = 2;
+  config.cluster = Cluster();
+  config.memory_limit_mb = 8000;
+  auto planner = MakePlanner(config);
+  std::mt19937 rng(4);
+  const auto batch = RandomBatch(rng, 64, 2048);
+  std::vector<double> ms(kNumBatchings);
+  for (int b = 0; b < kNumBatchings; ++b) {
+    INFO(BatchingName(static_cast<Batching>(b)));
+    auto plan = planner->Plan(batch, 0, static_cast<Batching>(b), {});
+    REQUIRE(plan.ok());
+    CHECK(ValidatePlans(plan->plans).ok());
+    ms[b] = plan->predicted_ms;
+  }
+  // Dynamic beats padding and packing outright. Sorted fixed-size and
+  // token-budget splits are contiguous splits of the same order, so the DP's
+  // space contains them; its objective only estimates the simulated time, so
+  // on a small batch one of them may simulate slightly faster.
+  CHECK(ms[0] < ms[static_cast<int>(Batching::kPadding)]);
+  CHECK(ms[0] < ms[static_cast<int>(Batching::kPacking)]);
+  CHECK(ms[0] <= 1.05 * *std::min_element(ms.begin(), ms.end()));
+}
+
+TEST_CASE("A sample too long for memory is named, with the limit") {
+  PlannerConfig config;
+  config.model = Gpt(4, 1024, 16);
+  config.pp = 1;
+  config.cluster = Cluster();
+  config.max_seq_len = 8192;
+  config.memory_limit_mb = 4500;  // ~1.6 GB of model state; 8k tokens need ~5 GB per layer
+  config.recompute = proto::RecomputeLevel::none;
+  auto planner = MakePlanner(config);
+  std::vector<Sample> batch = {{1, 100, 5}, {2, 120, 5}, {42, 8000, 5}};
+  auto plan = planner->Plan(batch, 0);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(plan.status().message()), Contains("sample 42") && Contains("4500 MB"));
+}
+
+TEST_CASE("A model whose state does not fit is refused at creation") {
+  PlannerConfig config;
+  config.model = Gpt(32, 4096, 32);
+  config.pp = 1;
+  config.cluster = Cluster();
+  config.memory_limit_mb = 20000;
+  auto cost = AnalyticCostModel::Create(config.model, config.cluster.device(), {});
+  REQUIRE(cost.ok());
+  auto planner = Planner::Create(config, std::shared_ptr<const LayerCostModel>(std::move(*cost)));
+  CHECK(planner.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(planner.status().message()), Contains("does not fit"));
+}
+
+class TamperFixture {
+ public:
+  TamperFixture() {
+    PlannerConfig config;
+    config.model = Gpt(8, 512, 8);
+    config.pp = 4;
+    config.dp = 2;
+    config.cluster = Cluster();
+    config.memory_limit_mb = 8000;
+    planner_ = MakePlanner(config);
+    std::mt19937 rng(9);
+    batch_ = RandomBatch(rng, 30, 2048);
+    auto plan = planner_->Plan(batch_, 3);
+    REQUIRE(plan.ok());
+    plans_ = plan->plans;
+    for (const auto& s : batch_) ids_.push_back(s.id);
+  }
+  std::unique_ptr<Planner> planner_;
+  std::vector<Sample> batch_;
+  std::vector<proto::ExecutionPlan> plans_;
+  std::vector<int64_t> ids_;
+};
+
+int FindOp(const proto::ExecutionPlan& p, proto::Instruction::OpCase op, int from = 0) {
+  for (int i = from; i < p.instructions_size(); ++i) {
+    if (p.instructions(i).op_case() == op) return i;
+  }
+  return -1;
+}
+
+TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
+  REQUIRE(ValidatePlans(plans_, ids_).ok());
+
+  SECTION("checksum mismatch is DATA_LOSS") {
+    plans_[1].set_predicted_iteration_ms(plans_[1].predicted_iteration_ms() + 1);
+    CHECK(ValidatePlans(plans_).code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("a missing sample") {
+    std::vector<int64_t> more = ids_;
+    more.push_back(999999);
+    CHECK_THAT(std::string(ValidatePlans(plans_, more).message()), Contains("samples"));
+  }
+  SECTION("a receive with the wrong shape") {
+    auto& p = plans_[1];
+    const int i = FindOp(p, proto::Instruction::kRecvActivationStart);
+    REQUIRE(i >= 0);
+    p.mutable_instructions(i)->mutable_recv_activation_start()->mutable_shapes(0)->set_dims(1, 12345);
+    SealPlan(&p);
+    CHECK_THAT(std::string(ValidatePlans(plans_).message()), Contains("mismatch"));
+  }
+  SECTION("a receive finished before it is started") {
+    auto& p = plans_[1];
+    const int start = FindOp(p, proto::Instruction::kRecvActivationStart);
+    const int finish = FindOp(p, proto::Instruction::kRecvActivationFinish);
+    REQUIRE(start >= 0);
+    REQUIRE(finish > start);
+    p.mutable_instructions()->SwapElements(start, finish);
+    SealPlan(&p);
+    CHECK_FALSE(ValidatePlans(plans_).ok());
+  }
+  SECTION("backward before forward") {
+    auto& p = plans_[0];
+    const int fw = FindOp(p, proto::Instruction::kForward);
+    const int bw = FindOp(p, proto::Instruction::kBackward);
+    p.mutable_instructions()->SwapElements(fw, bw);
+    SealPlan(&p);
+    CHECK_FALSE(ValidatePlans(plans_).ok());
+  }
+  SECTION("two ranks waiting on each other deadlock") {
+    // Rank 1 waits for its first gradient before receiving its first
+    // activation: rank 0 cannot progress to send that gradient's trigger.
+    auto& p = plans_[1];
+    const int recv_grad = FindOp(p, proto::Instruction::kRecvGradFinish);
+    REQUIRE(recv_grad > 0);
+    proto::Instruction moved = p.instructions(recv_grad);
+    p.mutable_instructions()->DeleteSubrange(recv_grad, 1);
+    auto* list = p.mutable_instructions();
+    list->Add()->Swap(&moved);
+    for (int k = list->size() - 1; k > 0; --k) list->SwapElements(k, k - 1);
+    SealPlan(&p);
+    const absl::Status s = ValidatePlans(plans_);
+    CHECK_FALSE(s.ok());
+  }
+  SECTION("a buffer freed twice") {
+    auto& p = plans_[2];
+    const int f = FindOp(p, proto::Instruction::kFreeBuffer);
+    REQUIRE(f >= 0);
+    *p.add_instructions() = p.instructions(f);
+    SealPlan(&p);
+    CHECK_THAT(std::string(ValidatePlans(plans_).message()), Contains("frees buffer"));
+  }
+}
+
+TEST_CASE("Buffer slots are reused: far fewer slots than buffers") {
+  PlannerConfig config;
+  config.model = Gpt(8, 512, 8);
+  config.pp = 4;
+  config.cluster = Cluster();
+  config.memory_limit_mb = 8000;
+  auto planner = MakePlanner(config);
+  std::mt19937 rng(6);
+  auto plan = planner->Plan(RandomBatch(rng, 120, 512), 0);
+  REQUIRE(plan.ok());
+  const auto& p = plan->plans[1];
+  int writes = 0;
+  for (const auto& ins : p.instructions()) {
+    writes += ins.op_case() == proto::Instruction::kRecvActivationStart ||
+              ins.op_case() == proto::Instruction::kRecvGradStart || ins.op_case() == proto::Instruction::kForward ||
+              ins.op_case() == proto::Instruction::kBackward;
+  }
+  CHECK(p.micro_batches_size() > 8);
+  CHECK(p.num_buffer_slots() * 4 < writes);
+}
+
+}  // namespace
+}  // namespace dynapipe::planner

@@ -1,0 +1,120 @@
+#include "planner/schedule_search.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <random>
+
+namespace dynapipe::planner {
+
+absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r,
+                                         const CommModel& comm, int dp_rank) {
+  const PipelineModel& pm = costs.model();
+  const int D = pm.num_devices(), C = pm.num_chunks();
+  PipelineTimes t;
+  t.Resize(D, C, static_cast<int>(mbs.size()));
+  for (int c = 0; c < C; ++c) t.chunk_device[c] = pm.chunks()[c].device;
+  for (int d = 0; d < D; ++d) t.static_mb[d] = pm.StaticMb(d);
+  for (size_t m = 0; m < mbs.size(); ++m) {
+    auto cost = costs.Get(mbs[m].shape, r);
+    if (!cost.ok()) return cost.status();
+    for (int c = 0; c < C; ++c) {
+      const size_t i = t.At(static_cast<int>(m), c);
+      const ChunkCost& cc = (*cost)->chunks[c];
+      t.fw_ms[i] = cc.fw_ms;
+      t.bw_ms[i] = cc.bw_ms;
+      t.stored_mb[i] = cc.stored_mb;
+      t.peak_mb[i] = cc.peak_mb;
+      if (c + 1 < C) {
+        const int a = dp_rank * D + t.chunk_device[c], b = dp_rank * D + t.chunk_device[c + 1];
+        const double mbytes = pm.BoundaryMb(mbs[m].shape, c);
+        t.comm_fw_ms[i] = a == b ? 0 : comm.TransferMs(a, b, mbytes);
+        t.comm_bw_ms[i] = a == b ? 0 : comm.TransferMs(b, a, mbytes);
+      }
+    }
+  }
+  return t;
+}
+
+PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order) {
+  PipelineTimes t = base;
+  const int C = base.num_chunks;
+  for (size_t m = 0; m < order.size(); ++m) {
+    for (int c = 0; c < C; ++c) {
+      const size_t to = t.At(static_cast<int>(m), c), from = base.At(order[m], c);
+      t.fw_ms[to] = base.fw_ms[from];
+      t.bw_ms[to] = base.bw_ms[from];
+      t.stored_mb[to] = base.stored_mb[from];
+      t.peak_mb[to] = base.peak_mb[from];
+      t.comm_fw_ms[to] = base.comm_fw_ms[from];
+      t.comm_bw_ms[to] = base.comm_bw_ms[from];
+    }
+  }
+  return t;
+}
+
+namespace {
+
+std::vector<std::vector<int>> Orders(int n, const SearchOptions& o) {
+  std::vector<std::vector<int>> out;
+  std::vector<int> id(n);
+  std::iota(id.begin(), id.end(), 0);
+  out.push_back(id);
+  if (o.permutations >= 2 && n > 1) out.emplace_back(id.rbegin(), id.rend());
+  if (o.permutations >= 3 && n > 2) {
+    std::vector<int> zz;  // longest, shortest, second longest, ...
+    for (int lo = 0, hi = n - 1; lo <= hi; --hi, ++lo) {
+      zz.push_back(hi);
+      if (lo != hi) zz.push_back(lo);
+    }
+    out.push_back(zz);
+  }
+  std::mt19937_64 rng(o.seed);
+  for (int k = static_cast<int>(out.size()); k < o.permutations && n > 2; ++k) {
+    std::shuffle(id.begin(), id.end(), rng);
+    out.push_back(id);
+  }
+  return out;
+}
+
+}  // namespace
+
+GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
+  GroupSchedule best;
+  best.makespan_ms = std::numeric_limits<double>::infinity();
+  auto fits = [limit](const SimResult& r) {
+    for (double p : r.peak_mb) {
+      if (p > limit) return false;
+    }
+    return true;
+  };
+  for (const std::vector<int>& order : Orders(base.num_mb, options)) {
+    const PipelineTimes t = Permute(base, order);
+    for (int k = 0; k < kNumScheduleKinds; ++k) {
+      const auto kind = static_cast<ScheduleKind>(k);
+      if (!options.try_kind[k] || !ScheduleApplies(kind, t)) continue;
+      // Wait-free cyclic runs unconstrained first and memory-aware only if
+      // that does not fit.
+      for (int attempt = 0; attempt < (kind == ScheduleKind::kWaitFreeCyclic ? 2 : 1); ++attempt) {
+        auto orders = MakeSchedule(kind, t, attempt == 0 ? std::numeric_limits<double>::infinity() : limit);
+        if (!orders.ok()) break;
+        auto sim = Simulate(t, *orders, /*record=*/false);
+        ++best.simulations;
+        if (!sim.ok()) break;
+        if (!fits(*sim)) continue;
+        if (sim->makespan_ms < best.makespan_ms) {
+          best.found = true;
+          best.kind = kind;
+          best.order = order;
+          best.device_orders = std::move(*orders);
+          best.makespan_ms = sim->makespan_ms;
+          best.peak_mb = sim->peak_mb;
+        }
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace dynapipe::planner

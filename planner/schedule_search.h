@@ -1,0 +1,45 @@
+#pragma once
+
+// Finds the fastest schedule for one data-parallel group's micro-batches:
+// every applicable schedule x a few deterministic micro-batch orders, each
+// simulated; keeps the fastest whose simulated peak memory fits.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/comm_model.h"
+#include "planner/partition/batch.h"
+#include "planner/partition/shape_costs.h"
+#include "planner/schedule/schedules.h"
+
+namespace dynapipe::planner {
+
+struct SearchOptions {
+  bool try_kind[kNumScheduleKinds] = {true, true, true};
+  int permutations = 4;  // identity, reversed, zig-zag, then seeded shuffles
+  uint64_t seed = 0;
+};
+
+struct GroupSchedule {
+  bool found = false;
+  ScheduleKind kind = ScheduleKind::kWaitFreeCyclic;
+  std::vector<int> order;  // micro-batch indices in execution order
+  DeviceOrders device_orders;
+  double makespan_ms = 0;
+  std::vector<double> peak_mb;
+  int simulations = 0;
+};
+
+// Per-micro-batch simulator inputs for the group (index = position in `mbs`).
+absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r,
+                                         const CommModel& comm, int dp_rank);
+
+// Reorders the micro-batches of `base` by `order`.
+PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order);
+
+// The search described above. found = false when nothing fits in memory.
+GroupSchedule SearchSchedule(const PipelineTimes& base, double memory_limit_mb, const SearchOptions& options);
+
+}  // namespace dynapipe::planner
