@@ -106,7 +106,9 @@ Planner::Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> mode
       costs_(std::make_unique<ShapeCosts>(model_)) {}
 
 absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::span<const Sample> samples, Batching b,
-                                                                         Recompute r, uint64_t seed) const {
+                                                                         Recompute r, uint64_t seed,
+                                                                         bool* memory_bound) const {
+  *memory_bound = true;
   const bool ed = model_->encoder_decoder();
   const int n = static_cast<int>(samples.size());
   std::vector<std::vector<MicroBatch>> out;
@@ -114,7 +116,10 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::sp
     const std::vector<int> order = OrderSamples(samples, ed, seed);
     DpOptions dp{config_.pp, model_->chunks_per_device(), config_.dp, config_.tolerance};
     DynamicOptions opt{config_.round_multiple, config_.tolerance, 0, config_.dp_candidates};
-    return DynamicBatches(samples, order, *costs_, r, dp, opt);
+    DynamicStats stats;
+    auto result = DynamicBatches(samples, order, *costs_, r, dp, opt, &stats);
+    *memory_bound = stats.memory_bound;
+    return result;
   }
   // Fixed-size methods: the configured size, or every power of two whose
   // largest micro-batch fits in memory on its own.
@@ -223,15 +228,24 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
   absl::Status last_error = absl::OkStatus();
   double partition_ms = 0, schedule_ms = 0;
   int simulations = 0;
+  bool prune_deeper_levels = false;
   for (Recompute r : levels) {
+    // Dominance prune: more recomputation only adds backward work and saves
+    // memory. Once a level's split was not limited by memory and none of its
+    // simulated schedules exceeded memory, deeper levels cannot be faster.
+    if (prune_deeper_levels) break;
+    ++best.recompute_levels_tried;
     auto t0 = std::chrono::steady_clock::now();
-    auto candidates = Candidates(samples, batching, r, seed);
+    bool memory_bound = true;
+    auto candidates = Candidates(samples, batching, r, seed, &memory_bound);
     partition_ms += MsSince(t0);
     if (!candidates.ok()) {
       last_error = candidates.status();
       continue;
     }
     t0 = std::chrono::steady_clock::now();
+    int memory_rejections = 0;
+    bool all_found = true;
     for (std::vector<MicroBatch>& mbs : *candidates) {
       const auto split = SplitGroups(mbs, r);
       std::vector<GroupSchedule> found(D);
@@ -250,10 +264,12 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
         times[g] = std::move(*gt);
         found[g] = SearchSchedule(times[g], config_.memory_limit_mb, search);
         simulations += found[g].simulations;
+        memory_rejections += found[g].memory_rejections;
         ok = found[g].found;
         slowest = std::max(slowest, found[g].makespan_ms);
       }
       if (!ok) {
+        all_found = false;
         if (last_error.ok()) {
           last_error = absl::FailedPreconditionError(absl::StrCat(
               BatchingName(batching), " with ", RecomputeName(r), " recomputation: no schedule fits in ",
@@ -280,6 +296,7 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
       }
     }
     schedule_ms += MsSince(t0);
+    prune_deeper_levels = !memory_bound && memory_rejections == 0 && all_found;
   }
   if (best_groups.empty()) {
     return last_error.ok() ? absl::FailedPreconditionError("no feasible plan") : last_error;

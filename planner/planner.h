@@ -66,6 +66,7 @@ struct IterationPlan {
   double padding_efficiency = 0;
   int64_t tokens = 0;                           // real tokens in the iteration
   int simulations = 0;
+  int recompute_levels_tried = 0;
   PlanTimings timings;
   std::vector<proto::ExecutionPlan> plans;      // index = global rank
 };
@@ -95,8 +96,10 @@ class Planner {
  private:
   Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> model);
   // Candidate micro-batch sets of a method under recomputation `r`.
+  // `memory_bound` reports whether memory limited the candidates.
   absl::StatusOr<std::vector<std::vector<MicroBatch>>> Candidates(std::span<const Sample> samples, Batching b,
-                                                                  Recompute r, uint64_t seed) const;
+                                                                  Recompute r, uint64_t seed,
+                                                                  bool* memory_bound) const;
   std::vector<std::vector<int>> SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const;
 
   PlannerConfig config_;

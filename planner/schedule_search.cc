@@ -101,7 +101,10 @@ GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const Sear
         auto sim = Simulate(t, *orders, /*record=*/false);
         ++best.simulations;
         if (!sim.ok()) break;
-        if (!fits(*sim)) continue;
+        if (!fits(*sim)) {
+          ++best.memory_rejections;
+          continue;
+        }
         if (sim->makespan_ms < best.makespan_ms) {
           best.found = true;
           best.kind = kind;

@@ -30,6 +30,7 @@ struct GroupSchedule {
   double makespan_ms = 0;
   std::vector<double> peak_mb;
   int simulations = 0;
+  int memory_rejections = 0;  // simulated schedules that did not fit
 };
 
 // Per-micro-batch simulator inputs for the group (index = position in `mbs`).

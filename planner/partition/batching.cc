@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -112,14 +113,39 @@ std::vector<MicroBatch> FromSplit(std::span<const Sample> samples, std::span<con
 
 absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<const Sample> samples, std::span<const int> order,
                                                        ShapeCosts& costs, Recompute r, const DpOptions& dp,
-                                                       const DynamicOptions& options, DpResult* stats) {
+                                                       const DynamicOptions& options, DynamicStats* stats) {
   const int n = static_cast<int>(order.size());
   const bool ed = costs.model().encoder_decoder();
   const int kcap = options.max_mbs > 0 ? options.max_mbs : n;
+  // Upper bound on the objective from a simple split (about 2 micro-batches
+  // per stage, equal tokens). A micro-batch whose bubble term alone exceeds it
+  // cannot be part of an optimal split, so rows stop there; this keeps the
+  // table small where memory would allow huge micro-batches of short samples.
+  double bound_ms = std::numeric_limits<double>::infinity();
+  {
+    int64_t total = 0;
+    for (int i : order) total += EncLen(samples[i]) + DecLen(samples[i], ed);
+    const int64_t budget = std::max<int64_t>(1, total / std::max(1, 2 * dp.stages));
+    const auto simple = TokenBasedBatches(samples, order, budget, options.round_multiple, ed);
+    double mx = 0, sum = 0;
+    bool feasible = true;
+    for (const MicroBatch& mb : simple) {
+      auto c = costs.Get(mb.shape, r);
+      if (!c.ok() || !costs.Fits(**c, /*preferred=*/false)) {
+        feasible = false;
+        break;
+      }
+      mx = std::max(mx, (*c)->time_ms);
+      sum += (*c)->time_ms;
+    }
+    if (feasible && dp.stages > 1) {
+      bound_ms = PipelineObjective(mx, sum, dp) * dp.chunks_per_device / (dp.stages - 1);
+    }
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {
     const bool preferred = attempt == 0;
     CostTable table(n);
-    bool all_fit = true;
+    bool all_fit = true, memory_bound = false;
     for (int j = 1; j <= n; ++j) {
       int enc = 0, dec = 0;
       for (int k = 1; k <= std::min(j, kcap); ++k) {
@@ -129,6 +155,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
         const Shape shape{k, RoundUp(enc, options.round_multiple), dec > 0 ? RoundUp(dec, options.round_multiple) : 0};
         auto c = costs.Get(shape, r);
         if (!c.ok()) {
+          memory_bound = true;  // out of profile: treat like a memory limit (no prune)
           if (k == 1 && !preferred) {
             return absl::FailedPreconditionError(absl::StrCat("sample ", s.id, " (", s.input, " tokens",
                                                               ed ? absl::StrCat(", ", s.target, " target") : "",
@@ -136,7 +163,13 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
           }
           break;
         }
-        if (!costs.Fits(**c, preferred)) break;  // memory grows with size and length
+        if (!costs.Fits(**c, preferred)) {  // memory grows with size and length
+          memory_bound = true;
+          break;
+        }
+        // Costs grow with micro-batch size, so nothing further in this row can
+        // be under the bound either (the single-sample entry is always kept).
+        if (k > 1 && (*c)->time_ms > bound_ms) break;
         table.Push(j, (*c)->time_ms);
       }
       table.FinishRow(j);
@@ -158,7 +191,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
     o.keep = std::max(1, options.candidates);
     auto result = SolveDp(table, o);
     if (!result.ok()) return result.status();
-    if (stats != nullptr) *stats = *result;
+    if (stats != nullptr) *stats = {*result, memory_bound};
     std::vector<std::vector<MicroBatch>> out;
     for (const auto& split : result->alternatives) {
       out.push_back(FromSplit(samples, order, split.ends, options.round_multiple, ed));

@@ -39,6 +39,14 @@ struct DynamicOptions {
   int candidates = 1;  // best DP splits returned (see DpOptions::keep)
 };
 
+struct DynamicStats {
+  DpResult dp;
+  // Some micro-batch was left out of the DP because of memory (not because of
+  // the sample count or the objective bound). If not, more recomputation
+  // cannot enable a better split.
+  bool memory_bound = false;
+};
+
 // The DP over `order` with micro-batch costs from `costs`. Tries the
 // preferred per-micro-batch memory budget (room for one micro-batch per
 // in-flight slot of 1F1B) and falls back to "one micro-batch must fit".
@@ -46,7 +54,7 @@ struct DynamicOptions {
 // up to options.candidates splits, best objective first.
 absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<const Sample> samples, std::span<const int> order,
                                                        ShapeCosts& costs, Recompute r, const DpOptions& dp,
-                                                       const DynamicOptions& options, DpResult* stats = nullptr);
+                                                       const DynamicOptions& options, DynamicStats* stats = nullptr);
 
 // Padding: file order, `mbs` samples per micro-batch, every sample padded to
 // the longest sample of the iteration.

@@ -42,30 +42,37 @@ absl::StatusOr<DpResult> SolveDp(const CostTable& table, const DpOptions& option
     }
     floor = std::max(floor, cover[i]);
   }
+  // Candidate caps. Exact mode: every distinct t at or above the floor.
+  // With a tolerance: a geometric ladder from the floor with ratio
+  // (1 + tolerance), which admits the same splits as thinning the sorted t
+  // values and needs no sort.
+  double top = floor;
+  for (int j = 1; j <= n; ++j) top = std::max(top, table.at(j, table.kmax(j)));
   std::vector<double> caps;
-  for (int j = 1; j <= n; ++j) {
-    for (int k = 1; k <= table.kmax(j); ++k) {
-      const double t = table.at(j, k);
-      if (t >= floor) caps.push_back(t);
+  if (options.tolerance > 0) {
+    for (double c = floor; c < top; c *= 1 + options.tolerance) caps.push_back(c);
+    caps.push_back(top);
+  } else {
+    for (int j = 1; j <= n; ++j) {
+      for (int k = 1; k <= table.kmax(j); ++k) {
+        if (table.at(j, k) >= floor) caps.push_back(table.at(j, k));
+      }
     }
+    std::sort(caps.begin(), caps.end());
+    caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
   }
-  std::sort(caps.begin(), caps.end());
-  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
 
   std::vector<double> f(n + 1);
   std::vector<int> choice(n + 1), best_choice;
   DpResult best;
   best.objective_ms = kInf;
-  double last_cap = -1;
   const bool monotone = table.monotone();
   for (double cap : caps) {
-    if (last_cap > 0 && cap <= last_cap * (1 + options.tolerance) && cap != caps.back()) continue;
     // The bubble term alone already loses to the kept splits: larger caps only grow it.
     const double bar = static_cast<int>(best.alternatives.size()) < std::max(1, options.keep)
                            ? kInf
                            : best.alternatives.back().objective_ms;
     if (PipelineObjective(cap, 0, options) >= bar) break;
-    last_cap = cap;
     ++best.caps_tried;
     f[0] = 0;
     for (int j = 1; j <= n; ++j) {

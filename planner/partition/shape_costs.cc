@@ -5,6 +5,12 @@
 namespace dynapipe::planner {
 
 absl::StatusOr<const ShapeCost*> ShapeCosts::Get(const Shape& shape, Recompute r) {
+  const int row = DenseRowIndex(shape, r);
+  if (row >= 0) {
+    if (const DenseRow* dense = dense_[row].load(std::memory_order_acquire)) {
+      if (const ShapeCost* c = dense->slot[shape.mbs].load(std::memory_order_acquire)) return c;
+    }
+  }
   const uint64_t key = Key(shape, r);
   {
     MutexLock lock(&mu_);
@@ -32,11 +38,24 @@ absl::StatusOr<const ShapeCost*> ShapeCosts::Get(const Shape& shape, Recompute r
     cost->peak_mb[d] = std::max(cost->peak_mb[d], cc.peak_mb);
   }
   cost->time_ms = *std::max_element(time.begin(), time.end());
+  cost->fits[0] = ComputeFits(*cost, false);
+  cost->fits[1] = ComputeFits(*cost, true);
   auto [it, inserted] = cache_.emplace(key, std::move(cost));
-  return it->second.get();
+  const ShapeCost* result = it->second.get();
+  if (row >= 0) {
+    DenseRow* dense = dense_[row].load(std::memory_order_relaxed);
+    if (dense == nullptr) {
+      dense_rows_.push_back(std::make_unique<DenseRow>());
+      dense = dense_rows_.back().get();
+      for (auto& slot : dense->slot) slot.store(nullptr, std::memory_order_relaxed);
+      dense_[row].store(dense, std::memory_order_release);
+    }
+    dense->slot[shape.mbs].store(result, std::memory_order_release);
+  }
+  return result;
 }
 
-bool ShapeCosts::Fits(const ShapeCost& c, bool preferred) const {
+bool ShapeCosts::ComputeFits(const ShapeCost& c, bool preferred) const {
   const PipelineModel& pm = *model_;
   const int D = pm.num_devices();
   for (int d = 0; d < D; ++d) {

@@ -4,6 +4,7 @@
 // partitioner, baselines and schedule search ask for the same shapes many
 // times, within an iteration and across iterations of a job. Thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -21,6 +22,8 @@ struct ShapeCost {
   // Per device: stored activations and stored + transient peak of one
   // micro-batch on that device.
   std::vector<double> stored_mb, peak_mb;
+  // Fits() answers, computed once: [0] one in flight, [1] the preferred budget.
+  bool fits[2] = {false, false};
 };
 
 class ShapeCosts {
@@ -35,11 +38,24 @@ class ShapeCosts {
   // Whether one micro-batch of this cost fits on every device when each keeps
   // `in_flight(d)` such micro-batches: model state + in_flight * stored + the
   // transient peak of one, against the memory limit.
-  bool Fits(const ShapeCost& c, bool preferred) const;
+  bool Fits(const ShapeCost& c, bool preferred) const { return c.fits[preferred ? 1 : 0]; }
 
   const PipelineModel& model() const { return *model_; }
 
  private:
+  bool ComputeFits(const ShapeCost& c, bool preferred) const;
+  // Lock-free fast path for decoder-only shapes: rows per (recompute,
+  // seq / 8), each holding kDenseMbs atomic pointers, allocated on first use.
+  static constexpr int kDenseSeqRows = 2048;  // seq up to 16384
+  static constexpr int kDenseMbs = 1024;
+  struct DenseRow {
+    std::atomic<const ShapeCost*> slot[kDenseMbs];
+  };
+  static int DenseRowIndex(const Shape& s, Recompute r) {
+    if (s.dec_seq != 0 || s.seq % 8 != 0 || s.seq / 8 >= kDenseSeqRows || s.mbs >= kDenseMbs) return -1;
+    return static_cast<int>(r) * kDenseSeqRows + s.seq / 8;
+  }
+
   static uint64_t Key(const Shape& s, Recompute r) {
     return (static_cast<uint64_t>(s.mbs) << 40) ^ (static_cast<uint64_t>(s.seq) << 20) ^
            static_cast<uint64_t>(s.dec_seq) ^ (static_cast<uint64_t>(r) << 62);
@@ -49,6 +65,9 @@ class ShapeCosts {
   Mutex mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<ShapeCost>> cache_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<std::atomic<DenseRow*>[]> dense_ = std::make_unique<std::atomic<DenseRow*>[]>(
+      static_cast<size_t>(kNumRecompute) * kDenseSeqRows);
+  std::vector<std::unique_ptr<DenseRow>> dense_rows_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dynapipe::planner

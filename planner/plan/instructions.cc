@@ -1,6 +1,7 @@
 #include "planner/plan/instructions.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <queue>
 
@@ -9,10 +10,8 @@
 namespace dynapipe::planner {
 namespace {
 
-using proto::Instruction;
-
 // Order of instructions that share a simulated instant on one device.
-enum Prio : int {
+enum Prio : int8_t {
   kRecvStart = 0,
   kRecvFinishOrLoad = 1,
   kCompute = 2,
@@ -24,13 +23,21 @@ enum Prio : int {
 
 enum class BufKind : uint8_t { kInput, kAct, kRecvAct, kGrad, kRecvGrad };
 
+enum class Op : uint8_t { kLoad, kForward, kBackward, kSendStart, kSendFinish, kRecvStart, kRecvFinish, kFree, kAllReduce, kStep };
+
+// A plan instruction before it becomes a proto: small, cheap to sort.
 struct Event {
   double t;
-  int prio;
   int64_t seq;
-  Instruction ins;  // buffer fields hold logical ids until slots are assigned
-  int writes = -1;  // logical buffer allocated by this instruction
-  int frees = -1;   // logical buffer released
+  int8_t prio;
+  Op op;
+  bool act = false;      // transfers: activation (true) or gradient
+  int mb = -1;
+  int chunk = 0;         // global chunk the instruction belongs to
+  int peer = -1;         // transfers: peer rank
+  int in = -1, out = -1; // logical buffers read / written (kFree: released)
+  int boundary = -1;     // transfers: chunk boundary (c -> c+1) whose tensors move
+  double start = 0, end = 0;
 };
 
 int64_t BufKey(BufKind k, int mb, int chunk) {
@@ -39,19 +46,54 @@ int64_t BufKey(BufKind k, int mb, int chunk) {
 
 }  // namespace
 
-uint64_t PlanChecksum(const proto::ExecutionPlan& plan) {
-  proto::ExecutionPlan copy = plan;
-  copy.clear_checksum();
-  const std::string bytes = copy.SerializeAsString();
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a: stable across processes and builds
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
+namespace {
+
+// 64-bit multiply-xorshift hash over 8-byte words: stable across processes
+// and builds (unlike absl::Hash) and several times faster than byte-wise FNV.
+uint64_t HashBytes(const std::string& bytes, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes.data() + i, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdULL;
+    h ^= h >> 32;
   }
-  return h;
+  uint64_t tail = 0;
+  std::memcpy(&tail, bytes.data() + i, n - i);
+  h = (h ^ tail ^ (static_cast<uint64_t>(n - i) << 56)) * 0xc4ceb9fe1a85ec53ULL;
+  return h ^ (h >> 29);
 }
 
-void SealPlan(proto::ExecutionPlan* plan) { plan->set_checksum(PlanChecksum(*plan)); }
+// The checksum is field 17 (fixed64), serialized last: tag bytes 0x89 0x01
+// then 8 little-endian bytes.
+constexpr size_t kChecksumFieldBytes = 10;
+
+}  // namespace
+
+uint64_t PlanChecksum(const proto::ExecutionPlan& plan) {
+  const std::string bytes = plan.SerializeAsString();
+  if (plan.checksum() == 0) return HashBytes(bytes, bytes.size());
+  // Hash everything before the trailing checksum field without copying the
+  // message; fall back to a cleared copy if the layout is unexpected (e.g.
+  // unknown fields from a newer schema follow it).
+  const size_t n = bytes.size();
+  if (n >= kChecksumFieldBytes && static_cast<unsigned char>(bytes[n - 10]) == 0x89 &&
+      static_cast<unsigned char>(bytes[n - 9]) == 0x01) {
+    uint64_t stored;
+    std::memcpy(&stored, bytes.data() + n - 8, 8);
+    if (stored == plan.checksum()) return HashBytes(bytes, n - kChecksumFieldBytes);
+  }
+  proto::ExecutionPlan copy = plan;
+  copy.clear_checksum();
+  const std::string cleared = copy.SerializeAsString();
+  return HashBytes(cleared, cleared.size());
+}
+
+void SealPlan(proto::ExecutionPlan* plan) {
+  plan->clear_checksum();
+  plan->set_checksum(PlanChecksum(*plan));
+}
 
 std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
   const PipelineModel& pm = *in.model;
@@ -60,182 +102,125 @@ std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
   const proto::DType::Value dtype = pm.activation_bytes() == 4 ? proto::DType::fp32 : proto::DType::bf16;
   auto dev = [&](int c) { return chunks[c].device; };
   auto rank = [&](int d) { return in.dp_rank * D + d; };
-  // Local chunk index of each chunk on its device.
-  std::vector<int> local(C, 0), per_device(D, 0);
+  std::vector<int> local(C, 0), per_device(D, 0);  // chunk index on its device
   for (int c = 0; c < C; ++c) local[c] = per_device[dev(c)]++;
 
-  auto boundary_shapes = [&](int mb, int c, google::protobuf::RepeatedPtrField<proto::TensorShape>* out) {
-    const Shape& s = in.mbs[mb].shape;
-    const double mb_tokens = pm.BoundaryMb(s, c) * 1e6 / (static_cast<double>(pm.hidden()) * pm.activation_bytes());
-    auto add = [&](int64_t seq) {
-      proto::TensorShape* t = out->Add();
-      t->add_dims(s.mbs);
-      t->add_dims(seq);
-      t->add_dims(pm.hidden());
-      t->set_dtype(dtype);
-    };
-    add(s.seq);
-    if (mb_tokens > static_cast<double>(s.mbs) * s.seq + 0.5) add(s.dec_seq);  // encoder-decoder: decoder states too
-  };
-
   std::vector<std::vector<Event>> events(D);
+  for (auto& e : events) e.reserve(in.mbs.size() * 12);
   std::vector<absl::flat_hash_map<int64_t, int>> logical(D);  // buffer key -> logical id
   auto buf = [&](int d, BufKind k, int mb, int c) {
     auto [it, inserted] = logical[d].emplace(BufKey(k, mb, c), static_cast<int>(logical[d].size()));
     return it->second;
   };
   int64_t seq = 0;
-  auto push = [&](int d, double t, int prio, Instruction ins, int writes = -1, int frees = -1,
-                  int64_t order = -1) {
-    events[d].push_back({t, prio, order >= 0 ? order : seq, std::move(ins), writes, frees});
-    ++seq;
+  auto push = [&](int d, Event e) {
+    if (e.seq < 0) e.seq = seq++;
+    events[d].push_back(e);
   };
-  auto free_at = [&](int d, double t, int id) {
-    Instruction ins;
-    ins.set_micro_batch(-1);
-    ins.mutable_free_buffer()->add_buffer_ids(id);
-    ins.set_sim_start_ms(t);
-    ins.set_sim_end_ms(t);
-    push(d, t, kFree, std::move(ins), -1, id);
+  auto release = [&](int d, double t, int id) {
+    push(d, Event{.t = t, .seq = -1, .prio = kFree, .op = Op::kFree, .in = id, .start = t, .end = t});
   };
 
-  // Transfers indexed by producer op, for send-finish times.
-  absl::flat_hash_map<int64_t, const Transfer*> transfer_of;
-  for (const Transfer& x : in.sim->transfers) {
-    transfer_of[(static_cast<int64_t>(x.producer.kind) << 40) | (static_cast<int64_t>(x.producer.mb) << 20) |
-                x.producer.chunk] = &x;
-  }
-  const int64_t transfer_seq_base = 1LL << 40;  // keeps transfer order identical on both sides
+  // Transfers: send start and receive start at the same instant on both
+  // sides, ordered by one shared sequence number.
+  const int64_t transfer_seq_base = int64_t{1} << 40;
   for (size_t xi = 0; xi < in.sim->transfers.size(); ++xi) {
     const Transfer& x = in.sim->transfers[xi];
     const SimOp& p = x.producer;
     const bool act = p.kind == SimOp::kForward;
-    Instruction send, recv;
-    send.set_micro_batch(p.mb);
-    recv.set_micro_batch(p.mb);
-    send.set_sim_start_ms(x.start_ms);
-    send.set_sim_end_ms(x.end_ms);
-    recv.set_sim_start_ms(x.start_ms);
-    recv.set_sim_end_ms(x.end_ms);
     const int recv_chunk = act ? p.chunk + 1 : p.chunk - 1;
-    send.set_chunk(local[p.chunk]);
-    recv.set_chunk(local[recv_chunk]);
-    proto::CommOp* s = act ? send.mutable_send_activation_start() : send.mutable_send_grad_start();
-    proto::CommOp* r = act ? recv.mutable_recv_activation_start() : recv.mutable_recv_grad_start();
-    s->set_peer(rank(x.dst));
-    r->set_peer(rank(x.src));
+    const int boundary = act ? p.chunk : p.chunk - 1;
     const int sbuf = buf(x.src, act ? BufKind::kAct : BufKind::kGrad, p.mb, p.chunk);
     const int rbuf = buf(x.dst, act ? BufKind::kRecvAct : BufKind::kRecvGrad, p.mb, p.chunk);
-    s->add_buffer_ids(sbuf);
-    r->add_buffer_ids(rbuf);
-    boundary_shapes(p.mb, act ? p.chunk : p.chunk - 1, s->mutable_shapes());
-    *r->mutable_shapes() = s->shapes();
-    Instruction send_finish = send;
-    proto::CommOp fin = *s;
-    if (act) {
-      *send_finish.mutable_send_activation_finish() = fin;
-    } else {
-      *send_finish.mutable_send_grad_finish() = fin;
-    }
-    push(x.src, x.start_ms, kSendStart, std::move(send), -1, -1, transfer_seq_base + xi);
-    push(x.dst, x.start_ms, kRecvStart, std::move(recv), rbuf, -1, transfer_seq_base + xi);
-    push(x.src, x.end_ms, kSendFinish, std::move(send_finish));
-    free_at(x.src, x.end_ms, sbuf);
+    const int64_t order = transfer_seq_base + static_cast<int64_t>(xi);
+    push(x.src, Event{x.start_ms, order, kSendStart, Op::kSendStart, act, p.mb, p.chunk, rank(x.dst), sbuf, -1,
+                      boundary, x.start_ms, x.end_ms});
+    push(x.dst, Event{x.start_ms, order, kRecvStart, Op::kRecvStart, act, p.mb, recv_chunk, rank(x.src), -1, rbuf,
+                      boundary, x.start_ms, x.end_ms});
+    push(x.src, Event{x.end_ms, -1, kSendFinish, Op::kSendFinish, act, p.mb, p.chunk, rank(x.dst), sbuf, -1,
+                      boundary, x.start_ms, x.end_ms});
+    release(x.src, x.end_ms, sbuf);
   }
 
   for (int d = 0; d < D; ++d) {
     for (const OpTiming& o : in.sim->ops[d]) {
-      const SimOp& op = o.op;
-      const int m = op.mb, c = op.chunk;
-      Instruction ins;
-      ins.set_micro_batch(m);
-      ins.set_chunk(local[c]);
-      ins.set_sim_start_ms(o.start_ms);
-      ins.set_sim_end_ms(o.end_ms);
-      auto finish_recv = [&](bool act, int producer_chunk, int src_chunk) {
-        Instruction f;
-        f.set_micro_batch(m);
-        f.set_chunk(local[c]);
-        f.set_sim_start_ms(o.start_ms);
-        f.set_sim_end_ms(o.start_ms);
-        proto::CommOp* fc = act ? f.mutable_recv_activation_finish() : f.mutable_recv_grad_finish();
-        fc->set_peer(rank(dev(src_chunk)));
-        fc->add_buffer_ids(buf(d, act ? BufKind::kRecvAct : BufKind::kRecvGrad, m, producer_chunk));
-        boundary_shapes(m, act ? producer_chunk : producer_chunk - 1, fc->mutable_shapes());
-        push(d, o.start_ms, kRecvFinishOrLoad, std::move(f));
-      };
-      if (op.kind == SimOp::kForward) {
-        proto::Forward* fw = ins.mutable_forward();
-        fw->set_recompute(static_cast<proto::RecomputeLevel::Value>(static_cast<int>(in.recompute) + 1));
+      const int m = o.op.mb, c = o.op.chunk;
+      if (o.op.kind == SimOp::kForward) {
         int input;
         if (c == 0) {
           input = buf(d, BufKind::kInput, m, 0);
-          Instruction load;
-          load.set_micro_batch(m);
-          load.set_chunk(local[c]);
-          load.set_sim_start_ms(o.start_ms);
-          load.set_sim_end_ms(o.start_ms);
-          load.mutable_load_input()->add_buffer_ids(input);
-          push(d, o.start_ms, kRecvFinishOrLoad, std::move(load), input);
+          push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kLoad, false, m, c, -1, -1, input, -1, o.start_ms,
+                        o.start_ms});
         } else if (dev(c - 1) != d) {
-          finish_recv(true, c - 1, c - 1);
           input = buf(d, BufKind::kRecvAct, m, c - 1);
+          push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kRecvFinish, true, m, c, rank(dev(c - 1)), input, -1,
+                        c - 1, o.start_ms, o.start_ms});
         } else {
-          input = buf(d, BufKind::kAct, m, c - 1);
+          input = buf(d, BufKind::kAct, m, c - 1);  // handed over on this device
         }
-        fw->add_input_buffers(input);
-        int out = -1;
-        if (c < C - 1) {
-          out = buf(d, BufKind::kAct, m, c);
-          fw->add_output_buffers(out);
-        }
-        push(d, o.start_ms, kCompute, std::move(ins), out);
-        free_at(d, o.end_ms, input);
-        if (c < C - 1 && dev(c + 1) == d) {
-          // Consumed locally by the next chunk's forward, which frees it.
-        }
+        const int out = c < C - 1 ? buf(d, BufKind::kAct, m, c) : -1;
+        push(d, Event{o.start_ms, -1, kCompute, Op::kForward, false, m, c, -1, input, out, -1, o.start_ms, o.end_ms});
+        release(d, o.end_ms, input);
       } else {
-        proto::Backward* bw = ins.mutable_backward();
-        bw->set_first_bw_layer(chunks[c].first_layer);
         int grad_in = -1;
         if (c < C - 1) {
           if (dev(c + 1) != d) {
-            finish_recv(false, c + 1, c + 1);
             grad_in = buf(d, BufKind::kRecvGrad, m, c + 1);
+            push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kRecvFinish, false, m, c, rank(dev(c + 1)), grad_in,
+                          -1, c, o.start_ms, o.start_ms});
           } else {
             grad_in = buf(d, BufKind::kGrad, m, c + 1);
           }
-          bw->add_grad_input_buffers(grad_in);
         }
-        int out = -1;
-        if (c > 0) {
-          out = buf(d, BufKind::kGrad, m, c);
-          bw->add_grad_output_buffers(out);
-        }
-        push(d, o.start_ms, kCompute, std::move(ins), out);
-        if (grad_in >= 0) free_at(d, o.end_ms, grad_in);
+        const int out = c > 0 ? buf(d, BufKind::kGrad, m, c) : -1;
+        push(d, Event{o.start_ms, -1, kCompute, Op::kBackward, false, m, c, -1, grad_in, out, -1, o.start_ms, o.end_ms});
+        if (grad_in >= 0) release(d, o.end_ms, grad_in);
       }
     }
   }
 
+  // The group's micro-batches, shared by every rank's plan.
+  proto::ExecutionPlan shared;
+  for (size_t m = 0; m < in.mbs.size(); ++m) {
+    const MicroBatch& mb = in.mbs[m];
+    proto::MicroBatch* pmb = shared.add_micro_batches();
+    pmb->set_index(static_cast<int>(m));
+    pmb->set_rows(mb.shape.mbs);
+    pmb->set_seq_len(mb.shape.seq);
+    pmb->set_dec_seq_len(mb.shape.dec_seq);
+    pmb->mutable_samples()->Reserve(static_cast<int>(mb.samples.size()));
+    for (const Placement& p : mb.samples) {
+      const Sample& s = in.samples[p.sample];
+      proto::PlacedSample* ps = pmb->add_samples();
+      ps->set_id(s.id);
+      ps->set_input_len(s.input);
+      ps->set_target_len(s.target);
+      ps->set_row(p.row);
+      ps->set_offset(p.offset);
+    }
+  }
+  // Tensors crossing boundary c of micro-batch m: the hidden states, plus the
+  // encoder output once an encoder-decoder model is in its decoder.
+  auto add_shapes = [&](proto::CommOp* op, int m, int boundary) {
+    const Shape& s = in.mbs[m].shape;
+    auto add = [&](int64_t len) {
+      proto::TensorShape* t = op->add_shapes();
+      t->add_dims(s.mbs);
+      t->add_dims(len);
+      t->add_dims(pm.hidden());
+      t->set_dtype(dtype);
+    };
+    add(s.seq);
+    if (pm.BoundaryMb(s, boundary) > pm.BoundaryMb(Shape{s.mbs, s.seq, 0}, 0) * 1.0000001 && s.dec_seq > 0) {
+      add(s.dec_seq);
+    }
+  };
+
   const double end = in.sim->makespan_ms;
   std::vector<proto::ExecutionPlan> plans(D);
   for (int d = 0; d < D; ++d) {
-    if (in.dp_size > 1) {
-      Instruction ar;
-      ar.set_micro_batch(-1);
-      ar.set_sim_start_ms(end);
-      ar.set_sim_end_ms(end);
-      for (int g = 0; g < in.dp_size; ++g) ar.mutable_all_reduce_grads()->add_dp_peers(g * D + d);
-      push(d, end, kEnd, std::move(ar));
-    }
-    Instruction step;
-    step.set_micro_batch(-1);
-    step.set_sim_start_ms(end);
-    step.set_sim_end_ms(end);
-    step.mutable_optimizer_step();
-    push(d, end, kEnd + 1, std::move(step));
-
+    if (in.dp_size > 1) push(d, Event{end, -1, kEnd, Op::kAllReduce, false, -1, 0, -1, -1, -1, -1, end, end});
+    push(d, Event{end, -1, kEnd + 1, Op::kStep, false, -1, 0, -1, -1, -1, -1, end, end});
     std::vector<Event>& ev = events[d];
     std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) {
       if (a.t != b.t) return a.t < b.t;
@@ -243,14 +228,6 @@ std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
       return a.seq < b.seq;
     });
 
-    // Interval colouring: a logical buffer takes the lowest free slot when
-    // first written and returns it when freed.
-    std::vector<int> slot(logical[d].size(), -1);
-    std::priority_queue<int, std::vector<int>, std::greater<int>> free_slots;
-    int num_slots = 0;
-    auto map_ids = [&](google::protobuf::RepeatedField<int32_t>* ids) {
-      for (int& id : *ids) id = slot[id] >= 0 ? slot[id] : -1 - id;  // unmapped: negative, caught by validation
-    };
     proto::ExecutionPlan& plan = plans[d];
     plan.set_schema_version(kPlanSchemaVersion);
     plan.set_job_id(in.job_id);
@@ -264,60 +241,78 @@ std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
       if (ch.device != d) continue;
       for (int l = 0; l < ch.num_encoder + ch.num_decoder; ++l) plan.add_layers(ch.first_layer + l);
     }
-    for (size_t m = 0; m < in.mbs.size(); ++m) {
-      const MicroBatch& mb = in.mbs[m];
-      proto::MicroBatch* pmb = plan.add_micro_batches();
-      pmb->set_index(static_cast<int>(m));
-      pmb->set_rows(mb.shape.mbs);
-      pmb->set_seq_len(mb.shape.seq);
-      pmb->set_dec_seq_len(mb.shape.dec_seq);
-      for (const Placement& p : mb.samples) {
-        const Sample& s = in.samples[p.sample];
-        proto::PlacedSample* ps = pmb->add_samples();
-        ps->set_id(s.id);
-        ps->set_input_len(s.input);
-        ps->set_target_len(s.target);
-        ps->set_row(p.row);
-        ps->set_offset(p.offset);
+    *plan.mutable_micro_batches() = shared.micro_batches();
+
+    // Interval colouring: a logical buffer takes the lowest free slot when
+    // first written and returns it when freed.
+    std::vector<int> slot(logical[d].size(), -1);
+    std::priority_queue<int, std::vector<int>, std::greater<int>> free_slots;
+    int num_slots = 0;
+    auto slot_of = [&](int id) { return slot[id]; };
+    auto allocate = [&](int id) {
+      if (free_slots.empty()) {
+        slot[id] = num_slots++;
+      } else {
+        slot[id] = free_slots.top();
+        free_slots.pop();
       }
-    }
+      return slot[id];
+    };
+    const auto recompute = static_cast<proto::RecomputeLevel::Value>(static_cast<int>(in.recompute) + 1);
     plan.mutable_instructions()->Reserve(static_cast<int>(ev.size()));
-    for (Event& e : ev) {
-      if (e.writes >= 0 && slot[e.writes] < 0) {
-        if (free_slots.empty()) {
-          slot[e.writes] = num_slots++;
-        } else {
-          slot[e.writes] = free_slots.top();
-          free_slots.pop();
+    for (const Event& e : ev) {
+      proto::Instruction* ins = plan.add_instructions();
+      ins->set_micro_batch(e.mb);
+      ins->set_chunk(local[e.chunk]);
+      ins->set_sim_start_ms(e.start);
+      ins->set_sim_end_ms(e.end);
+      switch (e.op) {
+        case Op::kLoad: ins->mutable_load_input()->add_buffer_ids(allocate(e.out)); break;
+        case Op::kForward: {
+          proto::Forward* f = ins->mutable_forward();
+          f->set_recompute(recompute);
+          f->add_input_buffers(slot_of(e.in));
+          if (e.out >= 0) f->add_output_buffers(allocate(e.out));
+          break;
         }
-      }
-      Instruction& ins = e.ins;
-      switch (ins.op_case()) {
-        case Instruction::kLoadInput: map_ids(ins.mutable_load_input()->mutable_buffer_ids()); break;
-        case Instruction::kForward:
-          map_ids(ins.mutable_forward()->mutable_input_buffers());
-          map_ids(ins.mutable_forward()->mutable_output_buffers());
+        case Op::kBackward: {
+          proto::Backward* b = ins->mutable_backward();
+          b->set_first_bw_layer(chunks[e.chunk].first_layer);
+          if (e.in >= 0) b->add_grad_input_buffers(slot_of(e.in));
+          if (e.out >= 0) b->add_grad_output_buffers(allocate(e.out));
           break;
-        case Instruction::kBackward:
-          map_ids(ins.mutable_backward()->mutable_grad_input_buffers());
-          map_ids(ins.mutable_backward()->mutable_grad_output_buffers());
+        }
+        case Op::kSendStart:
+        case Op::kSendFinish:
+        case Op::kRecvStart:
+        case Op::kRecvFinish: {
+          proto::CommOp* c;
+          if (e.op == Op::kSendStart) {
+            c = e.act ? ins->mutable_send_activation_start() : ins->mutable_send_grad_start();
+          } else if (e.op == Op::kSendFinish) {
+            c = e.act ? ins->mutable_send_activation_finish() : ins->mutable_send_grad_finish();
+          } else if (e.op == Op::kRecvStart) {
+            c = e.act ? ins->mutable_recv_activation_start() : ins->mutable_recv_grad_start();
+          } else {
+            c = e.act ? ins->mutable_recv_activation_finish() : ins->mutable_recv_grad_finish();
+          }
+          c->set_peer(e.peer);
+          c->add_buffer_ids(e.op == Op::kRecvStart ? allocate(e.out) : slot_of(e.in));
+          add_shapes(c, e.mb, e.boundary);
           break;
-        case Instruction::kSendActivationStart: map_ids(ins.mutable_send_activation_start()->mutable_buffer_ids()); break;
-        case Instruction::kSendActivationFinish: map_ids(ins.mutable_send_activation_finish()->mutable_buffer_ids()); break;
-        case Instruction::kRecvActivationStart: map_ids(ins.mutable_recv_activation_start()->mutable_buffer_ids()); break;
-        case Instruction::kRecvActivationFinish: map_ids(ins.mutable_recv_activation_finish()->mutable_buffer_ids()); break;
-        case Instruction::kSendGradStart: map_ids(ins.mutable_send_grad_start()->mutable_buffer_ids()); break;
-        case Instruction::kSendGradFinish: map_ids(ins.mutable_send_grad_finish()->mutable_buffer_ids()); break;
-        case Instruction::kRecvGradStart: map_ids(ins.mutable_recv_grad_start()->mutable_buffer_ids()); break;
-        case Instruction::kRecvGradFinish: map_ids(ins.mutable_recv_grad_finish()->mutable_buffer_ids()); break;
-        case Instruction::kFreeBuffer: map_ids(ins.mutable_free_buffer()->mutable_buffer_ids()); break;
-        default: break;
+        }
+        case Op::kFree:
+          ins->mutable_free_buffer()->add_buffer_ids(slot_of(e.in));
+          free_slots.push(slot_of(e.in));
+          break;
+        case Op::kAllReduce:
+          for (int g = 0; g < in.dp_size; ++g) ins->mutable_all_reduce_grads()->add_dp_peers(g * D + d);
+          break;
+        case Op::kStep: ins->mutable_optimizer_step(); break;
       }
-      if (e.frees >= 0 && slot[e.frees] >= 0) free_slots.push(slot[e.frees]);
-      *plan.add_instructions() = std::move(ins);
     }
     plan.set_num_buffer_slots(num_slots);
-    plan.set_recompute(static_cast<proto::RecomputeLevel::Value>(static_cast<int>(in.recompute) + 1));
+    plan.set_recompute(recompute);
     plan.set_schedule(in.schedule == ScheduleKind::kOneFOneB         ? proto::ScheduleSpec::one_f_one_b
                       : in.schedule == ScheduleKind::kInterleaved1F1B ? proto::ScheduleSpec::interleaved_1f1b
                                                                       : proto::ScheduleSpec::wait_free_cyclic);

@@ -7,7 +7,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "planner/plan/instructions.h"
 #include "src/common/status_macros.h"
 #include <set>
@@ -38,7 +37,26 @@ const proto::CommOp* CommOf(const Instruction& ins, bool* send, bool* start, boo
 bool SameShapes(const proto::CommOp& a, const proto::CommOp& b) {
   if (a.shapes_size() != b.shapes_size()) return false;
   for (int i = 0; i < a.shapes_size(); ++i) {
-    if (!google::protobuf::util::MessageDifferencer::Equals(a.shapes(i), b.shapes(i))) return false;
+    const proto::TensorShape &x = a.shapes(i), &y = b.shapes(i);
+    if (x.dtype() != y.dtype() || x.dims_size() != y.dims_size() ||
+        !std::equal(x.dims().begin(), x.dims().end(), y.dims().begin())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool SameMicroBatch(const proto::MicroBatch& a, const proto::MicroBatch& b) {
+  if (a.index() != b.index() || a.rows() != b.rows() || a.seq_len() != b.seq_len() ||
+      a.dec_seq_len() != b.dec_seq_len() || a.samples_size() != b.samples_size()) {
+    return false;
+  }
+  for (int i = 0; i < a.samples_size(); ++i) {
+    const proto::PlacedSample &x = a.samples(i), &y = b.samples(i);
+    if (x.id() != y.id() || x.input_len() != y.input_len() || x.target_len() != y.target_len() ||
+        x.row() != y.row() || x.offset() != y.offset()) {
+      return false;
+    }
   }
   return true;
 }
@@ -292,7 +310,7 @@ absl::Status ValidatePlans(std::span<const proto::ExecutionPlan> plans, std::spa
         return absl::InvalidArgumentError(absl::StrCat("plan rank ", other.rank(), ": micro-batches differ from rank ", head.rank()));
       }
       for (int m = 0; m < head.micro_batches_size(); ++m) {
-        if (!google::protobuf::util::MessageDifferencer::Equals(head.micro_batches(m), other.micro_batches(m))) {
+        if (!SameMicroBatch(head.micro_batches(m), other.micro_batches(m))) {
           return absl::InvalidArgumentError(absl::StrCat("plan rank ", other.rank(), ": micro-batch ", m, " differs from rank ", head.rank()));
         }
       }

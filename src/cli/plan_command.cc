@@ -104,7 +104,7 @@ std::string PlanUsage() {
   --dp N                    data-parallel groups (default 1)
   --layers-per-stage N|L    layers per stage, one value or a comma list
   --layer-to-device L       device per layer, comma list (interleaved layouts)
-  --max-seqlen N            longer samples are truncated (default 2048)
+  --max-seqlen N            longer samples are truncated (default min(2048, model max_positions))
   --global-batch-tokens N   token budget per iteration (default 65536)
   --mem-limit-mb X          memory per device (default: the device's)
   --cluster FILE            ClusterSpec (devices per node, bandwidths, latencies)

@@ -119,7 +119,8 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
                                                      c.model.name(), " has ", layers));
     }
   }
-  ASSIGN_OR_RETURN(const int64_t max_seq, args.Int("max-seqlen", 2048));
+  const int64_t default_seq = c.model.max_positions() > 0 ? std::min(2048, c.model.max_positions()) : 2048;
+  ASSIGN_OR_RETURN(const int64_t max_seq, args.Int("max-seqlen", default_seq));
   if (max_seq < 1) return absl::InvalidArgumentError("--max-seqlen: must be positive");
   if (c.model.max_positions() > 0 && max_seq > c.model.max_positions()) {
     return absl::InvalidArgumentError(absl::StrCat("--max-seqlen: ", max_seq, " exceeds the model's max_positions ",

@@ -1,0 +1,110 @@
+#include "planner/cost_model/analytic_cost_model.h"
+
+#include <catch2/catch.hpp>
+
+#include "planner/cost_model/pipeline_model.h"
+
+namespace dynapipe::planner {
+namespace {
+
+using Catch::Detail::Approx;
+
+proto::ModelSpec Gpt67b() {
+  proto::ModelSpec m;
+  m.set_kind(proto::ModelKind::gpt);
+  m.set_num_layers(32);
+  m.set_hidden(4096);
+  m.set_heads(32);
+  m.set_ffn(16384);
+  m.set_vocab(50304);
+  m.set_max_positions(8192);
+  m.set_dtype(proto::DType::bf16);
+  return m;
+}
+
+proto::DeviceSpec H100() {
+  proto::DeviceSpec d;
+  d.set_name("h100");
+  d.set_peak_tflops(989);
+  d.set_memory_bandwidth_gbps(3350);
+  return d;
+}
+
+TEST_CASE("Analytic costs grow with size and length; attention makes length superlinear") {
+  auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  REQUIRE(m.ok());
+  auto cost = [&](int mbs, int seq) { return *(*m)->Cost(LayerKind::kEncoder, Shape{mbs, seq, 0}, Recompute::kNone); };
+  double prev = 0;
+  for (int seq = 64; seq <= 8192; seq *= 2) {
+    const LayerCost c = cost(1, seq);
+    CHECK(c.fw_ms > prev);
+    CHECK(c.bw_ms > c.fw_ms);
+    prev = c.fw_ms;
+  }
+  CHECK(cost(2, 512).fw_ms > cost(1, 512).fw_ms);
+  // Same tokens, longer rows: more attention work.
+  CHECK(cost(1, 8192).fw_ms > 1.2 * cost(8, 1024).fw_ms);
+  // Korthikanti et al.: 34 s b h + 5 a s^2 b bytes per layer without recomputation.
+  CHECK(cost(1, 2048).stored_mb == Approx((34.0 * 2048 * 4096 + 5.0 * 32 * 2048 * 2048) / 1e6));
+}
+
+TEST_CASE("Recomputation trades memory for backward time") {
+  auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  REQUIRE(m.ok());
+  const Shape s{2, 4096, 0};
+  auto none = *(*m)->Cost(LayerKind::kEncoder, s, Recompute::kNone);
+  auto sel = *(*m)->Cost(LayerKind::kEncoder, s, Recompute::kSelective);
+  auto full = *(*m)->Cost(LayerKind::kEncoder, s, Recompute::kFull);
+  CHECK(none.stored_mb > sel.stored_mb);
+  CHECK(sel.stored_mb > full.stored_mb);
+  CHECK(full.stored_mb == Approx(2.0 * 4096 * 2 * 4096 / 1e6));
+  CHECK(none.bw_ms < sel.bw_ms);
+  CHECK(sel.bw_ms < full.bw_ms);
+  CHECK(none.fw_ms == sel.fw_ms);
+}
+
+TEST_CASE("Parameter counts match the model size; model state per stage follows the memory model") {
+  auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  REQUIRE(m.ok());
+  const double layer = (*m)->ParamsMillions(LayerKind::kEncoder);
+  CHECK(layer == Approx(201.5).epsilon(0.01));  // 4h^2 + 2hf
+  const double total = 32 * layer + (*m)->ParamsMillions(LayerKind::kEmbedding);
+  CHECK(total / 1e3 == Approx(6.7).epsilon(0.03));
+  MemoryOptions mem;
+  mem.limit_mb = 80000;
+  auto pm = PipelineModel::Create(Gpt67b(), 8, {}, std::shared_ptr<const LayerCostModel>(std::move(*m)), mem);
+  REQUIRE(pm.ok());
+  CHECK(pm->num_chunks() == 8);
+  // Middle stage: 4 layers x 18 bytes per parameter (bf16 weights, fp32 grads, master, Adam moments).
+  CHECK(pm->StaticMb(3) == Approx(4 * layer * 18).epsilon(1e-6));
+  CHECK(pm->StaticMb(0) > pm->StaticMb(3));  // embedding
+  mem.zero1 = true;
+  mem.dp = 4;
+  auto m2 = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  auto sharded = PipelineModel::Create(Gpt67b(), 8, {}, std::shared_ptr<const LayerCostModel>(std::move(*m2)), mem);
+  CHECK(sharded->StaticMb(3) == Approx(4 * layer * (2 + 4 + 12.0 / 4)).epsilon(1e-6));
+}
+
+TEST_CASE("Layouts: equal stages, explicit interleaving, and bad assignments") {
+  auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  std::shared_ptr<const LayerCostModel> cost(std::move(*m));
+  auto even = PipelineModel::Create(Gpt67b(), 5, {}, cost, {});  // 32 layers over 5: middle stages get the extra
+  REQUIRE(even.ok());
+  int total = 0;
+  for (const auto& c : even->chunks()) total += c.num_encoder;
+  CHECK(total == 32);
+  CHECK(even->chunks().front().num_encoder == 6);
+  std::vector<int> inter;
+  for (int i = 0; i < 32; ++i) inter.push_back(i % 4);
+  auto il = PipelineModel::Create(Gpt67b(), 4, inter, cost, {});
+  REQUIRE(il.ok());
+  CHECK(il->chunks_per_device() == 8);
+  CHECK(il->interleaved());
+  CHECK(PipelineModel::Create(Gpt67b(), 4, std::vector<int>(31, 0), cost, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(PipelineModel::Create(Gpt67b(), 4, std::vector<int>(32, 0), cost, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);  // devices 1..3 get nothing
+}
+
+}  // namespace
+}  // namespace dynapipe::planner

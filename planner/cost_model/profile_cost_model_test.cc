@@ -1,0 +1,73 @@
+#include "planner/cost_model/profile_cost_model.h"
+
+#include <catch2/catch.hpp>
+
+#include "src/common/proto_io.h"
+
+namespace dynapipe::planner {
+namespace {
+
+using Catch::Detail::Approx;
+using Catch::Matchers::Contains;
+
+proto::CostProfile Grid() {
+  // encoder: fw = mbs * seq / 100 ms on a 2 x 2 grid; bilinear data, so
+  // interpolation must reproduce it exactly inside the grid.
+  proto::CostProfile p;
+  const auto status = ParseJsonProto(R"({"device": "test", "model_kind": "gpt", "hidden": 1024, "heads": 16,
+    "layers": [{"kind": "encoder", "param_mb": 24, "points": [
+      {"mbs": 1, "seq": 512, "fw_ms": 5.12, "bw_ms": 10.24, "stored_activation_mb": 10, "peak_activation_mb": 20},
+      {"mbs": 1, "seq": 1024, "fw_ms": 10.24, "bw_ms": 20.48, "stored_activation_mb": 20, "peak_activation_mb": 40},
+      {"mbs": 4, "seq": 512, "fw_ms": 20.48, "bw_ms": 40.96, "stored_activation_mb": 40, "peak_activation_mb": 80},
+      {"mbs": 4, "seq": 1024, "fw_ms": 40.96, "bw_ms": 81.92, "stored_activation_mb": 80, "peak_activation_mb": 160}]}]})",
+                                     "profile", &p);
+  REQUIRE(status.ok());
+  return p;
+}
+
+TEST_CASE("Profile interpolation is exact at grid points and bilinear between them") {
+  auto m = ProfileCostModel::Create(Grid());
+  REQUIRE(m.ok());
+  auto at = [&](int mbs, int seq) { return (*m)->Cost(LayerKind::kEncoder, Shape{mbs, seq, 0}, Recompute::kNone); };
+  CHECK(at(1, 512)->fw_ms == Approx(5.12));
+  CHECK(at(4, 1024)->bw_ms == Approx(81.92));
+  CHECK(at(2, 768)->fw_ms == Approx(2 * 768 / 100.0));
+  CHECK(at(3, 600)->stored_mb == Approx(10.0 * 3 * 600 / 512));
+  CHECK((*m)->ParamsMillions(LayerKind::kEncoder) == Approx(12));
+}
+
+TEST_CASE("A query outside the profile is OUT_OF_RANGE with the profiled range, never extrapolated") {
+  auto m = ProfileCostModel::Create(Grid());
+  REQUIRE(m.ok());
+  auto big = (*m)->Cost(LayerKind::kEncoder, Shape{8, 512, 0}, Recompute::kNone);
+  CHECK(big.status().code() == absl::StatusCode::kOutOfRange);
+  CHECK_THAT(std::string(big.status().message()), Contains("mbs 1..4") && Contains("seq 512..1024"));
+  CHECK((*m)->Cost(LayerKind::kEncoder, Shape{1, 256, 0}, Recompute::kNone).status().code() ==
+        absl::StatusCode::kOutOfRange);
+  CHECK((*m)->Cost(LayerKind::kPostprocess, Shape{1, 512, 0}, Recompute::kNone).status().code() ==
+        absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE("Full recomputation keeps only the layer input and re-runs the forward") {
+  auto m = ProfileCostModel::Create(Grid());
+  REQUIRE(m.ok());
+  auto none = (*m)->Cost(LayerKind::kEncoder, Shape{4, 1024, 0}, Recompute::kNone);
+  auto full = (*m)->Cost(LayerKind::kEncoder, Shape{4, 1024, 0}, Recompute::kFull);
+  CHECK(full->stored_mb == Approx(4.0 * 1024 * 1024 * 2 / 1e6));
+  CHECK(full->bw_ms == Approx(none->bw_ms + none->fw_ms));
+}
+
+TEST_CASE("Malformed profiles are rejected with the layer and point named") {
+  proto::CostProfile p = Grid();
+  p.mutable_layers(0)->mutable_points()->RemoveLast();
+  CHECK_THAT(std::string(ProfileCostModel::Create(p).status().message()), Contains("layers[0].points: not a complete grid"));
+  p = Grid();
+  p.mutable_layers(0)->mutable_points(2)->set_fw_ms(-1);
+  CHECK_THAT(std::string(ProfileCostModel::Create(p).status().message()), Contains("layers[0].points[2]"));
+  p = Grid();
+  *p.add_layers() = p.layers(0);
+  CHECK_THAT(std::string(ProfileCostModel::Create(p).status().message()), Contains("appears twice"));
+}
+
+}  // namespace
+}  // namespace dynapipe::planner
