@@ -60,9 +60,12 @@ absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& job) {
                                                    " exceeds model.max_positions ", m.max_positions()));
   }
   if (b.micro_batch_size() < 0) return absl::InvalidArgumentError("batching.micro_batch_size: must be positive");
+  if (b.micro_batch_tokens() < 0) return absl::InvalidArgumentError("batching.micro_batch_tokens: must be positive");
   c.micro_batch_size = b.micro_batch_size();
   c.micro_batch_tokens = b.micro_batch_tokens();
-  if (b.cap_tolerance() < 0) return absl::InvalidArgumentError("batching.cap_tolerance: must not be negative");
+  if (b.cap_tolerance() < 0 || b.cap_tolerance() > 1) {
+    return absl::InvalidArgumentError("batching.cap_tolerance: must be in 0..1");
+  }
   c.tolerance = b.cap_tolerance() > 0 ? b.cap_tolerance() : 0.02;
   if (b.dp_candidates() < 0) return absl::InvalidArgumentError("batching.dp_candidates: must be positive");
   c.dp_candidates = b.dp_candidates() > 0 ? b.dp_candidates() : 3;
@@ -70,7 +73,9 @@ absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& job) {
                                                                             : job.schedule().policy();
   c.recompute = job.schedule().recompute() == proto::RecomputeLevel::unspecified ? proto::RecomputeLevel::auto_
                                                                                     : job.schedule().recompute();
-  if (job.schedule().permutations() < 0) return absl::InvalidArgumentError("schedule.permutations: must be positive");
+  if (job.schedule().permutations() < 0 || job.schedule().permutations() > 64) {
+    return absl::InvalidArgumentError("schedule.permutations: must be in 1..64");
+  }
   c.permutations = job.schedule().permutations() > 0 ? job.schedule().permutations() : 4;
   c.seed = job.seed();
   c.cluster = job.cluster();

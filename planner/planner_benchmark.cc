@@ -12,6 +12,7 @@
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/partition/global_batches.h"
 #include "planner/planner.h"
+#include "planner/testing/test_specs.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -43,34 +44,13 @@ std::vector<Sample> LoadFlan(int max_seq) {
   return s;
 }
 
-proto::ModelSpec Gpt67b() {
-  proto::ModelSpec m;
-  m.set_name("gpt-6.7b");
-  m.set_kind(proto::ModelKind::gpt);
-  m.set_num_layers(32);
-  m.set_hidden(4096);
-  m.set_heads(32);
-  m.set_ffn(16384);
-  m.set_vocab(50304);
-  m.set_max_positions(8192);
-  m.set_dtype(proto::DType::bf16);
-  return m;
-}
-
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(int stages) {
   PlannerConfig c;
-  c.model = Gpt67b();
+  c.model = testing::Gpt67b();
   c.pp = stages;
   c.max_seq_len = 8192;
   c.memory_limit_mb = 80000;
-  c.cluster.set_devices_per_node(8);
-  c.cluster.mutable_device()->set_name("h100");
-  c.cluster.mutable_device()->set_peak_tflops(989);
-  c.cluster.mutable_device()->set_memory_bandwidth_gbps(3350);
-  c.cluster.set_intra_node_bandwidth_gbps(2400);
-  c.cluster.set_inter_node_bandwidth_gbps(400);
-  c.cluster.set_intra_node_latency_us(5);
-  c.cluster.set_inter_node_latency_us(10);
+  c.cluster = testing::H100Cluster();
   auto cost = AnalyticCostModel::Create(c.model, c.cluster.device(), {});
   return Planner::Create(c, std::shared_ptr<const LayerCostModel>(std::move(*cost)));
 }

@@ -9,24 +9,14 @@
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/plan/instructions.h"
 #include "planner/plan/validate.h"
+#include "planner/testing/test_specs.h"
 
 namespace dynapipe::planner {
 namespace {
 
 using Catch::Matchers::Contains;
 
-proto::ModelSpec Gpt(int layers, int hidden, int heads) {
-  proto::ModelSpec m;
-  m.set_kind(proto::ModelKind::gpt);
-  m.set_num_layers(layers);
-  m.set_hidden(hidden);
-  m.set_heads(heads);
-  m.set_ffn(4 * hidden);
-  m.set_vocab(32000);
-  m.set_max_positions(8192);
-  m.set_dtype(proto::DType::bf16);
-  return m;
-}
+using testing::Gpt;
 
 proto::ClusterSpec Cluster() {
   proto::ClusterSpec c;

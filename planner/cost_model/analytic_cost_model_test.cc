@@ -3,32 +3,15 @@
 #include <catch2/catch.hpp>
 
 #include "planner/cost_model/pipeline_model.h"
+#include "planner/testing/test_specs.h"
 
 namespace dynapipe::planner {
 namespace {
 
 using Catch::Detail::Approx;
 
-proto::ModelSpec Gpt67b() {
-  proto::ModelSpec m;
-  m.set_kind(proto::ModelKind::gpt);
-  m.set_num_layers(32);
-  m.set_hidden(4096);
-  m.set_heads(32);
-  m.set_ffn(16384);
-  m.set_vocab(50304);
-  m.set_max_positions(8192);
-  m.set_dtype(proto::DType::bf16);
-  return m;
-}
-
-proto::DeviceSpec H100() {
-  proto::DeviceSpec d;
-  d.set_name("h100");
-  d.set_peak_tflops(989);
-  d.set_memory_bandwidth_gbps(3350);
-  return d;
-}
+using testing::Gpt67b;
+using testing::H100;
 
 TEST_CASE("Analytic costs grow with size and length; attention makes length superlinear") {
   auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});

@@ -1,8 +1,10 @@
 #include "planner/cost_model/pipeline_model.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
 
 namespace dynapipe::planner {
 
@@ -101,48 +103,31 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
 }
 
 absl::Status PipelineModel::ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out) const {
-  const LayerCostModel& lc = *cost_;
-  LayerCost enc, dec, emb, post;
-  bool have_enc = false, have_dec = false;
+  // Each layer kind is asked once per call, whatever the number of chunks.
+  std::optional<LayerCost> cached[4];
+  auto cost_of = [&](LayerKind kind) -> absl::StatusOr<LayerCost> {
+    std::optional<LayerCost>& slot = cached[static_cast<int>(kind)];
+    if (!slot) {
+      ASSIGN_OR_RETURN(LayerCost v, cost_->Cost(kind, shape, r));
+      slot = v;
+    }
+    return *slot;
+  };
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const Chunk& c = chunks_[i];
     ChunkCost& o = out[i];
     o = ChunkCost{};
-    auto add = [&o](const LayerCost& l, int n) {
+    const std::pair<LayerKind, int> parts[] = {{LayerKind::kEmbedding, c.embedding ? 1 : 0},
+                                               {LayerKind::kEncoder, c.num_encoder},
+                                               {LayerKind::kDecoder, c.num_decoder},
+                                               {LayerKind::kPostprocess, c.postprocess ? 1 : 0}};
+    for (const auto& [kind, n] : parts) {
+      if (n == 0) continue;
+      ASSIGN_OR_RETURN(const LayerCost l, cost_of(kind));
       o.fw_ms += n * l.fw_ms;
       o.bw_ms += n * l.bw_ms;
       o.stored_mb += n * l.stored_mb;
       o.peak_mb = std::max(o.peak_mb, l.peak_mb);
-    };
-    if (c.embedding) {
-      auto v = lc.Cost(LayerKind::kEmbedding, shape, r);
-      if (!v.ok()) return v.status();
-      emb = *v;
-      add(emb, 1);
-    }
-    if (c.num_encoder > 0) {
-      if (!have_enc) {
-        auto v = lc.Cost(LayerKind::kEncoder, shape, r);
-        if (!v.ok()) return v.status();
-        enc = *v;
-        have_enc = true;
-      }
-      add(enc, c.num_encoder);
-    }
-    if (c.num_decoder > 0) {
-      if (!have_dec) {
-        auto v = lc.Cost(LayerKind::kDecoder, shape, r);
-        if (!v.ok()) return v.status();
-        dec = *v;
-        have_dec = true;
-      }
-      add(dec, c.num_decoder);
-    }
-    if (c.postprocess) {
-      auto v = lc.Cost(LayerKind::kPostprocess, shape, r);
-      if (!v.ok()) return v.status();
-      post = *v;
-      add(post, 1);
     }
   }
   return absl::OkStatus();

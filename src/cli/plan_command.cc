@@ -154,6 +154,7 @@ int RunPlanCommand(const std::vector<std::string>& argv, std::ostream& out, std:
     if (!v->ok()) return fail(v->status());
   }
   if (*budget < 1) return fail(absl::InvalidArgumentError("--global-batch-tokens: must be positive"));
+  if (*threads < 1 || *threads > 256) return fail(absl::InvalidArgumentError("--threads: must be in 1..256"));
   auto raw = ReadLengthsFile(args->Str("lengths"));
   if (!raw.ok()) return fail(raw.status());
   const bool ed = setup->config.model.kind() == proto::ModelKind::t5;

@@ -70,6 +70,13 @@ TEST_CASE("Bad input gets one clear line and a non-zero exit") {
                     "does not fit");
   CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--stages", "9"}), "9 stages for only 4 layers");
   CheckOneLineError(Plan({"--model", "gpt-tiny"}), "--lengths is required");
+  CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--tolerance", "-0.5"}), "--tolerance");
+  CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--micro-batch-size", "-3"}), "--micro-batch-size");
+  CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--permutations", "100000"}), "--permutations");
+  CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--mem-limit-mb", "nan"}), "--mem-limit-mb");
+  CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--iters", "0"}), "nothing to plan");
+  CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--dp", "3", "--global-batch-tokens", "10"}),
+                    "data-parallel groups");
 }
 
 TEST_CASE("--json prints one object per iteration with the documented fields, then a summary") {

@@ -95,8 +95,8 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
 
   ASSIGN_OR_RETURN(const int64_t stages, args.Int("stages", 1));
   ASSIGN_OR_RETURN(const int64_t dp, args.Int("dp", 1));
-  if (stages < 1) return absl::InvalidArgumentError("--stages: must be at least 1");
-  if (dp < 1) return absl::InvalidArgumentError("--dp: must be at least 1");
+  if (stages < 1 || stages > 4096) return absl::InvalidArgumentError("--stages: must be in 1..4096");
+  if (dp < 1 || dp > 65536) return absl::InvalidArgumentError("--dp: must be in 1..65536");
   c.pp = static_cast<int>(stages);
   c.dp = static_cast<int>(dp);
   const int layers = c.model.num_layers() + (c.model.kind() == proto::ModelKind::t5 ? c.model.num_decoder_layers() : 0);
@@ -130,16 +130,20 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
   ASSIGN_OR_RETURN(c.memory_limit_mb, args.Double("mem-limit-mb", device.memory_mb() > 0 ? device.memory_mb() : 80000));
   if (!(c.memory_limit_mb > 0)) return absl::InvalidArgumentError("--mem-limit-mb: must be positive");
   ASSIGN_OR_RETURN(const int64_t round, args.Int("round", 8));
-  if (round < 1) return absl::InvalidArgumentError("--round: must be positive");
+  if (round < 1 || round > 4096) return absl::InvalidArgumentError("--round: must be in 1..4096");
   c.round_multiple = static_cast<int>(round);
   ASSIGN_OR_RETURN(c.tolerance, args.Double("tolerance", 0.02));
+  if (!(c.tolerance >= 0 && c.tolerance <= 1)) return absl::InvalidArgumentError("--tolerance: must be in 0..1");
   ASSIGN_OR_RETURN(const int64_t perms, args.Int("permutations", 4));
-  c.permutations = static_cast<int>(std::max<int64_t>(1, perms));
+  if (perms < 1 || perms > 64) return absl::InvalidArgumentError("--permutations: must be in 1..64");
+  c.permutations = static_cast<int>(perms);
   ASSIGN_OR_RETURN(const int64_t seed, args.Int("seed", 1));
   c.seed = static_cast<uint64_t>(seed);
   ASSIGN_OR_RETURN(const int64_t mbs, args.Int("micro-batch-size", 0));
+  if (mbs < 0 || mbs > 1 << 20) return absl::InvalidArgumentError("--micro-batch-size: must be positive");
   c.micro_batch_size = static_cast<int>(mbs);
   ASSIGN_OR_RETURN(c.micro_batch_tokens, args.Int("micro-batch-tokens", 0));
+  if (c.micro_batch_tokens < 0) return absl::InvalidArgumentError("--micro-batch-tokens: must be positive");
   c.zero1 = args.Has("zero1");
 
   const std::string batching = args.Str("batching", "dynamic");
