@@ -1,0 +1,239 @@
+#include "src/store/memory_plan_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dynapipe::store {
+namespace {
+
+bool Terminal(proto::JobState::Value s) {
+  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
+}
+
+}  // namespace
+
+void MemoryPlanStore::Notify(const std::string& event) {
+  MutexLock lock(&listener_mu_);
+  if (listener_) listener_(event);
+}
+
+absl::StatusOr<std::string> MemoryPlanStore::CreateJob(const proto::JobSpec& spec, int64_t now_ms) {
+  std::string id;
+  {
+    MutexLock lock(&mu_);
+    id = absl::StrFormat("job-%06d", ++next_id_);
+    Job& j = jobs_[id];
+    j.spec = spec;
+    j.submit_ms = j.update_ms = now_ms;
+  }
+  Notify("job " + id);
+  return id;
+}
+
+absl::StatusOr<proto::JobStatus> MemoryPlanStore::GetJob(const std::string& job) {
+  proto::JobStatus s;
+  int world;
+  {
+    MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    const Job& j = it->second;
+    s.set_job_id(job);
+    *s.mutable_spec() = j.spec;
+    s.set_state(j.state);
+    s.set_error(j.error);
+    s.set_submit_time_unix_ms(j.submit_ms);
+    s.set_update_time_unix_ms(j.update_ms);
+    s.set_plans_ready(j.planned);
+    world = std::max(1, j.spec.parallelism().pp()) * std::max(1, j.spec.parallelism().dp());
+  }
+  auto done = DoneByRank(job, world);
+  if (!done.ok()) return done.status();
+  s.set_iterations_done(*std::min_element(done->begin(), done->end()) + 1);
+  return s;
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryPlanStore::ListJobs() {
+  MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, j] : jobs_) out.push_back(id);
+  return out;
+}
+
+absl::StatusOr<bool> MemoryPlanStore::SetJobState(const std::string& job, proto::JobState::Value state,
+                                                  const std::string& error, int64_t now_ms) {
+  {
+    MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    Job& j = it->second;
+    if (Terminal(j.state) || (j.state == state && j.error == error)) return false;
+    j.state = state;
+    j.error = error;
+    j.update_ms = now_ms;
+  }
+  Notify("job " + job);
+  return true;
+}
+
+absl::StatusOr<bool> MemoryPlanStore::TryLease(const std::string& job, int64_t iteration, const std::string& owner,
+                                               absl::Duration) {
+  MutexLock lock(&mu_);
+  auto& leases = jobs_[job].leases;
+  return leases.emplace(iteration, owner).second;
+}
+
+absl::Status MemoryPlanStore::ReleaseLease(const std::string& job, int64_t iteration, const std::string& owner) {
+  MutexLock lock(&mu_);
+  auto& leases = jobs_[job].leases;
+  if (auto it = leases.find(iteration); it != leases.end() && it->second == owner) leases.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> MemoryPlanStore::CommitPlans(const std::string& job, int64_t iteration, const std::string& owner,
+                                                  std::span<const proto::ExecutionPlan> plans, absl::Duration) {
+  {
+    MutexLock lock(&mu_);
+    Job& j = jobs_[job];
+    auto it = j.leases.find(iteration);
+    if (it == j.leases.end() || it->second != owner || j.planned_set.contains(iteration)) return false;
+    for (const auto& p : plans) j.plans[{iteration, p.rank()}] = p.SerializeAsString();
+    j.planned_set.insert(iteration);
+    ++j.writes[iteration];
+    j.planned = std::max(j.planned, iteration);
+  }
+  Notify(absl::StrCat("plan ", job, " ", iteration));
+  return true;
+}
+
+absl::StatusOr<bool> MemoryPlanStore::IsPlanned(const std::string& job, int64_t iteration) {
+  MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  return it != jobs_.end() && it->second.planned_set.contains(iteration);
+}
+
+absl::StatusOr<proto::ExecutionPlan> MemoryPlanStore::GetPlan(const std::string& job, int64_t iteration, int rank) {
+  std::string bytes;
+  const std::string what = absl::StrCat("plan of job ", job, " iteration ", iteration, " rank ", rank);
+  {
+    MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat(what, " not stored"));
+    auto p = it->second.plans.find({iteration, rank});
+    if (p == it->second.plans.end()) return absl::NotFoundError(absl::StrCat(what, " not stored"));
+    bytes = p->second;
+  }
+  return DecodePlan(bytes, what);
+}
+
+absl::StatusOr<int64_t> MemoryPlanStore::PlanWrites(const std::string& job, int64_t iteration) {
+  MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return 0;
+  auto w = it->second.writes.find(iteration);
+  return w == it->second.writes.end() ? 0 : w->second;
+}
+
+absl::Status MemoryPlanStore::PutReport(const proto::IterationReport& report, absl::Duration) {
+  {
+    MutexLock lock(&mu_);
+    Job& j = jobs_[report.job_id()];
+    j.reports[{report.iteration(), report.rank()}] = report.SerializeAsString();
+    auto [it, inserted] = j.done.emplace(report.rank(), report.iteration());
+    it->second = std::max(it->second, report.iteration());
+  }
+  Notify("job " + report.job_id());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> MemoryPlanStore::DoneByRank(const std::string& job, int world) {
+  MutexLock lock(&mu_);
+  std::vector<int64_t> out(world, -1);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return out;
+  for (const auto& [r, d] : it->second.done) {
+    if (r >= 0 && r < world) out[r] = d;
+  }
+  return out;
+}
+
+absl::StatusOr<proto::IterationReport> MemoryPlanStore::GetReport(const std::string& job, int64_t iteration, int rank) {
+  MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it != jobs_.end()) {
+    if (auto r = it->second.reports.find({iteration, rank}); r != it->second.reports.end()) {
+      proto::IterationReport report;
+      report.ParseFromString(r->second);
+      return report;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no report for job ", job, " iteration ", iteration, " rank ", rank));
+}
+
+absl::StatusOr<bool> MemoryPlanStore::ClaimRank(const std::string& job, int rank, const std::string& executor) {
+  MutexLock lock(&mu_);
+  return jobs_[job].ranks.emplace(rank, executor).second;
+}
+
+absl::StatusOr<std::string> MemoryPlanStore::RankHolder(const std::string& job, int rank) {
+  MutexLock lock(&mu_);
+  auto& ranks = jobs_[job].ranks;
+  auto it = ranks.find(rank);
+  return it == ranks.end() ? std::string() : it->second;
+}
+
+absl::Status MemoryPlanStore::PutExecutor(const proto::ExecutorRecord& record) {
+  MutexLock lock(&mu_);
+  executors_[record.executor_id()] = record;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::ExecutorRecord> MemoryPlanStore::GetExecutor(const std::string& id) {
+  MutexLock lock(&mu_);
+  auto it = executors_.find(id);
+  if (it == executors_.end()) return absl::NotFoundError(absl::StrCat("executor ", id, " not registered"));
+  return it->second;
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryPlanStore::ListExecutors() {
+  MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, r] : executors_) out.push_back(id);
+  return out;
+}
+
+absl::Status MemoryPlanStore::SetBootstrap(const std::string& job, const std::string& key, const std::string& value) {
+  {
+    MutexLock lock(&mu_);
+    jobs_[job].bootstrap[key] = value;
+  }
+  Notify(absl::StrCat("bootstrap ", job, " ", key));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MemoryPlanStore::GetBootstrap(const std::string& job, const std::string& key) {
+  MutexLock lock(&mu_);
+  auto& b = jobs_[job].bootstrap;
+  auto it = b.find(key);
+  if (it == b.end()) return absl::NotFoundError(absl::StrCat("bootstrap key ", key, " of job ", job, " not set"));
+  return it->second;
+}
+
+void MemoryPlanStore::SetListener(std::function<void(const std::string& event)> listener) {
+  MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
+
+void MemoryPlanStore::ExpireLeases() {
+  MutexLock lock(&mu_);
+  for (auto& [id, j] : jobs_) j.leases.clear();
+}
+
+void MemoryPlanStore::CorruptPlan(const std::string& job, int64_t iteration, int rank, const std::string& bytes) {
+  MutexLock lock(&mu_);
+  jobs_[job].plans[{iteration, rank}] = bytes;
+}
+
+}  // namespace dynapipe::store

@@ -1,0 +1,80 @@
+#pragma once
+
+// Where jobs, execution plans, leases, progress, executors and bootstrap data
+// live. RedisPlanStore is the real one (several planner processes share it);
+// MemoryPlanStore serves unit tests. Plans are stored with their checksum and
+// checked on read: corrupt or truncated bytes are DATA_LOSS, never returned.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/plan.pb.h"
+#include "proto/report.pb.h"
+#include "proto/services.pb.h"
+
+namespace dynapipe::store {
+
+class PlanStore {
+ public:
+  virtual ~PlanStore() = default;
+
+  // Jobs. CreateJob assigns the id and stores the spec with state pending.
+  virtual absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t now_ms) = 0;
+  // The job with its spec, state and progress (plans_ready, iterations_done).
+  virtual absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
+  // Moves the job to `state` (with `error`) unless it is already terminal
+  // (succeeded, failed, cancelled); true if the state changed.
+  virtual absl::StatusOr<bool> SetJobState(const std::string& job, proto::JobState::Value state,
+                                           const std::string& error, int64_t now_ms) = 0;
+
+  // Plans. A planner takes a lease on an iteration before planning it; the
+  // commit stores every rank's plan only if the lease is still its own and the
+  // iteration is not stored yet (so each iteration is stored exactly once).
+  virtual absl::StatusOr<bool> TryLease(const std::string& job, int64_t iteration, const std::string& owner,
+                                        absl::Duration ttl) = 0;
+  virtual absl::Status ReleaseLease(const std::string& job, int64_t iteration, const std::string& owner) = 0;
+  virtual absl::StatusOr<bool> CommitPlans(const std::string& job, int64_t iteration, const std::string& owner,
+                                           std::span<const proto::ExecutionPlan> plans, absl::Duration ttl) = 0;
+  virtual absl::StatusOr<bool> IsPlanned(const std::string& job, int64_t iteration) = 0;
+  // NOT_FOUND if not stored (yet, or expired); DATA_LOSS if corrupt.
+  virtual absl::StatusOr<proto::ExecutionPlan> GetPlan(const std::string& job, int64_t iteration, int rank) = 0;
+  // How many times plans for the iteration were committed (1 = exactly once).
+  virtual absl::StatusOr<int64_t> PlanWrites(const std::string& job, int64_t iteration) = 0;
+
+  // Progress: stores the report and raises the rank's last done iteration.
+  virtual absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) = 0;
+  // Last completed iteration per rank (-1: none), for ranks 0..world-1.
+  virtual absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) = 0;
+  virtual absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) = 0;
+
+  // Ranks and executors.
+  virtual absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) = 0;
+  virtual absl::StatusOr<std::string> RankHolder(const std::string& job, int rank) = 0;  // "" if free
+  virtual absl::Status PutExecutor(const proto::ExecutorRecord& record) = 0;
+  virtual absl::StatusOr<proto::ExecutorRecord> GetExecutor(const std::string& id) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> ListExecutors() = 0;
+
+  // Bootstrap key-value data per job.
+  virtual absl::Status SetBootstrap(const std::string& job, const std::string& key, const std::string& value) = 0;
+  virtual absl::StatusOr<std::string> GetBootstrap(const std::string& job, const std::string& key) = 0;
+
+  // Calls `listener` with "plan J I" / "bootstrap J K" / "job J" when another
+  // process (or this one) changes those; best effort: waiters re-check on a
+  // timer as well.
+  virtual void SetListener(std::function<void(const std::string& event)> listener) = 0;
+
+  // Store reachable (for health checks).
+  virtual bool healthy() const = 0;
+  virtual int64_t errors() const = 0;
+};
+
+// Parses stored plan bytes; DATA_LOSS unless they parse and the checksum matches.
+absl::StatusOr<proto::ExecutionPlan> DecodePlan(const std::string& bytes, const std::string& what);
+
+}  // namespace dynapipe::store

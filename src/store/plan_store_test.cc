@@ -1,0 +1,202 @@
+// The same behaviour checks against the Redis store (a real redis-server on a
+// loopback port) and the in-memory store.
+#include <catch2/catch.hpp>
+#include <memory>
+
+#include "planner/plan/instructions.h"
+#include "src/common/mutex.h"
+#include "src/store/memory_plan_store.h"
+#include "src/store/redis_plan_store.h"
+#include "src/testing/redis_server.h"
+
+namespace dynapipe::store {
+namespace {
+
+proto::ExecutionPlan MakePlan(int rank, int64_t iteration) {
+  proto::ExecutionPlan p;
+  p.set_schema_version(planner::kPlanSchemaVersion);
+  p.set_job_id("j");
+  p.set_iteration(iteration);
+  p.set_rank(rank);
+  p.set_pp_size(2);
+  p.set_dp_size(1);
+  p.add_instructions()->mutable_optimizer_step();
+  planner::SealPlan(&p);
+  return p;
+}
+
+proto::JobSpec Spec(int pp, int dp) {
+  proto::JobSpec s;
+  s.set_name("t");
+  s.mutable_parallelism()->set_pp(pp);
+  s.mutable_parallelism()->set_dp(dp);
+  s.set_iterations(10);
+  return s;
+}
+
+// Waits up to 5 s for `pred`.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return pred();
+}
+
+void CheckStore(PlanStore& store, const std::function<void(const std::string&, int64_t, int, const std::string&)>& corrupt) {
+  Mutex mu;
+  std::vector<std::string> events;
+  store.SetListener([&](const std::string& e) {
+    MutexLock lock(&mu);
+    events.push_back(e);
+  });
+
+  auto id = store.CreateJob(Spec(2, 1), 1000);
+  REQUIRE(id.ok());
+  auto job = store.GetJob(*id);
+  REQUIRE(job.ok());
+  CHECK(job->state() == proto::JobState::pending);
+  CHECK(job->spec().parallelism().pp() == 2);
+  CHECK(job->plans_ready() == -1);
+  CHECK(job->iterations_done() == 0);
+  CHECK(store.GetJob("job-999999").status().code() == absl::StatusCode::kNotFound);
+  CHECK(store.ListJobs()->size() == 1);
+
+  // Exactly-once commits under leases.
+  CHECK(*store.TryLease(*id, 0, "planner-a", absl::Seconds(30)));
+  CHECK_FALSE(*store.TryLease(*id, 0, "planner-b", absl::Seconds(30)));
+  std::vector<proto::ExecutionPlan> plans = {MakePlan(0, 0), MakePlan(1, 0)};
+  CHECK_FALSE(*store.CommitPlans(*id, 0, "planner-b", plans, absl::Minutes(5)));  // not its lease
+  CHECK(*store.CommitPlans(*id, 0, "planner-a", plans, absl::Minutes(5)));
+  CHECK_FALSE(*store.CommitPlans(*id, 0, "planner-a", plans, absl::Minutes(5)));  // already stored
+  CHECK(*store.PlanWrites(*id, 0) == 1);
+  CHECK(*store.IsPlanned(*id, 0));
+  CHECK_FALSE(*store.IsPlanned(*id, 1));
+  auto got = store.GetPlan(*id, 0, 1);
+  REQUIRE(got.ok());
+  CHECK(got->rank() == 1);
+  CHECK(store.GetPlan(*id, 1, 0).status().code() == absl::StatusCode::kNotFound);
+  CHECK(store.GetJob(*id)->plans_ready() == 0);
+  REQUIRE(store.ReleaseLease(*id, 0, "planner-a").ok());
+  CHECK(*store.TryLease(*id, 0, "planner-b", absl::Seconds(30)));
+
+  // Corrupt and truncated plans are DATA_LOSS.
+  const std::string good = plans[1].SerializeAsString();
+  corrupt(*id, 0, 1, "garbage bytes");
+  CHECK(store.GetPlan(*id, 0, 1).status().code() == absl::StatusCode::kDataLoss);
+  corrupt(*id, 0, 1, good.substr(0, good.size() - 4));
+  CHECK(store.GetPlan(*id, 0, 1).status().code() == absl::StatusCode::kDataLoss);
+  std::string flipped = good;
+  flipped[flipped.size() / 2] ^= 0x01;
+  corrupt(*id, 0, 1, flipped);
+  CHECK(store.GetPlan(*id, 0, 1).status().code() == absl::StatusCode::kDataLoss);
+
+  // Progress.
+  proto::IterationReport r;
+  r.set_job_id(*id);
+  r.set_rank(0);
+  r.set_iteration(3);
+  REQUIRE(store.PutReport(r, absl::Minutes(5)).ok());
+  r.set_iteration(1);  // late report does not move progress back
+  REQUIRE(store.PutReport(r, absl::Minutes(5)).ok());
+  CHECK(*store.DoneByRank(*id, 2) == std::vector<int64_t>{3, -1});
+  CHECK(store.GetJob(*id)->iterations_done() == 0);
+  r.set_rank(1);
+  r.set_iteration(2);
+  REQUIRE(store.PutReport(r, absl::Minutes(5)).ok());
+  CHECK(store.GetJob(*id)->iterations_done() == 3);
+  CHECK(store.GetReport(*id, 2, 1)->iteration() == 2);
+
+  // Terminal states stick.
+  CHECK(*store.SetJobState(*id, proto::JobState::running, "", 2000));
+  CHECK(*store.SetJobState(*id, proto::JobState::failed, "rank 1 lost", 3000));
+  CHECK_FALSE(*store.SetJobState(*id, proto::JobState::running, "", 4000));
+  CHECK(store.GetJob(*id)->state() == proto::JobState::failed);
+  CHECK(store.GetJob(*id)->error() == "rank 1 lost");
+
+  // Ranks, executors, bootstrap.
+  CHECK(*store.ClaimRank(*id, 0, "exec-1"));
+  CHECK_FALSE(*store.ClaimRank(*id, 0, "exec-2"));
+  CHECK(*store.RankHolder(*id, 0) == "exec-1");
+  CHECK(store.RankHolder(*id, 1)->empty());
+  proto::ExecutorRecord rec;
+  rec.set_executor_id("exec-1");
+  rec.set_last_heartbeat_unix_ms(42);
+  REQUIRE(store.PutExecutor(rec).ok());
+  CHECK(store.GetExecutor("exec-1")->last_heartbeat_unix_ms() == 42);
+  CHECK(store.GetExecutor("nope").status().code() == absl::StatusCode::kNotFound);
+  CHECK(*store.ListExecutors() == std::vector<std::string>{"exec-1"});
+  CHECK(store.GetBootstrap(*id, "nccl_id").status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(store.SetBootstrap(*id, "nccl_id", std::string("\0\1\2", 3)).ok());
+  CHECK(*store.GetBootstrap(*id, "nccl_id") == std::string("\0\1\2", 3));
+
+  CHECK(Eventually([&] {
+    MutexLock lock(&mu);
+    return std::find(events.begin(), events.end(), "plan " + *id + " 0") != events.end() &&
+           std::find(events.begin(), events.end(), "bootstrap " + *id + " nccl_id") != events.end();
+  }));
+  store.SetListener(nullptr);
+}
+
+TEST_CASE("In-memory store") {
+  MemoryPlanStore store;
+  CheckStore(store, [&](const std::string& j, int64_t i, int r, const std::string& b) { store.CorruptPlan(j, i, r, b); });
+}
+
+TEST_CASE("Redis store against a real redis-server") {
+  auto server = testing::RedisServer::Start();
+  REQUIRE(server.ok());
+  RedisOptions o;
+  o.port = (*server)->port();
+  RedisPlanStore store(o, "test:");
+  // Give the subscriber its connection before events are published.
+  REQUIRE(Eventually([&] { return store.client().Command({"PUBSUB", "NUMSUB", "test:events"}).ok() &&
+                                  store.client().Command({"PUBSUB", "NUMSUB", "test:events"})->elements[1].integer == 1; }));
+  CheckStore(store, [&](const std::string& j, int64_t i, int r, const std::string& b) {
+    REQUIRE(store.client().Command({"SET", store.keys().Plan(j, i, r), b}).ok());
+  });
+}
+
+TEST_CASE("Redis client reports UNAVAILABLE while Redis is down and recovers by itself") {
+  auto server = testing::RedisServer::Start();
+  REQUIRE(server.ok());
+  RedisOptions o;
+  o.port = (*server)->port();
+  o.pool_size = 2;
+  o.command_timeout = absl::Milliseconds(500);
+  RedisClient client(o);
+  REQUIRE(client.Command({"SET", "k", "v"}).ok());
+  CHECK(client.healthy());
+  (*server)->Stop();
+  const absl::Time t0 = absl::Now();
+  auto down = client.Command({"GET", "k"});
+  CHECK(down.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::Now() - t0 < absl::Seconds(3));  // fails fast, no hang
+  CHECK_FALSE(client.healthy());
+  CHECK(client.errors() >= 1);
+  REQUIRE((*server)->Restart().ok());
+  CHECK(Eventually([&] { return client.Command({"PING"}).ok(); }));
+  CHECK(client.healthy());
+}
+
+TEST_CASE("Redis AUTH: a wrong password is UNAUTHENTICATED") {
+  auto server = testing::RedisServer::Start();
+  REQUIRE(server.ok());
+  RedisOptions admin;
+  admin.port = (*server)->port();
+  RedisClient root(admin);
+  REQUIRE(root.Command({"CONFIG", "SET", "requirepass", "s3cret"}).ok());
+  RedisOptions bad = admin;
+  bad.password = "wrong";
+  RedisClient wrong(bad);
+  CHECK(wrong.Command({"PING"}).status().code() == absl::StatusCode::kUnauthenticated);
+  RedisOptions good = admin;
+  good.password = "s3cret";
+  RedisClient right(good);
+  CHECK(right.Command({"PING"}).ok());
+}
+
+}  // namespace
+}  // namespace dynapipe::store

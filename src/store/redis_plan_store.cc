@@ -1,0 +1,314 @@
+#include "src/store/redis_plan_store.h"
+
+#include <hiredis/hiredis.h>
+#include <poll.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "planner/plan/instructions.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::store {
+namespace {
+
+// KEYS: lease, planned, progress, events, plan keys...; ARGV: owner, ttl_ms,
+// iteration, event, plan bytes (one per plan key, at the same offset).
+constexpr char kCommitScript[] = R"lua(
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+for i = 5, #KEYS do redis.call('SET', KEYS[i], ARGV[i], 'PX', ARGV[2]) end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'writes:' .. ARGV[3], 1)
+local cur = tonumber(redis.call('HGET', KEYS[3], 'planned') or '-1')
+if tonumber(ARGV[3]) > cur then redis.call('HSET', KEYS[3], 'planned', ARGV[3]) end
+redis.call('PUBLISH', KEYS[4], ARGV[4])
+return 1
+)lua";
+
+// KEYS: state hash, events; ARGV: state, error, now_ms, event. Terminal
+// states (succeeded 4, failed 5, cancelled 6) never change.
+constexpr char kStateScript[] = R"lua(
+local cur = tonumber(redis.call('HGET', KEYS[1], 'state') or '0')
+if cur >= 4 then return 0 end
+if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'error') == ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'error', ARGV[2], 'update_ms', ARGV[3])
+redis.call('PUBLISH', KEYS[2], ARGV[4])
+return 1
+)lua";
+
+// KEYS: metrics key, progress, events; ARGV: report bytes, ttl_ms, rank, iteration, event.
+constexpr char kReportScript[] = R"lua(
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local field = 'done:' .. ARGV[3]
+local cur = tonumber(redis.call('HGET', KEYS[2], field) or '-1')
+if tonumber(ARGV[4]) > cur then redis.call('HSET', KEYS[2], field, ARGV[4]) end
+redis.call('PUBLISH', KEYS[3], ARGV[5])
+return 1
+)lua";
+
+// KEYS: lease; ARGV: owner.
+constexpr char kReleaseScript[] = R"lua(
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+)lua";
+
+std::string Ms(absl::Duration d) { return std::to_string(std::max<int64_t>(1, absl::ToInt64Milliseconds(d))); }
+
+absl::StatusOr<int64_t> ParseInt(const RedisReply& r, int64_t fallback) {
+  if (r.is_nil()) return fallback;
+  if (r.type == RedisReply::Type::kInteger) return r.integer;
+  int64_t v;
+  if (!absl::SimpleAtoi(r.str, &v)) return absl::DataLossError(absl::StrCat("not an integer: \"", r.str, "\""));
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<proto::ExecutionPlan> DecodePlan(const std::string& bytes, const std::string& what) {
+  proto::ExecutionPlan plan;
+  if (!plan.ParseFromString(bytes)) return absl::DataLossError(absl::StrCat(what, ": stored bytes do not parse as a plan"));
+  if (plan.checksum() == 0 || plan.checksum() != planner::PlanChecksum(plan)) {
+    return absl::DataLossError(absl::StrCat(what, ": checksum mismatch (corrupt or truncated plan)"));
+  }
+  return plan;
+}
+
+RedisPlanStore::RedisPlanStore(RedisOptions options, std::string prefix)
+    : options_(options), keys_(std::move(prefix)), client_(std::move(options)) {
+  subscriber_ = std::thread([this] { SubscriberLoop(); });
+}
+
+RedisPlanStore::~RedisPlanStore() {
+  stop_ = true;
+  subscriber_.join();
+}
+
+absl::StatusOr<std::string> RedisPlanStore::CreateJob(const proto::JobSpec& spec, int64_t now_ms) {
+  ASSIGN_OR_RETURN(const RedisReply n, client_.Command({"INCR", keys_.JobCounter()}));
+  const std::string id = absl::StrFormat("job-%06d", n.integer);
+  RETURN_IF_ERROR(client_.Command({"SET", keys_.Spec(id), spec.SerializeAsString()}).status());
+  RETURN_IF_ERROR(client_.Command({"HSET", keys_.State(id), "state", std::to_string(proto::JobState::pending), "error",
+                                   "", "submit_ms", std::to_string(now_ms), "update_ms", std::to_string(now_ms)})
+                      .status());
+  RETURN_IF_ERROR(client_.Command({"SADD", keys_.Jobs(), id}).status());
+  RETURN_IF_ERROR(client_.Command({"PUBLISH", keys_.Events(), "job " + id}).status());
+  return id;
+}
+
+absl::StatusOr<proto::JobStatus> RedisPlanStore::GetJob(const std::string& job) {
+  ASSIGN_OR_RETURN(const RedisReply spec, client_.Command({"GET", keys_.Spec(job)}));
+  if (spec.is_nil()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+  proto::JobStatus status;
+  status.set_job_id(job);
+  if (!status.mutable_spec()->ParseFromString(spec.str)) return absl::DataLossError(absl::StrCat("job ", job, ": corrupt spec"));
+  ASSIGN_OR_RETURN(const RedisReply st, client_.Command({"HMGET", keys_.State(job), "state", "error", "submit_ms", "update_ms"}));
+  if (st.elements.size() == 4) {
+    ASSIGN_OR_RETURN(const int64_t state, ParseInt(st.elements[0], 0));
+    status.set_state(static_cast<proto::JobState::Value>(state));
+    status.set_error(st.elements[1].str);
+    ASSIGN_OR_RETURN(const int64_t submit, ParseInt(st.elements[2], 0));
+    ASSIGN_OR_RETURN(const int64_t update, ParseInt(st.elements[3], 0));
+    status.set_submit_time_unix_ms(submit);
+    status.set_update_time_unix_ms(update);
+  }
+  ASSIGN_OR_RETURN(const RedisReply planned, client_.Command({"HGET", keys_.Progress(job), "planned"}));
+  ASSIGN_OR_RETURN(const int64_t p, ParseInt(planned, -1));
+  status.set_plans_ready(p);
+  const int world = std::max(1, status.spec().parallelism().pp()) * std::max(1, status.spec().parallelism().dp());
+  ASSIGN_OR_RETURN(const auto done, DoneByRank(job, world));
+  status.set_iterations_done(*std::min_element(done.begin(), done.end()) + 1);
+  return status;
+}
+
+absl::StatusOr<std::vector<std::string>> RedisPlanStore::ListJobs() {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"SMEMBERS", keys_.Jobs()}));
+  std::vector<std::string> out;
+  for (const auto& e : r.elements) out.push_back(e.str);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<bool> RedisPlanStore::SetJobState(const std::string& job, proto::JobState::Value state,
+                                                 const std::string& error, int64_t now_ms) {
+  ASSIGN_OR_RETURN(const RedisReply r,
+                   client_.Command({"EVAL", kStateScript, "2", keys_.State(job), keys_.Events(),
+                                    std::to_string(state), error, std::to_string(now_ms), "job " + job}));
+  return r.integer == 1;
+}
+
+absl::StatusOr<bool> RedisPlanStore::TryLease(const std::string& job, int64_t iteration, const std::string& owner,
+                                              absl::Duration ttl) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"SET", keys_.Lease(job, iteration), owner, "NX", "PX", Ms(ttl)}));
+  return !r.is_nil();
+}
+
+absl::Status RedisPlanStore::ReleaseLease(const std::string& job, int64_t iteration, const std::string& owner) {
+  return client_.Command({"EVAL", kReleaseScript, "1", keys_.Lease(job, iteration), owner}).status();
+}
+
+absl::StatusOr<bool> RedisPlanStore::CommitPlans(const std::string& job, int64_t iteration, const std::string& owner,
+                                                 std::span<const proto::ExecutionPlan> plans, absl::Duration ttl) {
+  std::vector<std::string> args = {"EVAL", kCommitScript, std::to_string(4 + plans.size()),
+                                   keys_.Lease(job, iteration), keys_.Planned(job, iteration), keys_.Progress(job),
+                                   keys_.Events()};
+  for (const auto& p : plans) args.push_back(keys_.Plan(job, iteration, p.rank()));
+  args.push_back(owner);
+  args.push_back(Ms(ttl));
+  args.push_back(std::to_string(iteration));
+  args.push_back(absl::StrCat("plan ", job, " ", iteration));
+  for (const auto& p : plans) args.push_back(p.SerializeAsString());
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command(args));
+  return r.integer == 1;
+}
+
+absl::StatusOr<bool> RedisPlanStore::IsPlanned(const std::string& job, int64_t iteration) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"EXISTS", keys_.Planned(job, iteration)}));
+  return r.integer == 1;
+}
+
+absl::StatusOr<proto::ExecutionPlan> RedisPlanStore::GetPlan(const std::string& job, int64_t iteration, int rank) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.Plan(job, iteration, rank)}));
+  const std::string what = absl::StrCat("plan of job ", job, " iteration ", iteration, " rank ", rank);
+  if (r.is_nil()) return absl::NotFoundError(absl::StrCat(what, " not stored"));
+  return DecodePlan(r.str, what);
+}
+
+absl::StatusOr<int64_t> RedisPlanStore::PlanWrites(const std::string& job, int64_t iteration) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"HGET", keys_.Progress(job), absl::StrCat("writes:", iteration)}));
+  return ParseInt(r, 0);
+}
+
+absl::Status RedisPlanStore::PutReport(const proto::IterationReport& report, absl::Duration ttl) {
+  return client_
+      .Command({"EVAL", kReportScript, "3", keys_.Metrics(report.job_id(), report.iteration(), report.rank()),
+                keys_.Progress(report.job_id()), keys_.Events(), report.SerializeAsString(), Ms(ttl),
+                std::to_string(report.rank()), std::to_string(report.iteration()), "job " + report.job_id()})
+      .status();
+}
+
+absl::StatusOr<std::vector<int64_t>> RedisPlanStore::DoneByRank(const std::string& job, int world) {
+  std::vector<std::string> args = {"HMGET", keys_.Progress(job)};
+  for (int r = 0; r < world; ++r) args.push_back(absl::StrCat("done:", r));
+  ASSIGN_OR_RETURN(const RedisReply reply, client_.Command(args));
+  std::vector<int64_t> out;
+  for (const auto& e : reply.elements) {
+    ASSIGN_OR_RETURN(const int64_t v, ParseInt(e, -1));
+    out.push_back(v);
+  }
+  out.resize(world, -1);
+  return out;
+}
+
+absl::StatusOr<proto::IterationReport> RedisPlanStore::GetReport(const std::string& job, int64_t iteration, int rank) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.Metrics(job, iteration, rank)}));
+  if (r.is_nil()) return absl::NotFoundError(absl::StrCat("no report for job ", job, " iteration ", iteration, " rank ", rank));
+  proto::IterationReport report;
+  if (!report.ParseFromString(r.str)) return absl::DataLossError("corrupt iteration report");
+  return report;
+}
+
+absl::StatusOr<bool> RedisPlanStore::ClaimRank(const std::string& job, int rank, const std::string& executor) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"SET", keys_.Rank(job, rank), executor, "NX"}));
+  return !r.is_nil();
+}
+
+absl::StatusOr<std::string> RedisPlanStore::RankHolder(const std::string& job, int rank) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.Rank(job, rank)}));
+  return r.is_nil() ? std::string() : r.str;
+}
+
+absl::Status RedisPlanStore::PutExecutor(const proto::ExecutorRecord& record) {
+  RETURN_IF_ERROR(client_.Command({"SET", keys_.Executor(record.executor_id()), record.SerializeAsString()}).status());
+  return client_.Command({"SADD", keys_.Executors(), record.executor_id()}).status();
+}
+
+absl::StatusOr<proto::ExecutorRecord> RedisPlanStore::GetExecutor(const std::string& id) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.Executor(id)}));
+  if (r.is_nil()) return absl::NotFoundError(absl::StrCat("executor ", id, " not registered"));
+  proto::ExecutorRecord rec;
+  if (!rec.ParseFromString(r.str)) return absl::DataLossError(absl::StrCat("executor ", id, ": corrupt record"));
+  return rec;
+}
+
+absl::StatusOr<std::vector<std::string>> RedisPlanStore::ListExecutors() {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"SMEMBERS", keys_.Executors()}));
+  std::vector<std::string> out;
+  for (const auto& e : r.elements) out.push_back(e.str);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status RedisPlanStore::SetBootstrap(const std::string& job, const std::string& key, const std::string& value) {
+  RETURN_IF_ERROR(client_.Command({"SET", keys_.Bootstrap(job, key), value}).status());
+  return client_.Command({"PUBLISH", keys_.Events(), absl::StrCat("bootstrap ", job, " ", key)}).status();
+}
+
+absl::StatusOr<std::string> RedisPlanStore::GetBootstrap(const std::string& job, const std::string& key) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.Bootstrap(job, key)}));
+  if (r.is_nil()) return absl::NotFoundError(absl::StrCat("bootstrap key ", key, " of job ", job, " not set"));
+  return r.str;
+}
+
+void RedisPlanStore::SetListener(std::function<void(const std::string& event)> listener) {
+  MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
+
+void RedisPlanStore::SubscriberLoop() {
+  redisContext* ctx = nullptr;
+  absl::Duration backoff = options_.min_backoff;
+  while (!stop_) {
+    if (ctx == nullptr) {
+      ctx = redisConnectWithTimeout(options_.host.c_str(), options_.port, absl::ToTimeval(options_.connect_timeout));
+      bool ok = ctx != nullptr && !ctx->err;
+      if (ok && !options_.password.empty()) {
+        auto* r = static_cast<redisReply*>(redisCommand(ctx, "AUTH %b", options_.password.data(), options_.password.size()));
+        ok = r != nullptr && r->type != REDIS_REPLY_ERROR;
+        if (r != nullptr) freeReplyObject(r);
+      }
+      if (ok) {
+        const std::string channel = keys_.Events();
+        auto* r = static_cast<redisReply*>(redisCommand(ctx, "SUBSCRIBE %b", channel.data(), channel.size()));
+        ok = r != nullptr;
+        if (r != nullptr) freeReplyObject(r);
+      }
+      if (!ok) {
+        if (ctx != nullptr) redisFree(ctx);
+        ctx = nullptr;
+        for (absl::Duration slept; slept < backoff && !stop_; slept += absl::Milliseconds(20)) absl::SleepFor(absl::Milliseconds(20));
+        backoff = std::min(2 * backoff, options_.max_backoff);
+        continue;
+      }
+      backoff = options_.min_backoff;
+      // Events may have been missed while disconnected: wake everyone.
+      MutexLock lock(&listener_mu_);
+      if (listener_) listener_("reconnected");
+    }
+    void* reply = nullptr;
+    if (redisGetReplyFromReader(ctx, &reply) != REDIS_OK) {
+      redisFree(ctx);
+      ctx = nullptr;
+      continue;
+    }
+    if (reply == nullptr) {
+      pollfd pfd{ctx->fd, POLLIN, 0};
+      const int ready = ::poll(&pfd, 1, 100);  // wake regularly to notice stop_
+      if (ready > 0 && redisBufferRead(ctx) != REDIS_OK) {
+        redisFree(ctx);
+        ctx = nullptr;
+      }
+      continue;
+    }
+    auto* r = static_cast<redisReply*>(reply);
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 && r->element[2]->type == REDIS_REPLY_STRING) {
+      const std::string event(r->element[2]->str, r->element[2]->len);
+      MutexLock lock(&listener_mu_);
+      if (listener_) listener_(event);
+    }
+    freeReplyObject(r);
+  }
+  if (ctx != nullptr) redisFree(ctx);
+}
+
+}  // namespace dynapipe::store

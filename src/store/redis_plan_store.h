@@ -1,0 +1,66 @@
+#pragma once
+
+// PlanStore over Redis (key layout in keys.h). Multi-key updates that must be
+// atomic (plan commit, state change, progress) run as Lua scripts. A
+// subscriber thread on its own connection listens on the events channel and
+// reconnects after Redis comes back.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "src/store/keys.h"
+#include "src/store/plan_store.h"
+#include "src/store/redis_client.h"
+
+namespace dynapipe::store {
+
+class RedisPlanStore : public PlanStore {
+ public:
+  RedisPlanStore(RedisOptions options, std::string prefix = "dynapipe:");
+  ~RedisPlanStore() override;
+
+  absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t now_ms) override;
+  absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) override;
+  absl::StatusOr<std::vector<std::string>> ListJobs() override;
+  absl::StatusOr<bool> SetJobState(const std::string& job, proto::JobState::Value state, const std::string& error,
+                                   int64_t now_ms) override;
+  absl::StatusOr<bool> TryLease(const std::string& job, int64_t iteration, const std::string& owner,
+                                absl::Duration ttl) override;
+  absl::Status ReleaseLease(const std::string& job, int64_t iteration, const std::string& owner) override;
+  absl::StatusOr<bool> CommitPlans(const std::string& job, int64_t iteration, const std::string& owner,
+                                   std::span<const proto::ExecutionPlan> plans, absl::Duration ttl) override;
+  absl::StatusOr<bool> IsPlanned(const std::string& job, int64_t iteration) override;
+  absl::StatusOr<proto::ExecutionPlan> GetPlan(const std::string& job, int64_t iteration, int rank) override;
+  absl::StatusOr<int64_t> PlanWrites(const std::string& job, int64_t iteration) override;
+  absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
+  absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
+  absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
+  absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) override;
+  absl::StatusOr<std::string> RankHolder(const std::string& job, int rank) override;
+  absl::Status PutExecutor(const proto::ExecutorRecord& record) override;
+  absl::StatusOr<proto::ExecutorRecord> GetExecutor(const std::string& id) override;
+  absl::StatusOr<std::vector<std::string>> ListExecutors() override;
+  absl::Status SetBootstrap(const std::string& job, const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> GetBootstrap(const std::string& job, const std::string& key) override;
+  void SetListener(std::function<void(const std::string& event)> listener) override;
+  bool healthy() const override { return client_.healthy(); }
+  int64_t errors() const override { return client_.errors(); }
+
+  RedisClient& client() { return client_; }
+  const Keys& keys() const { return keys_; }
+
+ private:
+  void SubscriberLoop();
+
+  RedisOptions options_;
+  Keys keys_;
+  RedisClient client_;
+  Mutex listener_mu_;
+  std::function<void(const std::string&)> listener_ ABSL_GUARDED_BY(listener_mu_);
+  std::atomic<bool> stop_{false};
+  std::thread subscriber_;
+};
+
+}  // namespace dynapipe::store
