@@ -1,0 +1,238 @@
+#include "planner/service/grpc_services.h"
+
+#include <chrono>
+
+#include "src/rpc/auth.h"
+#include "src/rpc/status_conversion.h"
+
+namespace dynapipe::planner::service {
+namespace {
+
+// Completes a unary call synchronously with `fn`'s status (and response).
+template <typename Fn>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const std::string& token, Fn fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const grpc::Status auth = rpc::CheckToken(*ctx, token);
+  reactor->Finish(auth.ok() ? rpc::ToGrpc(fn()) : auth);
+  return reactor;
+}
+
+// The call's deadline, capped so that a client without one cannot park a
+// request forever.
+absl::Time Deadline(const grpc::CallbackServerContext& ctx) {
+  const absl::Time cap = absl::Now() + absl::Minutes(5);
+  const auto d = ctx.deadline();
+  if (d == std::chrono::system_clock::time_point::max()) return cap;
+  return std::min(cap, absl::FromChrono(d));
+}
+
+// Server-streaming Watch: events are written one at a time; while a write is
+// in flight only the newest pending event is kept.
+class WatchReactor : public grpc::ServerWriteReactor<proto::JobEvent> {
+ public:
+  struct Shared {
+    Mutex mu;
+    WatchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once done
+  };
+
+  WatchReactor() : shared_(std::make_shared<Shared>()) {
+    MutexLock lock(&shared_->mu);
+    shared_->reactor = this;
+  }
+  std::shared_ptr<Shared> shared() { return shared_; }
+
+  // False once the client went away.
+  static bool Push(const std::shared_ptr<Shared>& s, const proto::JobEvent& e) {
+    MutexLock lock(&s->mu);
+    WatchReactor* r = s->reactor;
+    if (r == nullptr || r->cancelled_) return false;
+    if (r->writing_) {
+      r->pending_ = e;
+      r->has_pending_ = true;
+    } else {
+      r->current_ = e;
+      r->writing_ = true;
+      r->StartWrite(&r->current_);
+    }
+    return true;
+  }
+
+  static void End(const std::shared_ptr<Shared>& s, const grpc::Status& status) {
+    MutexLock lock(&s->mu);
+    WatchReactor* r = s->reactor;
+    if (r == nullptr || r->finishing_) return;
+    if (r->writing_) {
+      r->end_ = status;
+      r->end_requested_ = true;
+    } else {
+      r->finishing_ = true;
+      r->Finish(status);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    MutexLock lock(&shared_->mu);
+    writing_ = false;
+    if (!ok) {
+      cancelled_ = true;
+      if (!finishing_) {
+        finishing_ = true;
+        Finish(grpc::Status::CANCELLED);
+      }
+      return;
+    }
+    if (has_pending_) {
+      current_ = pending_;
+      has_pending_ = false;
+      writing_ = true;
+      StartWrite(&current_);
+    } else if (end_requested_ && !finishing_) {
+      finishing_ = true;
+      Finish(end_);
+    }
+  }
+  void OnCancel() override {
+    MutexLock lock(&shared_->mu);
+    cancelled_ = true;
+  }
+  void OnDone() override {
+    {
+      MutexLock lock(&shared_->mu);
+      shared_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  proto::JobEvent current_, pending_;
+  bool writing_ = false, has_pending_ = false, cancelled_ = false, finishing_ = false, end_requested_ = false;
+  grpc::Status end_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ctx, const proto::SubmitJobRequest* req,
+                                                 proto::SubmitJobResponse* resp) {
+  return Unary(ctx, token_, [&]() -> absl::Status {
+    auto r = s_->Submit(*req);
+    if (r.ok()) *resp = std::move(*r);
+    return r.status();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::Get(grpc::CallbackServerContext* ctx, const proto::GetJobRequest* req,
+                                              proto::JobStatus* resp) {
+  return Unary(ctx, token_, [&]() -> absl::Status {
+    auto r = s_->Get(*req);
+    if (r.ok()) *resp = std::move(*r);
+    return r.status();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::List(grpc::CallbackServerContext* ctx, const proto::ListJobsRequest* req,
+                                               proto::ListJobsResponse* resp) {
+  return Unary(ctx, token_, [&]() -> absl::Status {
+    auto r = s_->List(*req);
+    if (r.ok()) *resp = std::move(*r);
+    return r.status();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ctx, const proto::CancelJobRequest* req,
+                                                 proto::CancelJobResponse* resp) {
+  return Unary(ctx, token_, [&]() -> absl::Status {
+    auto r = s_->Cancel(*req);
+    if (r.ok()) *resp = std::move(*r);
+    return r.status();
+  });
+}
+
+grpc::ServerWriteReactor<proto::JobEvent>* JobServiceImpl::Watch(grpc::CallbackServerContext* ctx,
+                                                                 const proto::WatchJobRequest* req) {
+  auto* reactor = new WatchReactor();
+  const grpc::Status auth = rpc::CheckToken(*ctx, token_);
+  auto shared = reactor->shared();
+  if (!auth.ok()) {
+    WatchReactor::End(shared, auth);
+    return reactor;
+  }
+  s_->Watch(
+      req->job_id(), [shared](const proto::JobEvent& e) { return WatchReactor::Push(shared, e); },
+      [shared](absl::Status s) { WatchReactor::End(shared, rpc::ToGrpc(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PlanServiceImpl::FetchPlan(grpc::CallbackServerContext* ctx,
+                                                     const proto::FetchPlanRequest* req,
+                                                     proto::FetchPlanResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (const grpc::Status auth = rpc::CheckToken(*ctx, token_); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  s_->FetchPlan(*req, Deadline(*ctx), [reactor, resp](absl::StatusOr<proto::ExecutionPlan> plan) {
+    if (plan.ok()) *resp->mutable_plan() = std::move(*plan);
+    reactor->Finish(rpc::ToGrpc(plan.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PlanServiceImpl::ReportIteration(grpc::CallbackServerContext* ctx,
+                                                           const proto::IterationReport* req,
+                                                           proto::ReportIterationResponse*) {
+  return Unary(ctx, token_, [&]() { return s_->ReportIteration(*req); });
+}
+
+grpc::ServerUnaryReactor* ExecutorRegistryImpl::Register(grpc::CallbackServerContext* ctx,
+                                                         const proto::RegisterExecutorRequest* req,
+                                                         proto::RegisterExecutorResponse* resp) {
+  return Unary(ctx, token_, [&]() -> absl::Status {
+    auto r = s_->Register(*req);
+    if (r.ok()) *resp = std::move(*r);
+    return r.status();
+  });
+}
+
+grpc::ServerUnaryReactor* ExecutorRegistryImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                          const proto::HeartbeatRequest* req,
+                                                          proto::HeartbeatResponse* resp) {
+  return Unary(ctx, token_, [&]() -> absl::Status {
+    auto r = s_->Heartbeat(*req);
+    if (r.ok()) *resp = std::move(*r);
+    return r.status();
+  });
+}
+
+grpc::ServerUnaryReactor* ExecutorRegistryImpl::List(grpc::CallbackServerContext* ctx,
+                                                     const proto::ListExecutorsRequest*,
+                                                     proto::ListExecutorsResponse* resp) {
+  return Unary(ctx, token_, [&]() -> absl::Status {
+    auto r = s_->Executors();
+    if (r.ok()) {
+      for (auto& e : *r) *resp->add_executors() = std::move(e);
+    }
+    return r.status();
+  });
+}
+
+grpc::ServerUnaryReactor* BootstrapImpl::Set(grpc::CallbackServerContext* ctx, const proto::BootstrapSetRequest* req,
+                                             proto::BootstrapSetResponse*) {
+  return Unary(ctx, token_, [&]() { return s_->BootstrapSet(*req); });
+}
+
+grpc::ServerUnaryReactor* BootstrapImpl::Get(grpc::CallbackServerContext* ctx, const proto::BootstrapGetRequest* req,
+                                             proto::BootstrapGetResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (const grpc::Status auth = rpc::CheckToken(*ctx, token_); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  s_->BootstrapGet(*req, Deadline(*ctx), [reactor, resp](absl::StatusOr<std::string> v) {
+    if (v.ok()) resp->set_value(std::move(*v));
+    reactor->Finish(rpc::ToGrpc(v.status()));
+  });
+  return reactor;
+}
+
+}  // namespace dynapipe::planner::service

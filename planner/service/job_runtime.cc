@@ -1,0 +1,57 @@
+#include "planner/service/job_runtime.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "planner/cost_model/analytic_cost_model.h"
+#include "planner/cost_model/profile_cost_model.h"
+#include "planner/partition/global_batches.h"
+#include "src/cli/lengths_file.h"
+#include "src/common/proto_io.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::planner::service {
+
+absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::JobSpec& spec, const std::string& job_id,
+                                                                 const std::string& data_root) {
+  if (spec.iterations() <= 0) return absl::InvalidArgumentError("iterations: must be positive");
+  if (spec.dataset().path().empty()) return absl::InvalidArgumentError("dataset.path: must be set");
+  if (spec.dataset().format() != proto::DatasetSpec::lengths && spec.dataset().format() != proto::DatasetSpec::unspecified) {
+    return absl::InvalidArgumentError("dataset.format: only \"lengths\" files can be planned so far");
+  }
+  if (spec.planner_lookahead() < 0) return absl::InvalidArgumentError("planner_lookahead: must be positive");
+  ASSIGN_OR_RETURN(PlannerConfig config, PlannerConfigFromJob(spec));
+  config.job_id = job_id;
+  std::shared_ptr<const LayerCostModel> cost;
+  if (!spec.cost_profile_path().empty()) {
+    proto::CostProfile profile;
+    RETURN_IF_ERROR(Annotate(LoadProtoFile(spec.cost_profile_path(), &profile), "cost_profile_path"));
+    ASSIGN_OR_RETURN(auto model, ProfileCostModel::Create(profile, spec.model().dtype() == proto::DType::fp32 ? 4 : 2));
+    cost = std::move(model);
+  } else {
+    ASSIGN_OR_RETURN(auto model, AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {}));
+    cost = std::move(model);
+  }
+  auto runtime = std::make_shared<JobRuntime>();
+  runtime->spec = spec;
+  ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));
+  std::filesystem::path path(spec.dataset().path());
+  if (path.is_relative() && !data_root.empty()) path = std::filesystem::path(data_root) / path;
+  auto raw = cli::ReadLengthsFile(path.string());
+  if (!raw.ok()) return Annotate(raw.status(), "dataset.path");
+  const bool ed = spec.model().kind() == proto::ModelKind::t5;
+  std::vector<Sample> samples;
+  samples.reserve(raw->size());
+  for (size_t i = 0; i < raw->size(); ++i) samples.push_back(Truncate(static_cast<int64_t>(i), (*raw)[i], config.max_seq_len, ed));
+  const int64_t budget = spec.batching().global_batch_tokens() > 0 ? spec.batching().global_batch_tokens() : 65536;
+  runtime->batches = FormGlobalBatches(samples, budget, ed);
+  for (const auto& b : runtime->batches) {
+    if (static_cast<int>(b.size()) < config.dp) {
+      return absl::InvalidArgumentError(absl::StrCat("batching.global_batch_tokens: a global batch of ", b.size(),
+                                                     " samples cannot feed ", config.dp, " data-parallel groups"));
+    }
+  }
+  return std::shared_ptr<const JobRuntime>(std::move(runtime));
+}
+
+}  // namespace dynapipe::planner::service

@@ -1,0 +1,32 @@
+#pragma once
+
+// What a planner process needs to plan a job's iterations: the Planner built
+// from the JobSpec (cost model from the job's profile, or analytic from its
+// device) and the job's global batches (sample lengths from the dataset).
+// Built once per job per process; immutable afterwards.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/partition/batch.h"
+#include "planner/planner.h"
+#include "proto/job.pb.h"
+
+namespace dynapipe::planner::service {
+
+struct JobRuntime {
+  proto::JobSpec spec;
+  std::unique_ptr<Planner> planner;
+  std::vector<std::vector<Sample>> batches;  // iteration i uses batches[i % size]
+  int world() const { return planner->config().pp * planner->config().dp; }
+  const std::vector<Sample>& batch(int64_t iteration) const { return batches[iteration % batches.size()]; }
+};
+
+// Validates the spec (INVALID_ARGUMENT names the field), loads the dataset's
+// lengths (relative paths under `data_root`) and builds the planner.
+absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::JobSpec& spec, const std::string& job_id,
+                                                                 const std::string& data_root);
+
+}  // namespace dynapipe::planner::service

@@ -1,0 +1,87 @@
+// dynapipe-planner: plans jobs' iterations ahead of training into Redis and
+// serves them to executors over gRPC. Flags only name this process's identity
+// and addresses; job tunables come with each job.
+#include <csignal>
+#include <fstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "planner/service/planner_server.h"
+#include "src/common/logging.h"
+#include "src/common/logging.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address (host:port; port 0 picks one)");
+ABSL_FLAG(int, http_port, 8080, "status endpoint port (0 picks one, -1 disables)");
+ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
+ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis host:port");
+ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis password (else $DYNAPIPE_REDIS_PASSWORD)");
+ABSL_FLAG(std::string, redis_prefix, "dynapipe:", "prefix of every Redis key");
+ABSL_FLAG(std::string, token_file, "", "file holding the shared API token (empty: no authentication)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (enables TLS with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key");
+ABSL_FLAG(std::string, data_root, "", "directory that relative dataset paths resolve against");
+ABSL_FLAG(int, planning_threads, 2, "planning worker threads");
+ABSL_FLAG(int, lease_ttl_ms, 10000, "lease on an iteration being planned; another planner takes over after it");
+ABSL_FLAG(int, heartbeat_timeout_ms, 10000, "executors silent this long are lost and their job fails");
+ABSL_FLAG(std::string, port_file, "", "write the chosen gRPC and HTTP ports here (\"grpc http\")");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(std::string, log_file, "", "also log to this file");
+
+namespace {
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using dynapipe::planner::service::PlannerServer;
+  if (auto s = dynapipe::InitLogging({"planner", absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_file)}); !s.ok()) {
+    std::fprintf(stderr, "dynapipe-planner: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  PlannerServer::Options o;
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.http_port = absl::GetFlag(FLAGS_http_port);
+  o.http_host = absl::GetFlag(FLAGS_http_host);
+  std::vector<std::string> redis = absl::StrSplit(absl::GetFlag(FLAGS_redis), ':');
+  if (redis.size() != 2 || !absl::SimpleAtoi(redis[1], &o.redis.port)) {
+    spdlog::critical("--redis: expected host:port, got \"{}\"", absl::GetFlag(FLAGS_redis));
+    return 2;
+  }
+  o.redis.host = redis[0];
+  auto password = dynapipe::store::ReadRedisPassword(absl::GetFlag(FLAGS_redis_password_file));
+  auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
+  for (const absl::Status& s : {password.status(), token.status()}) {
+    if (!s.ok()) {
+      spdlog::critical("{}", s.message());
+      return 2;
+    }
+  }
+  o.redis.password = *password;
+  o.redis_prefix = absl::GetFlag(FLAGS_redis_prefix);
+  o.token = *token;
+  o.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls.key = absl::GetFlag(FLAGS_tls_key);
+  o.service.data_root = absl::GetFlag(FLAGS_data_root);
+  o.service.planning_threads = absl::GetFlag(FLAGS_planning_threads);
+  o.service.lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ttl_ms));
+  o.service.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  auto server = PlannerServer::Start(o);
+  if (!server.ok()) {
+    spdlog::critical("{}", server.status().message());
+    return 1;
+  }
+  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
+    std::ofstream(pf + ".tmp") << (*server)->port() << " " << (*server)->http_port() << "\n";
+    std::rename((pf + ".tmp").c_str(), pf.c_str());
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  spdlog::info("signal received: draining");
+  (*server)->Shutdown();
+  return 0;
+}

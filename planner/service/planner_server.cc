@@ -1,0 +1,66 @@
+#include "planner/service/planner_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "src/common/logging.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::planner::service {
+
+absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(Options options) {
+  std::unique_ptr<PlannerServer> s(new PlannerServer());
+  s->store_ = std::make_unique<store::RedisPlanStore>(options.redis, options.redis_prefix);
+  s->service_ = std::make_unique<PlannerService>(s->store_.get(), options.service);
+  s->jobs_ = std::make_unique<JobServiceImpl>(s->service_.get(), options.token);
+  s->plans_ = std::make_unique<PlanServiceImpl>(s->service_.get(), options.token);
+  s->registry_ = std::make_unique<ExecutorRegistryImpl>(s->service_.get(), options.token);
+  s->bootstrap_ = std::make_unique<BootstrapImpl>(s->service_.get(), options.token);
+  ASSIGN_OR_RETURN(auto creds, rpc::ServerCredentials(options.tls));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, creds, &s->port_);
+  builder.RegisterService(s->jobs_.get());
+  builder.RegisterService(s->plans_.get());
+  builder.RegisterService(s->registry_.get());
+  builder.RegisterService(s->bootstrap_.get());
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  if (options.http_port >= 0) {
+    http::StatusServer::Options h;
+    h.host = options.http_host;
+    h.port = options.http_port;
+    PlannerService* svc = s->service_.get();
+    h.health = [svc] { return svc->HealthProblem(); };
+    h.status = [svc] { return svc->StatusJson(); };
+    h.metrics = [svc] { return svc->MetricsText(); };
+    ASSIGN_OR_RETURN(s->http_, http::StatusServer::Start(h));
+  }
+  s->service_->Start();
+  spdlog::info("dynapipe-planner {} serving gRPC on port {}, status on port {}, redis {}:{}", s->service_->owner(),
+               s->port_, s->http_port(), options.redis.host, options.redis.port);
+  return s;
+}
+
+void PlannerServer::Shutdown() {
+  {
+    MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  // Waiting calls are answered by the service's Stop; give them a moment.
+  service_->Stop();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (http_) http_->Shutdown();
+  spdlog::info("dynapipe-planner stopped");
+}
+
+void PlannerServer::Wait() {
+  MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shut_down_; });
+}
+
+PlannerServer::~PlannerServer() { Shutdown(); }
+
+}  // namespace dynapipe::planner::service

@@ -1,0 +1,354 @@
+#include "planner/service/planner_service.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "src/common/logging.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::planner::service {
+namespace {
+
+bool Terminal(proto::JobState::Value s) {
+  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
+}
+
+const std::vector<double> kLatencyBucketsMs = {0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000};
+
+}  // namespace
+
+PlannerService::PlannerService(store::PlanStore* store, ServiceOptions options)
+    : store_(store), options_(std::move(options)) {
+  if (options_.owner.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    options_.owner = absl::StrFormat("%s-%d-%08x", host, ::getpid(), std::random_device{}());
+  }
+  store_->SetListener([this](const std::string& e) { OnEvent(e); });
+}
+
+PlannerService::~PlannerService() {
+  Stop();
+  store_->SetListener(nullptr);
+}
+
+void PlannerService::Start() {
+  for (int i = 0; i < std::max(1, options_.planning_threads); ++i) threads_.emplace_back([this] { PlanningLoop(); });
+  threads_.emplace_back([this] { WaiterLoop(); });
+  threads_.emplace_back([this] { LivenessLoop(); });
+}
+
+void PlannerService::Stop() {
+  if (stopping_.exchange(true)) return;
+  {
+    MutexLock lock(&work_mu_);
+    ++work_epoch_;
+  }
+  {
+    MutexLock lock(&waiters_mu_);
+    wake_all_ = true;
+  }
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  // Calls still waiting are answered now, not left hanging.
+  std::multimap<std::string, std::shared_ptr<Waiter>> left;
+  {
+    MutexLock lock(&waiters_mu_);
+    left.swap(waiters_);
+  }
+  for (auto& [key, w] : left) w->expire();
+}
+
+void PlannerService::OnEvent(const std::string& event) {
+  {
+    MutexLock lock(&waiters_mu_);
+    if (event == "reconnected") {
+      wake_all_ = true;
+    } else {
+      fired_.push_back(event);
+      std::vector<std::string> parts = absl::StrSplit(event, ' ');
+      if (parts.size() >= 2 && parts[0] != "job") fired_.push_back("job " + parts[1]);
+    }
+  }
+  MutexLock lock(&work_mu_);
+  ++work_epoch_;
+}
+
+absl::StatusOr<std::shared_ptr<const JobRuntime>> PlannerService::Runtime(const std::string& job) {
+  {
+    MutexLock lock(&runtimes_mu_);
+    if (auto it = runtimes_.find(job); it != runtimes_.end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(const proto::JobStatus status, store_->GetJob(job));
+  ASSIGN_OR_RETURN(auto rt, BuildJobRuntime(status.spec(), job, options_.data_root));
+  MutexLock lock(&runtimes_mu_);
+  return runtimes_.emplace(job, std::move(rt)).first->second;
+}
+
+// ---- JobService ----
+
+absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::SubmitJobRequest& req) {
+  // Everything that can be wrong with the job is found before it is stored.
+  RETURN_IF_ERROR(BuildJobRuntime(req.spec(), "validation", options_.data_root).status());
+  ASSIGN_OR_RETURN(std::string id, store_->CreateJob(req.spec(), NowMs()));
+  spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, req.spec().name(), req.spec().iterations(),
+               std::max(1, req.spec().parallelism().pp()), std::max(1, req.spec().parallelism().dp()));
+  metrics_.Add("dynapipe_jobs_submitted_total", 1, "Jobs accepted by Submit");
+  proto::SubmitJobResponse resp;
+  resp.set_job_id(id);
+  return resp;
+}
+
+absl::StatusOr<proto::JobStatus> PlannerService::Get(const proto::GetJobRequest& req) {
+  if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
+  return store_->GetJob(req.job_id());
+}
+
+absl::StatusOr<proto::ListJobsResponse> PlannerService::List(const proto::ListJobsRequest&) {
+  ASSIGN_OR_RETURN(const auto ids, store_->ListJobs());
+  proto::ListJobsResponse resp;
+  for (const auto& id : ids) {
+    auto s = store_->GetJob(id);
+    if (s.ok()) *resp.add_jobs() = std::move(*s);
+  }
+  return resp;
+}
+
+absl::StatusOr<proto::CancelJobResponse> PlannerService::Cancel(const proto::CancelJobRequest& req) {
+  ASSIGN_OR_RETURN(const proto::JobStatus s, store_->GetJob(req.job_id()));
+  if (Terminal(s.state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " already ended (",
+                                                      proto::JobState::Value_Name(s.state()), ")"));
+  }
+  RETURN_IF_ERROR(store_->SetJobState(req.job_id(), proto::JobState::cancelled, "cancelled by user", NowMs()).status());
+  spdlog::info("job {} cancelled", req.job_id());
+  return proto::CancelJobResponse();
+}
+
+// ---- Waiters ----
+
+void PlannerService::AddWaiter(Waiter w) {
+  auto ptr = std::make_shared<Waiter>(std::move(w));
+  MutexLock lock(&waiters_mu_);
+  // Checked once right away: the event may have fired between the caller's
+  // own check and this registration.
+  fired_.push_back(ptr->key);
+  waiters_.emplace(ptr->key, std::move(ptr));
+}
+
+void PlannerService::WaiterLoop() {
+  absl::Time next_sweep = options_.clock->Now() + options_.recheck;
+  while (!stopping_) {
+    std::vector<std::shared_ptr<Waiter>> check;
+    bool sweep;
+    {
+      MutexLock lock(&waiters_mu_);
+      options_.clock->AwaitWithDeadline(
+          &waiters_mu_, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !fired_.empty() || wake_all_ || stopping_; },
+          next_sweep);
+      const absl::Time now = options_.clock->Now();
+      sweep = wake_all_ || now >= next_sweep;
+      if (sweep) {
+        next_sweep = now + options_.recheck;
+        wake_all_ = false;
+        for (auto& [k, w] : waiters_) check.push_back(w);
+      } else {
+        for (const std::string& e : fired_) {
+          auto range = waiters_.equal_range(e);
+          for (auto it = range.first; it != range.second; ++it) check.push_back(it->second);
+        }
+      }
+      fired_.clear();
+    }
+    if (stopping_) break;
+    std::sort(check.begin(), check.end());
+    check.erase(std::unique(check.begin(), check.end()), check.end());
+    std::vector<std::shared_ptr<Waiter>> finished;
+    const absl::Time now = options_.clock->Now();
+    for (auto& w : check) {
+      if (w->check()) {
+        finished.push_back(w);
+      } else if (now >= w->deadline) {
+        w->expire();
+        finished.push_back(w);
+      }
+    }
+    if (finished.empty()) continue;
+    MutexLock lock(&waiters_mu_);
+    for (auto& w : finished) {
+      auto range = waiters_.equal_range(w->key);
+      for (auto it = range.first; it != range.second; ++it) {
+        if (it->second == w) {
+          waiters_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+}
+
+// ---- PlanService ----
+
+void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time deadline, FetchDone done) {
+  const absl::Time start = options_.clock->Now();
+  auto status = store_->GetJob(req.job_id());
+  if (!status.ok()) return done(status.status());
+  const int world = std::max(1, status->spec().parallelism().pp()) * std::max(1, status->spec().parallelism().dp());
+  if (req.rank() < 0 || req.rank() >= world) {
+    return done(absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " is not a rank of job ", req.job_id(),
+                                                        " (0..", world - 1, ")")));
+  }
+  if (req.iteration() < 0 || req.iteration() >= status->spec().iterations()) {
+    return done(absl::InvalidArgumentError(absl::StrCat("iteration: ", req.iteration(), " is outside job ",
+                                                        req.job_id(), " (0..", status->spec().iterations() - 1, ")")));
+  }
+  auto record = [this, start](const absl::StatusOr<proto::ExecutionPlan>& r) {
+    metrics_.Observe("dynapipe_fetch_plan_latency_ms", absl::ToDoubleMilliseconds(options_.clock->Now() - start),
+                     kLatencyBucketsMs, "FetchPlan latency, including waits");
+    if (!r.ok()) metrics_.Add("dynapipe_fetch_plan_errors_total", 1, "FetchPlan calls that failed");
+  };
+  auto plan = store_->GetPlan(req.job_id(), req.iteration(), req.rank());
+  if (plan.ok() || plan.status().code() != absl::StatusCode::kNotFound) {
+    record(plan);
+    return done(std::move(plan));
+  }
+  if (Terminal(status->state())) {
+    return done(absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " ended (",
+                                                           proto::JobState::Value_Name(status->state()), ")")));
+  }
+  auto shared_done = std::make_shared<FetchDone>(std::move(done));
+  Waiter w;
+  w.key = absl::StrCat("plan ", req.job_id(), " ", req.iteration());
+  w.deadline = deadline;
+  w.check = [this, req, shared_done, record]() {
+    auto p = store_->GetPlan(req.job_id(), req.iteration(), req.rank());
+    if (!p.ok() && p.status().code() == absl::StatusCode::kNotFound) return false;
+    record(p);
+    (*shared_done)(std::move(p));
+    return true;
+  };
+  w.expire = [req, shared_done, record]() {
+    absl::StatusOr<proto::ExecutionPlan> r = absl::DeadlineExceededError(
+        absl::StrCat("plan of job ", req.job_id(), " iteration ", req.iteration(), " rank ", req.rank(),
+                     " not ready before the deadline"));
+    record(r);
+    (*shared_done)(std::move(r));
+  };
+  AddWaiter(std::move(w));
+}
+
+absl::Status PlannerService::ReportIteration(const proto::IterationReport& report) {
+  ASSIGN_OR_RETURN(const proto::JobStatus before, store_->GetJob(report.job_id()));
+  const int world = std::max(1, before.spec().parallelism().pp()) * std::max(1, before.spec().parallelism().dp());
+  if (report.rank() < 0 || report.rank() >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", report.rank(), " is not a rank of job ", report.job_id()));
+  }
+  if (report.iteration() < 0 || report.iteration() >= before.spec().iterations()) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration: ", report.iteration(), " is outside the job"));
+  }
+  RETURN_IF_ERROR(store_->PutReport(report, options_.plan_ttl));
+  metrics_.Add("dynapipe_iterations_reported_total", 1, "ReportIteration calls");
+  metrics_.Add("dynapipe_tokens_total", static_cast<double>(report.tokens()), "Real tokens reported by executors");
+  if (report.iteration_ms() > 0) {
+    metrics_.Observe("dynapipe_iteration_ms", report.iteration_ms(), {10, 50, 100, 500, 1000, 5000, 10000, 60000},
+                     "Measured iteration time per rank");
+  }
+  ASSIGN_OR_RETURN(const proto::JobStatus after, store_->GetJob(report.job_id()));
+  if (after.iterations_done() >= after.spec().iterations() && !Terminal(after.state())) {
+    RETURN_IF_ERROR(store_->SetJobState(report.job_id(), proto::JobState::succeeded, "", NowMs()).status());
+    spdlog::info("job {} succeeded after {} iterations", report.job_id(), after.iterations_done());
+  }
+  return absl::OkStatus();
+}
+
+// ---- Planning ahead ----
+
+bool PlannerService::ClaimWork(std::string* job, int64_t* iteration, std::shared_ptr<const JobRuntime>* rt) {
+  auto ids = store_->ListJobs();
+  if (!ids.ok()) return false;
+  for (const std::string& id : *ids) {
+    auto status = store_->GetJob(id);
+    if (!status.ok() || Terminal(status->state())) continue;
+    const int lookahead = status->spec().planner_lookahead() > 0 ? status->spec().planner_lookahead() : options_.default_lookahead;
+    const int64_t lo = status->iterations_done();
+    const int64_t hi = std::min<int64_t>(status->spec().iterations(), lo + lookahead);
+    for (int64_t i = lo; i < hi && !stopping_; ++i) {
+      auto planned = store_->IsPlanned(id, i);
+      if (!planned.ok() || *planned) continue;
+      auto leased = store_->TryLease(id, i, options_.owner, options_.lease_ttl);
+      if (!leased.ok() || !*leased) continue;
+      // Committed by another process between the two checks?
+      if (auto again = store_->IsPlanned(id, i); !again.ok() || *again) {
+        (void)store_->ReleaseLease(id, i, options_.owner);
+        continue;
+      }
+      auto runtime = Runtime(id);
+      if (!runtime.ok()) {
+        (void)store_->ReleaseLease(id, i, options_.owner);
+        spdlog::error("job {}: {}", id, runtime.status().message());
+        (void)store_->SetJobState(id, proto::JobState::failed, std::string(runtime.status().message()), NowMs());
+        continue;
+      }
+      *job = id;
+      *iteration = i;
+      *rt = *runtime;
+      return true;
+    }
+  }
+  return false;
+}
+
+void PlannerService::PlanOne(const std::string& job, int64_t iteration, const JobRuntime& rt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PlanRequest request;
+  request.record = false;
+  auto plan = rt.planner->Plan(rt.batch(iteration), iteration, request);
+  if (!plan.ok()) {
+    spdlog::error("job {} iteration {}: planning failed: {}", job, iteration, plan.status().message());
+    (void)store_->SetJobState(job, proto::JobState::failed,
+                              absl::StrCat("planning iteration ", iteration, ": ", plan.status().message()), NowMs());
+    (void)store_->ReleaseLease(job, iteration, options_.owner);
+    return;
+  }
+  auto committed = store_->CommitPlans(job, iteration, options_.owner, plan->plans, options_.plan_ttl);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  (void)store_->ReleaseLease(job, iteration, options_.owner);
+  if (!committed.ok()) {
+    spdlog::warn("job {} iteration {}: storing plans failed: {}", job, iteration, committed.status().message());
+    return;
+  }
+  if (*committed) {
+    metrics_.Observe("dynapipe_plan_latency_ms", ms, kLatencyBucketsMs, "Time to plan and store one iteration");
+    metrics_.Add("dynapipe_plans_total", 1, "Iterations planned and stored by this process");
+    spdlog::debug("job {} iteration {}: planned in {:.2f} ms ({} micro-batches, predicted {:.1f} ms)", job, iteration,
+                  ms, plan->groups.empty() ? 0 : plan->groups[0].size(), plan->predicted_ms);
+  }
+}
+
+void PlannerService::PlanningLoop() {
+  while (!stopping_) {
+    uint64_t epoch;
+    {
+      MutexLock lock(&work_mu_);
+      epoch = work_epoch_;
+    }
+    std::string job;
+    int64_t iteration;
+    std::shared_ptr<const JobRuntime> rt;
+    if (ClaimWork(&job, &iteration, &rt)) {
+      PlanOne(job, iteration, *rt);
+      continue;
+    }
+    MutexLock lock(&work_mu_);
+    options_.clock->AwaitWithDeadline(
+        &work_mu_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return work_epoch_ != epoch || stopping_.load(); },
+        options_.clock->Now() + options_.recheck);
+  }
+}
+
+}  // namespace dynapipe::planner::service

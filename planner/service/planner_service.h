@@ -1,0 +1,127 @@
+#pragma once
+
+// The planner daemon's logic, free of gRPC types: job control, plan
+// generation ahead of training, plan serving with waits, executor
+// registration and liveness, bootstrap exchange, status and metrics. State
+// lives in the PlanStore (Redis), so several processes can serve the same
+// jobs and a restarted process resumes them.
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/service/job_runtime.h"
+#include "proto/services.pb.h"
+#include "src/common/clock.h"
+#include "src/common/mutex.h"
+#include "src/http/metrics.h"
+#include "src/store/plan_store.h"
+
+namespace dynapipe::planner::service {
+
+struct ServiceOptions {
+  std::string owner;  // this process's id in leases; default: host-pid-random
+  std::string data_root;  // relative dataset paths resolve here
+  int planning_threads = 2;
+  int default_lookahead = 4;
+  absl::Duration lease_ttl = absl::Seconds(10);
+  absl::Duration plan_ttl = absl::Hours(1);     // stored plans and reports expire
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  absl::Duration recheck = absl::Milliseconds(500);  // waiters re-check even without events
+  Clock* clock = Clock::Real();
+};
+
+class PlannerService {
+ public:
+  PlannerService(store::PlanStore* store, ServiceOptions options);
+  ~PlannerService();  // stops the background threads (drains in-flight planning)
+  PlannerService(const PlannerService&) = delete;
+  PlannerService& operator=(const PlannerService&) = delete;
+
+  // Background work: planning workers, executor liveness, waiter timers.
+  void Start();
+  void Stop();
+
+  // JobService.
+  absl::StatusOr<proto::SubmitJobResponse> Submit(const proto::SubmitJobRequest& req);
+  absl::StatusOr<proto::JobStatus> Get(const proto::GetJobRequest& req);
+  absl::StatusOr<proto::ListJobsResponse> List(const proto::ListJobsRequest& req);
+  absl::StatusOr<proto::CancelJobResponse> Cancel(const proto::CancelJobRequest& req);
+
+  // PlanService. FetchPlan answers now if the plan exists, else calls `done`
+  // once it does or at `deadline` (DEADLINE_EXCEEDED). `done` may run on
+  // this thread or a background one.
+  using FetchDone = std::function<void(absl::StatusOr<proto::ExecutionPlan>)>;
+  void FetchPlan(const proto::FetchPlanRequest& req, absl::Time deadline, FetchDone done);
+  absl::Status ReportIteration(const proto::IterationReport& report);
+
+  // ExecutorRegistry.
+  absl::StatusOr<proto::RegisterExecutorResponse> Register(const proto::RegisterExecutorRequest& req);
+  absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
+  absl::StatusOr<std::vector<proto::ExecutorRecord>> Executors();
+
+  // Bootstrap. Get waits for the key like FetchPlan.
+  absl::Status BootstrapSet(const proto::BootstrapSetRequest& req);
+  void BootstrapGet(const proto::BootstrapGetRequest& req, absl::Time deadline,
+                    std::function<void(absl::StatusOr<std::string>)> done);
+
+  // Watch: `push` receives the job's status now, on every change and at least
+  // every second, until it returns false or the job ends; then `finish`.
+  void Watch(const std::string& job, std::function<bool(const proto::JobEvent&)> push,
+             std::function<void(absl::Status)> finish);
+
+  // Status endpoint.
+  std::string HealthProblem() const;  // "" when healthy
+  std::string StatusJson();
+  std::string MetricsText();
+  http::Metrics& metrics() { return metrics_; }
+  const std::string& owner() const { return options_.owner; }
+
+ private:
+  // A pending wait: `check` returns true once it has completed the call.
+  struct Waiter {
+    std::string key;  // event that may satisfy it ("plan J I", "bootstrap J K", "job J")
+    absl::Time deadline;
+    std::function<bool()> check;
+    std::function<void()> expire;
+  };
+
+  absl::StatusOr<std::shared_ptr<const JobRuntime>> Runtime(const std::string& job);
+  void OnEvent(const std::string& event);
+  void AddWaiter(Waiter w);
+  void WaiterLoop();
+  void PlanningLoop();
+  // Claims the next iteration some active job needs; false if none.
+  bool ClaimWork(std::string* job, int64_t* iteration, std::shared_ptr<const JobRuntime>* rt);
+  void PlanOne(const std::string& job, int64_t iteration, const JobRuntime& rt);
+  void LivenessLoop();
+  void CheckLiveness();
+  absl::Status MaybeAssign(proto::ExecutorRecord* rec);
+  int64_t NowMs() const { return absl::ToUnixMillis(options_.clock->Now()); }
+
+  store::PlanStore* store_;
+  ServiceOptions options_;
+  http::Metrics metrics_;
+
+  Mutex runtimes_mu_;
+  std::map<std::string, std::shared_ptr<const JobRuntime>> runtimes_ ABSL_GUARDED_BY(runtimes_mu_);
+
+  Mutex waiters_mu_;
+  std::multimap<std::string, std::shared_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
+  std::vector<std::string> fired_ ABSL_GUARDED_BY(waiters_mu_);  // events not yet processed
+  bool wake_all_ ABSL_GUARDED_BY(waiters_mu_) = false;
+
+  Mutex work_mu_;
+  uint64_t work_epoch_ ABSL_GUARDED_BY(work_mu_) = 0;  // bumped on events: planners re-scan
+
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace dynapipe::planner::service

@@ -1,0 +1,288 @@
+// PlannerService: executor registry and liveness, bootstrap, watch, status.
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "planner/service/planner_service.h"
+#include "src/common/logging.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::planner::service {
+namespace {
+
+bool Terminal(proto::JobState::Value s) {
+  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
+}
+
+std::string Json(absl::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+absl::StatusOr<proto::RegisterExecutorResponse> PlannerService::Register(const proto::RegisterExecutorRequest& req) {
+  if (req.node().empty()) return absl::InvalidArgumentError("node: must be set");
+  if (req.device_index() < 0) return absl::InvalidArgumentError("device_index: must not be negative");
+  proto::ExecutorRecord rec;
+  rec.set_executor_id(absl::StrFormat("exec-%s-%d-%06x", req.node(), req.device_index(), std::random_device{}() & 0xffffff));
+  *rec.mutable_info() = req;
+  rec.set_registered_unix_ms(NowMs());
+  rec.set_last_heartbeat_unix_ms(NowMs());
+  rec.set_last_iteration(-1);
+  RETURN_IF_ERROR(store_->PutExecutor(rec));
+  spdlog::info("executor {} registered ({} device {}, {})", rec.executor_id(), req.node(), req.device_index(),
+               proto::Backend::Value_Name(req.backend()));
+  proto::RegisterExecutorResponse resp;
+  resp.set_executor_id(rec.executor_id());
+  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  return resp;
+}
+
+absl::Status PlannerService::MaybeAssign(proto::ExecutorRecord* rec) {
+  if (!rec->assignment().job_id().empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const auto ids, store_->ListJobs());
+  for (const std::string& id : ids) {
+    auto job = store_->GetJob(id);
+    if (!job.ok() || job->state() != proto::JobState::pending) continue;
+    const int pp = std::max(1, job->spec().parallelism().pp()), dp = std::max(1, job->spec().parallelism().dp());
+    for (int r = 0; r < pp * dp; ++r) {
+      ASSIGN_OR_RETURN(const bool claimed, store_->ClaimRank(id, r, rec->executor_id()));
+      if (!claimed) continue;
+      proto::Assignment* a = rec->mutable_assignment();
+      a->set_job_id(id);
+      a->set_rank(r);
+      a->set_world_size(pp * dp);
+      a->set_pp_rank(r % pp);
+      a->set_dp_rank(r / pp);
+      a->set_start_iteration(job->iterations_done());
+      spdlog::info("executor {} takes rank {} of job {}", rec->executor_id(), r, id);
+      bool complete = true;
+      for (int k = 0; k < pp * dp && complete; ++k) complete = !store_->RankHolder(id, k).value_or("").empty();
+      if (complete) {
+        RETURN_IF_ERROR(store_->SetJobState(id, proto::JobState::running, "", NowMs()).status());
+        spdlog::info("job {} running: all {} ranks assigned", id, pp * dp);
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::HeartbeatResponse> PlannerService::Heartbeat(const proto::HeartbeatRequest& req) {
+  ASSIGN_OR_RETURN(proto::ExecutorRecord rec, store_->GetExecutor(req.executor_id()));
+  proto::HeartbeatResponse resp;
+  rec.set_last_heartbeat_unix_ms(NowMs());
+  rec.set_last_iteration(req.iteration());
+  if (!rec.assignment().job_id().empty()) {
+    auto job = store_->GetJob(rec.assignment().job_id());
+    if (!job.ok() || Terminal(job->state()) || rec.lost()) {
+      resp.set_stop(true);  // the job ended (or this executor was given up on): stop, then idle
+      rec.clear_assignment();
+      rec.set_lost(false);
+    }
+  } else {
+    rec.set_lost(false);
+    RETURN_IF_ERROR(MaybeAssign(&rec));
+  }
+  if (!rec.assignment().job_id().empty() && rec.assignment().peer_executor_ids_size() == 0) {
+    std::vector<std::string> peers;
+    for (int k = 0; k < rec.assignment().world_size(); ++k) {
+      ASSIGN_OR_RETURN(std::string holder, store_->RankHolder(rec.assignment().job_id(), k));
+      if (holder.empty()) {
+        peers.clear();
+        break;
+      }
+      peers.push_back(std::move(holder));
+    }
+    for (auto& p : peers) rec.mutable_assignment()->add_peer_executor_ids(p);
+  }
+  RETURN_IF_ERROR(store_->PutExecutor(rec));
+  *resp.mutable_assignment() = rec.assignment();
+  return resp;
+}
+
+absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
+  ASSIGN_OR_RETURN(const auto ids, store_->ListExecutors());
+  std::vector<proto::ExecutorRecord> out;
+  for (const auto& id : ids) {
+    auto rec = store_->GetExecutor(id);
+    if (rec.ok()) out.push_back(std::move(*rec));
+  }
+  return out;
+}
+
+void PlannerService::CheckLiveness() {
+  auto records = Executors();
+  if (!records.ok()) return;
+  const int64_t now = NowMs();
+  const int64_t timeout = absl::ToInt64Milliseconds(options_.heartbeat_timeout);
+  for (proto::ExecutorRecord& rec : *records) {
+    if (rec.lost() || now - rec.last_heartbeat_unix_ms() <= timeout) continue;
+    rec.set_lost(true);
+    if (!store_->PutExecutor(rec).ok()) continue;
+    const auto& a = rec.assignment();
+    spdlog::warn("executor {} lost: no heartbeat for {} ms", rec.executor_id(), now - rec.last_heartbeat_unix_ms());
+    if (a.job_id().empty()) continue;
+    const std::string why = absl::StrFormat("rank %d lost: executor %s on %s missed heartbeats for %.1f s",
+                                            a.rank(), rec.executor_id(), rec.info().node(),
+                                            (now - rec.last_heartbeat_unix_ms()) / 1e3);
+    auto changed = store_->SetJobState(a.job_id(), proto::JobState::failed, why, now);
+    if (changed.ok() && *changed) spdlog::error("job {} failed: {}", a.job_id(), why);
+  }
+}
+
+void PlannerService::LivenessLoop() {
+  const absl::Duration period = std::max(absl::Milliseconds(50), options_.heartbeat_timeout / 4);
+  while (!stopping_) {
+    CheckLiveness();
+    for (absl::Duration slept; slept < period && !stopping_; slept += absl::Milliseconds(50)) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+}
+
+// ---- Bootstrap ----
+
+absl::Status PlannerService::BootstrapSet(const proto::BootstrapSetRequest& req) {
+  if (req.job_id().empty() || req.key().empty()) return absl::InvalidArgumentError("job_id and key: must be set");
+  RETURN_IF_ERROR(store_->GetJob(req.job_id()).status());
+  return store_->SetBootstrap(req.job_id(), req.key(), req.value());
+}
+
+void PlannerService::BootstrapGet(const proto::BootstrapGetRequest& req, absl::Time deadline,
+                                  std::function<void(absl::StatusOr<std::string>)> done) {
+  if (auto job = store_->GetJob(req.job_id()); !job.ok()) return done(job.status());
+  auto v = store_->GetBootstrap(req.job_id(), req.key());
+  if (v.ok() || v.status().code() != absl::StatusCode::kNotFound) return done(std::move(v));
+  auto shared = std::make_shared<std::function<void(absl::StatusOr<std::string>)>>(std::move(done));
+  Waiter w;
+  w.key = absl::StrCat("bootstrap ", req.job_id(), " ", req.key());
+  w.deadline = deadline;
+  w.check = [this, req, shared]() {
+    auto got = store_->GetBootstrap(req.job_id(), req.key());
+    if (!got.ok() && got.status().code() == absl::StatusCode::kNotFound) return false;
+    (*shared)(std::move(got));
+    return true;
+  };
+  w.expire = [req, shared]() {
+    (*shared)(absl::DeadlineExceededError(absl::StrCat("bootstrap key ", req.key(), " of job ", req.job_id(),
+                                                       " not set before the deadline")));
+  };
+  AddWaiter(std::move(w));
+}
+
+// ---- Watch ----
+
+void PlannerService::Watch(const std::string& job, std::function<bool(const proto::JobEvent&)> push,
+                           std::function<void(absl::Status)> finish) {
+  auto status = store_->GetJob(job);
+  if (!status.ok()) return finish(status.status());
+  auto state = std::make_shared<int64_t>(-1);  // last iterations_done sent with a report
+  auto send = [this, job, push, finish, state]() {
+    auto s = store_->GetJob(job);
+    if (!s.ok()) {
+      finish(s.status());
+      return true;
+    }
+    proto::JobEvent event;
+    *event.mutable_status() = *s;
+    if (s->iterations_done() > 0 && s->iterations_done() - 1 != *state) {
+      auto report = store_->GetReport(job, s->iterations_done() - 1, 0);
+      if (report.ok()) *event.mutable_last_report() = std::move(*report);
+      *state = s->iterations_done() - 1;
+    }
+    if (!push(event) || Terminal(s->state())) {
+      finish(absl::OkStatus());
+      return true;
+    }
+    return false;
+  };
+  if (send()) return;
+  Waiter w;
+  w.key = "job " + job;
+  w.deadline = absl::InfiniteFuture();
+  w.check = send;
+  w.expire = [finish]() { finish(absl::UnavailableError("planner shutting down")); };
+  AddWaiter(std::move(w));
+}
+
+// ---- Status ----
+
+std::string PlannerService::HealthProblem() const {
+  if (!store_->healthy()) return "plan store (Redis) unreachable";
+  return "";
+}
+
+std::string PlannerService::StatusJson() {
+  std::vector<std::string> jobs, executors;
+  if (auto ids = store_->ListJobs(); ids.ok()) {
+    for (const auto& id : *ids) {
+      auto s = store_->GetJob(id);
+      if (!s.ok()) continue;
+      double last_ms = 0, predicted_ms = 0;
+      if (s->iterations_done() > 0) {
+        if (auto r = store_->GetReport(id, s->iterations_done() - 1, 0); r.ok()) {
+          last_ms = r->iteration_ms();
+          predicted_ms = r->predicted_iteration_ms();
+        }
+      }
+      jobs.push_back(absl::StrFormat(
+          "{\"job_id\":%s,\"name\":%s,\"state\":%s,\"iterations\":%d,\"iterations_done\":%d,\"plans_ready\":%d,"
+          "\"plans_ahead\":%d,\"last_iteration_ms\":%.3f,\"predicted_iteration_ms\":%.3f,\"error\":%s}",
+          Json(id), Json(s->spec().name()), Json(proto::JobState::Value_Name(s->state())), s->spec().iterations(),
+          s->iterations_done(), s->plans_ready(), std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done()),
+          last_ms, predicted_ms, Json(s->error())));
+    }
+  }
+  if (auto recs = Executors(); recs.ok()) {
+    const int64_t now = NowMs();
+    for (const auto& r : *recs) {
+      executors.push_back(absl::StrFormat(
+          "{\"executor_id\":%s,\"node\":%s,\"device\":%d,\"last_heartbeat_ms_ago\":%d,\"lost\":%s,\"job_id\":%s,"
+          "\"rank\":%d}",
+          Json(r.executor_id()), Json(r.info().node()), r.info().device_index(), now - r.last_heartbeat_unix_ms(),
+          r.lost() ? "true" : "false", Json(r.assignment().job_id()), r.assignment().job_id().empty() ? -1 : r.assignment().rank()));
+    }
+  }
+  return absl::StrFormat("{\"daemon\":\"dynapipe-planner\",\"owner\":%s,\"healthy\":%s,\"redis_errors\":%d,"
+                         "\"jobs\":[%s],\"executors\":[%s]}",
+                         Json(options_.owner), HealthProblem().empty() ? "true" : "false", store_->errors(),
+                         absl::StrJoin(jobs, ","), absl::StrJoin(executors, ","));
+}
+
+std::string PlannerService::MetricsText() {
+  int running = 0;
+  int64_t min_ahead = -1;
+  if (auto ids = store_->ListJobs(); ids.ok()) {
+    for (const auto& id : *ids) {
+      auto s = store_->GetJob(id);
+      if (!s.ok() || Terminal(s->state())) continue;
+      running += s->state() == proto::JobState::running;
+      const int64_t ahead = std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done());
+      min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);
+    }
+  }
+  metrics_.Set("dynapipe_jobs_running", running, "Jobs in state running");
+  metrics_.Set("dynapipe_plans_ahead_min", std::max<int64_t>(0, min_ahead),
+               "Smallest number of stored plans ahead of training over active jobs");
+  metrics_.Set("dynapipe_redis_errors", static_cast<double>(store_->errors()), "Failed Redis commands since start");
+  metrics_.Set("dynapipe_redis_healthy", store_->healthy() ? 1 : 0, "1 when the last Redis command succeeded");
+  return metrics_.Render();
+}
+
+}  // namespace dynapipe::planner::service

@@ -1,0 +1,148 @@
+#include "src/cli/job_commands.h"
+
+#include <cstdlib>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "proto/services.pb.h"
+#include "src/cli/args.h"
+#include "src/common/proto_io.h"
+#include "src/rpc/planner_client.h"
+
+namespace dynapipe::cli {
+namespace {
+
+std::string Env(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+std::string Line(const proto::JobStatus& s) {
+  return absl::StrFormat("%-12s %-20s %-10s %6d/%-6d plans ready to %-6d %s", s.job_id(), s.spec().name(),
+                         proto::JobState::Value_Name(s.state()), s.iterations_done(), s.spec().iterations(),
+                         s.plans_ready(), s.error());
+}
+
+}  // namespace
+
+int RunJobCommand(const std::string& command, const std::vector<std::string>& argv, std::ostream& out,
+                  std::ostream& err) {
+  auto fail = [&](const absl::Status& s, int code) {
+    err << "dynapipe " << command << ": " << s.message() << "\n";
+    return code;
+  };
+  // "--flag value" pairs and positional arguments may interleave.
+  std::vector<std::string> flag_args;
+  std::vector<std::string> pos;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a.rfind("--", 0) == 0) {
+      flag_args.push_back(a);
+      const bool has_value = a != "--json" && a.find('=') == std::string::npos;
+      if (has_value && i + 1 < argv.size()) flag_args.push_back(argv[++i]);
+    } else {
+      pos.push_back(a);
+    }
+  }
+  auto args = Args::Parse(flag_args, {"planner", "token-file", "timeout-s", "tls-ca"}, {"json"});
+  if (!args.ok()) return fail(args.status(), 2);
+  rpc::PlannerClient::Options o;
+  o.address = args->Str("planner", Env("DYNAPIPE_PLANNER", "127.0.0.1:50051"));
+  auto token = rpc::ReadToken(args->Str("token-file", Env("DYNAPIPE_TOKEN_FILE", "")));
+  if (!token.ok()) return fail(token.status(), 2);
+  o.token = *token;
+  o.tls.ca = args->Str("tls-ca");
+  auto timeout = args->Int("timeout-s", 10);
+  if (!timeout.ok()) return fail(timeout.status(), 2);
+  o.timeout = absl::Seconds(*timeout);
+  auto client = rpc::PlannerClient::Connect(o);
+  if (!client.ok()) return fail(client.status(), 1);
+  rpc::PlannerClient& c = **client;
+  const bool json = args->Has("json");
+
+  if (command == "submit") {
+    if (pos.size() != 1) return fail(absl::InvalidArgumentError("usage: dynapipe submit JOB.pbtxt|JOB.json"), 2);
+    proto::JobSpec spec;
+    if (auto s = LoadProtoFile(pos[0], &spec); !s.ok()) return fail(s, 2);
+    auto id = c.Submit(spec);
+    if (!id.ok()) return fail(id.status(), 1);
+    out << *id << "\n";
+    return 0;
+  }
+  if (command == "status" || command == "list") {
+    if (command == "status" && pos.size() == 1) {
+      auto s = c.Get(pos[0]);
+      if (!s.ok()) return fail(s.status(), 1);
+      out << (json ? ToJson(*s) : Line(*s)) << "\n";
+      return 0;
+    }
+    if (pos.size() > 1) return fail(absl::InvalidArgumentError("usage: dynapipe status [JOB] [--json]"), 2);
+    auto list = c.List();
+    if (!list.ok()) return fail(list.status(), 1);
+    if (json) {
+      out << ToJson(*list) << "\n";
+    } else {
+      for (const auto& s : list->jobs()) out << Line(s) << "\n";
+      if (list->jobs().empty()) out << "no jobs\n";
+    }
+    return 0;
+  }
+  if (command == "cancel") {
+    if (pos.size() != 1) return fail(absl::InvalidArgumentError("usage: dynapipe cancel JOB"), 2);
+    if (auto s = c.Cancel(pos[0]); !s.ok()) return fail(s, 1);
+    out << pos[0] << " cancelled\n";
+    return 0;
+  }
+  if (command == "watch") {
+    if (pos.size() != 1) return fail(absl::InvalidArgumentError("usage: dynapipe watch JOB"), 2);
+    int64_t last_done = -2;
+    std::string last_state;
+    proto::JobState::Value final_state = proto::JobState::unspecified;
+    const absl::Status s = c.Watch(pos[0], [&](const proto::JobEvent& e) {
+      const auto& st = e.status();
+      final_state = st.state();
+      const std::string state = proto::JobState::Value_Name(st.state());
+      if (st.iterations_done() == last_done && state == last_state) return true;
+      last_done = st.iterations_done();
+      last_state = state;
+      if (json) {
+        out << ToJson(e) << "\n";
+      } else {
+        std::string line = absl::StrFormat("%s %s iteration %d/%d, plans ready to %d", st.job_id(), state,
+                                           st.iterations_done(), st.spec().iterations(), st.plans_ready());
+        if (e.has_last_report()) {
+          const auto& r = e.last_report();
+          absl::StrAppendFormat(&line, ", loss %.4f, %.1f ms (predicted %.1f), %.0f tokens/s", r.loss(), r.iteration_ms(),
+                                r.predicted_iteration_ms(), r.iteration_ms() > 0 ? r.tokens() / (r.iteration_ms() / 1e3) : 0);
+        }
+        if (!st.error().empty()) absl::StrAppend(&line, " (", st.error(), ")");
+        out << line << std::endl;
+      }
+      return true;
+    });
+    if (!s.ok()) return fail(s, 1);
+    return final_state == proto::JobState::succeeded ? 0 : 1;
+  }
+  if (command == "executors") {
+    auto list = c.Executors();
+    if (!list.ok()) return fail(list.status(), 1);
+    if (json) {
+      out << ToJson(*list) << "\n";
+      return 0;
+    }
+    const int64_t now = absl::ToUnixMillis(absl::Now());
+    for (const auto& e : list->executors()) {
+      out << absl::StrFormat("%-28s %-12s dev %-2d %-5s heartbeat %6.1fs ago %s\n", e.executor_id(), e.info().node(),
+                             e.info().device_index(), e.lost() ? "LOST" : "ok", (now - e.last_heartbeat_unix_ms()) / 1e3,
+                             e.assignment().job_id().empty() ? "idle"
+                                                             : absl::StrCat(e.assignment().job_id(), " rank ", e.assignment().rank()));
+    }
+    if (list->executors().empty()) out << "no executors\n";
+    return 0;
+  }
+  return fail(absl::InvalidArgumentError("unknown command"), 2);
+}
+
+}  // namespace dynapipe::cli

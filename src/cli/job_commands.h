@@ -1,0 +1,18 @@
+#pragma once
+
+// `dynapipe submit | status | list | cancel | watch | executors`: job control
+// against a planner daemon. The address comes from --planner or
+// $DYNAPIPE_PLANNER, the token from --token-file or $DYNAPIPE_TOKEN_FILE.
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace dynapipe::cli {
+
+// Runs `command` with `args`; returns the exit status (0 ok, 1 failed call,
+// 2 bad usage). Errors are one line on `err`.
+int RunJobCommand(const std::string& command, const std::vector<std::string>& args, std::ostream& out,
+                  std::ostream& err);
+
+}  // namespace dynapipe::cli

@@ -1,0 +1,132 @@
+#include "src/rpc/planner_client.h"
+
+#include "absl/time/clock.h"
+#include "src/common/status_macros.h"
+#include "src/rpc/status_conversion.h"
+
+namespace dynapipe::rpc {
+
+absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Connect(Options options) {
+  std::unique_ptr<PlannerClient> c(new PlannerClient(std::move(options)));
+  ASSIGN_OR_RETURN(c->channel_, MakeChannel(c->options_.address, c->options_.tls));
+  c->jobs_ = proto::JobService::NewStub(c->channel_);
+  c->plans_ = proto::PlanService::NewStub(c->channel_);
+  c->registry_ = proto::ExecutorRegistry::NewStub(c->channel_);
+  c->bootstrap_ = proto::Bootstrap::NewStub(c->channel_);
+  return c;
+}
+
+absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const absl::Time deadline = absl::Now() + total;
+  absl::Duration backoff = absl::Milliseconds(50);
+  while (true) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, options_.token);
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    const absl::Status s = FromGrpc(call(&ctx));
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff >= deadline) return s;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+absl::StatusOr<std::string> PlannerClient::Submit(const proto::JobSpec& spec) {
+  proto::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  proto::SubmitJobResponse resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->Submit(c, req, &resp); }));
+  return resp.job_id();
+}
+
+absl::StatusOr<proto::JobStatus> PlannerClient::Get(const std::string& job) {
+  proto::GetJobRequest req;
+  req.set_job_id(job);
+  proto::JobStatus resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->Get(c, req, &resp); }));
+  return resp;
+}
+
+absl::StatusOr<proto::ListJobsResponse> PlannerClient::List() {
+  proto::ListJobsResponse resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->List(c, {}, &resp); }));
+  return resp;
+}
+
+absl::Status PlannerClient::Cancel(const std::string& job) {
+  proto::CancelJobRequest req;
+  req.set_job_id(job);
+  proto::CancelJobResponse resp;
+  return Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->Cancel(c, req, &resp); });
+}
+
+absl::Status PlannerClient::Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event) {
+  grpc::ClientContext ctx;
+  AttachToken(&ctx, options_.token);
+  proto::WatchJobRequest req;
+  req.set_job_id(job);
+  auto reader = jobs_->Watch(&ctx, req);
+  proto::JobEvent event;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  const absl::Status s = FromGrpc(reader->Finish());
+  return s.code() == absl::StatusCode::kCancelled ? absl::OkStatus() : s;
+}
+
+absl::StatusOr<proto::ExecutionPlan> PlannerClient::FetchPlan(const std::string& job, int64_t iteration, int rank,
+                                                              absl::Duration wait) {
+  proto::FetchPlanRequest req;
+  req.set_job_id(job);
+  req.set_iteration(iteration);
+  req.set_rank(rank);
+  proto::FetchPlanResponse resp;
+  RETURN_IF_ERROR(Retry(wait, [&](grpc::ClientContext* c) { return plans_->FetchPlan(c, req, &resp); }));
+  return std::move(*resp.mutable_plan());
+}
+
+absl::Status PlannerClient::ReportIteration(const proto::IterationReport& report) {
+  proto::ReportIterationResponse resp;
+  return Retry(options_.timeout, [&](grpc::ClientContext* c) { return plans_->ReportIteration(c, report, &resp); });
+}
+
+absl::StatusOr<proto::RegisterExecutorResponse> PlannerClient::Register(const proto::RegisterExecutorRequest& req) {
+  proto::RegisterExecutorResponse resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return registry_->Register(c, req, &resp); }));
+  return resp;
+}
+
+absl::StatusOr<proto::HeartbeatResponse> PlannerClient::Heartbeat(const proto::HeartbeatRequest& req) {
+  proto::HeartbeatResponse resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return registry_->Heartbeat(c, req, &resp); }));
+  return resp;
+}
+
+absl::StatusOr<proto::ListExecutorsResponse> PlannerClient::Executors() {
+  proto::ListExecutorsResponse resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return registry_->List(c, {}, &resp); }));
+  return resp;
+}
+
+absl::Status PlannerClient::BootstrapSet(const std::string& job, const std::string& key, const std::string& value) {
+  proto::BootstrapSetRequest req;
+  req.set_job_id(job);
+  req.set_key(key);
+  req.set_value(value);
+  proto::BootstrapSetResponse resp;
+  return Retry(options_.timeout, [&](grpc::ClientContext* c) { return bootstrap_->Set(c, req, &resp); });
+}
+
+absl::StatusOr<std::string> PlannerClient::BootstrapGet(const std::string& job, const std::string& key,
+                                                        absl::Duration wait) {
+  proto::BootstrapGetRequest req;
+  req.set_job_id(job);
+  req.set_key(key);
+  proto::BootstrapGetResponse resp;
+  RETURN_IF_ERROR(Retry(wait, [&](grpc::ClientContext* c) { return bootstrap_->Get(c, req, &resp); }));
+  return resp.value();
+}
+
+}  // namespace dynapipe::rpc

@@ -1,0 +1,59 @@
+#pragma once
+
+// Client wrapper for the planner daemon's services: every call carries the
+// token and a deadline; only UNAVAILABLE is retried (with backoff, within the
+// deadline). Used by the `dynapipe` CLI, executors and tests.
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/services.grpc.pb.h"
+#include "src/rpc/auth.h"
+
+namespace dynapipe::rpc {
+
+class PlannerClient {
+ public:
+  struct Options {
+    std::string address = "127.0.0.1:50051";
+    std::string token;
+    TlsFiles tls;
+    absl::Duration timeout = absl::Seconds(10);  // per call, retries included
+  };
+  static absl::StatusOr<std::unique_ptr<PlannerClient>> Connect(Options options);
+
+  absl::StatusOr<std::string> Submit(const proto::JobSpec& spec);
+  absl::StatusOr<proto::JobStatus> Get(const std::string& job);
+  absl::StatusOr<proto::ListJobsResponse> List();
+  absl::Status Cancel(const std::string& job);
+  // Streams events to `on_event` until the job ends, the stream breaks or
+  // `on_event` returns false.
+  absl::Status Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event);
+
+  // Waits up to `wait` for the plan on the server side.
+  absl::StatusOr<proto::ExecutionPlan> FetchPlan(const std::string& job, int64_t iteration, int rank, absl::Duration wait);
+  absl::Status ReportIteration(const proto::IterationReport& report);
+  absl::StatusOr<proto::RegisterExecutorResponse> Register(const proto::RegisterExecutorRequest& req);
+  absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
+  absl::StatusOr<proto::ListExecutorsResponse> Executors();
+  absl::Status BootstrapSet(const std::string& job, const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> BootstrapGet(const std::string& job, const std::string& key, absl::Duration wait);
+
+ private:
+  explicit PlannerClient(Options o) : options_(std::move(o)) {}
+  // Runs `call` (one attempt with the given context) until it is not
+  // UNAVAILABLE or `total` has passed.
+  absl::Status Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call);
+
+  Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::JobService::Stub> jobs_;
+  std::unique_ptr<proto::PlanService::Stub> plans_;
+  std::unique_ptr<proto::ExecutorRegistry::Stub> registry_;
+  std::unique_ptr<proto::Bootstrap::Stub> bootstrap_;
+};
+
+}  // namespace dynapipe::rpc
