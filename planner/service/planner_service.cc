@@ -61,7 +61,7 @@ void PlannerService::Stop() {
     MutexLock lock(&waiters_mu_);
     left.swap(waiters_);
   }
-  for (auto& [key, w] : left) w->expire();
+  for (auto& [key, w] : left) w->expire(absl::UnavailableError("planner shutting down; retry"));
 }
 
 void PlannerService::OnEvent(const std::string& event) {
@@ -174,7 +174,7 @@ void PlannerService::WaiterLoop() {
       if (w->check()) {
         finished.push_back(w);
       } else if (now >= w->deadline) {
-        w->expire();
+        w->expire(absl::DeadlineExceededError("deadline"));
         finished.push_back(w);
       }
     }
@@ -196,6 +196,18 @@ void PlannerService::WaiterLoop() {
 
 void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time deadline, FetchDone done) {
   const absl::Time start = options_.clock->Now();
+  auto record = [this, start](const absl::StatusOr<proto::ExecutionPlan>& r) {
+    metrics_.Observe("dynapipe_fetch_plan_latency_ms", absl::ToDoubleMilliseconds(options_.clock->Now() - start),
+                     kLatencyBucketsMs, "FetchPlan latency, including waits");
+    if (!r.ok()) metrics_.Add("dynapipe_fetch_plan_errors_total", 1, "FetchPlan calls that failed");
+  };
+  // Fast path, one Redis round trip: a stored plan answers at once (it can
+  // only exist for a valid job, iteration and rank).
+  auto plan = store_->GetPlan(req.job_id(), req.iteration(), req.rank());
+  if (plan.ok() || plan.status().code() != absl::StatusCode::kNotFound) {
+    record(plan);
+    return done(std::move(plan));
+  }
   auto status = store_->GetJob(req.job_id());
   if (!status.ok()) return done(status.status());
   const int world = std::max(1, status->spec().parallelism().pp()) * std::max(1, status->spec().parallelism().dp());
@@ -206,16 +218,6 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
   if (req.iteration() < 0 || req.iteration() >= status->spec().iterations()) {
     return done(absl::InvalidArgumentError(absl::StrCat("iteration: ", req.iteration(), " is outside job ",
                                                         req.job_id(), " (0..", status->spec().iterations() - 1, ")")));
-  }
-  auto record = [this, start](const absl::StatusOr<proto::ExecutionPlan>& r) {
-    metrics_.Observe("dynapipe_fetch_plan_latency_ms", absl::ToDoubleMilliseconds(options_.clock->Now() - start),
-                     kLatencyBucketsMs, "FetchPlan latency, including waits");
-    if (!r.ok()) metrics_.Add("dynapipe_fetch_plan_errors_total", 1, "FetchPlan calls that failed");
-  };
-  auto plan = store_->GetPlan(req.job_id(), req.iteration(), req.rank());
-  if (plan.ok() || plan.status().code() != absl::StatusCode::kNotFound) {
-    record(plan);
-    return done(std::move(plan));
   }
   if (Terminal(status->state())) {
     return done(absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " ended (",
@@ -232,10 +234,12 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
     (*shared_done)(std::move(p));
     return true;
   };
-  w.expire = [req, shared_done, record]() {
-    absl::StatusOr<proto::ExecutionPlan> r = absl::DeadlineExceededError(
-        absl::StrCat("plan of job ", req.job_id(), " iteration ", req.iteration(), " rank ", req.rank(),
-                     " not ready before the deadline"));
+  w.expire = [req, shared_done, record](absl::Status why) {
+    absl::StatusOr<proto::ExecutionPlan> r =
+        why.code() == absl::StatusCode::kDeadlineExceeded
+            ? absl::DeadlineExceededError(absl::StrCat("plan of job ", req.job_id(), " iteration ", req.iteration(),
+                                                       " rank ", req.rank(), " not ready before the deadline"))
+            : why;
     record(r);
     (*shared_done)(std::move(r));
   };

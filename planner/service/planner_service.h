@@ -89,7 +89,7 @@ class PlannerService {
     std::string key;  // event that may satisfy it ("plan J I", "bootstrap J K", "job J")
     absl::Time deadline;
     std::function<bool()> check;
-    std::function<void()> expire;
+    std::function<void(absl::Status)> expire;  // DEADLINE_EXCEEDED, or UNAVAILABLE at shutdown
   };
 
   absl::StatusOr<std::shared_ptr<const JobRuntime>> Runtime(const std::string& job);

@@ -179,9 +179,11 @@ void PlannerService::BootstrapGet(const proto::BootstrapGetRequest& req, absl::T
     (*shared)(std::move(got));
     return true;
   };
-  w.expire = [req, shared]() {
-    (*shared)(absl::DeadlineExceededError(absl::StrCat("bootstrap key ", req.key(), " of job ", req.job_id(),
-                                                       " not set before the deadline")));
+  w.expire = [req, shared](absl::Status why) {
+    (*shared)(why.code() == absl::StatusCode::kDeadlineExceeded
+                  ? absl::DeadlineExceededError(absl::StrCat("bootstrap key ", req.key(), " of job ", req.job_id(),
+                                                             " not set before the deadline"))
+                  : why);
   };
   AddWaiter(std::move(w));
 }
@@ -217,7 +219,7 @@ void PlannerService::Watch(const std::string& job, std::function<bool(const prot
   w.key = "job " + job;
   w.deadline = absl::InfiniteFuture();
   w.check = send;
-  w.expire = [finish]() { finish(absl::UnavailableError("planner shutting down")); };
+  w.expire = [finish](absl::Status why) { finish(why); };
   AddWaiter(std::move(w));
 }
 

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -66,13 +67,19 @@ bool RedisAnswersPing(int port, absl::Duration timeout) {
   return ok;
 }
 
-absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(absl::Duration timeout, bool persistent) {
   absl::Status last = absl::UnavailableError("no attempt");
   // Another process may take the port between picking and binding: retry.
   for (int attempt = 0; attempt < 5; ++attempt) {
     absl::StatusOr<int> port = PickFreeLoopbackPort();
     if (!port.ok()) return port.status();
-    std::unique_ptr<RedisServer> server(new RedisServer(*port));
+    std::string dir;
+    if (persistent) {
+      const char* tmp = std::getenv("TEST_TMPDIR");
+      dir = absl::StrCat(tmp ? tmp : "/tmp", "/redis-", ::getpid(), "-", *port);
+      std::filesystem::create_directories(dir);
+    }
+    std::unique_ptr<RedisServer> server(new RedisServer(*port, dir));
     last = server->Spawn(timeout);
     if (last.ok()) return server;
   }
@@ -82,9 +89,9 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(absl::Duration t
 absl::Status RedisServer::Spawn(absl::Duration timeout) {
   const std::string port = std::to_string(port_);
   std::vector<std::string> args = {"redis-server", "--port", port, "--bind", "127.0.0.1",
-                                   "--save", "", "--appendonly", "no", "--daemonize", "no",
-                                   "--loglevel", "warning", "--logfile", "", "--dir", "/tmp",
-                                   "--notify-keyspace-events", "KEA"};
+                                   "--save", "", "--appendonly", dir_.empty() ? "no" : "yes",
+                                   "--appendfsync", "always", "--daemonize", "no",
+                                   "--loglevel", "warning", "--logfile", "", "--dir", dir_.empty() ? "/tmp" : dir_};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -16,7 +16,10 @@ namespace dynapipe::testing {
 class RedisServer {
  public:
   // Starts redis-server (found on PATH) and waits until it answers PING.
-  static absl::StatusOr<std::unique_ptr<RedisServer>> Start(absl::Duration timeout = absl::Seconds(10));
+  // `persistent`: an append-only file (fsync always) in a private directory,
+  // so Restart() brings the data back (a Redis outage, not a wipe).
+  static absl::StatusOr<std::unique_ptr<RedisServer>> Start(absl::Duration timeout = absl::Seconds(10),
+                                                            bool persistent = false);
   ~RedisServer();
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
@@ -29,10 +32,11 @@ class RedisServer {
   absl::Status Restart(absl::Duration timeout = absl::Seconds(10));
 
  private:
-  explicit RedisServer(int port) : port_(port) {}
+  explicit RedisServer(int port, std::string dir) : port_(port), dir_(std::move(dir)) {}
   absl::Status Spawn(absl::Duration timeout);
 
   int port_;
+  std::string dir_;  // non-empty: persistent
   pid_t pid_ = -1;
 };
 

@@ -63,3 +63,22 @@ TEST_CASE("Two test servers get different ports") {
 
 }  // namespace
 }  // namespace dynapipe::testing
+
+namespace dynapipe::testing {
+namespace {
+
+TEST_CASE("A persistent test Redis keeps its data across a stop and restart") {
+  auto server = RedisServer::Start(absl::Seconds(10), /*persistent=*/true);
+  REQUIRE(server.ok());
+  Context c = Connect((*server)->port());
+  REQUIRE(c->err == 0);
+  CHECK(Command(c.get(), "SET %s %s", "kept", "yes") == "OK");
+  (*server)->Stop();
+  CHECK_FALSE(RedisAnswersPing((*server)->port(), absl::Milliseconds(200)));
+  REQUIRE((*server)->Restart().ok());
+  Context again = Connect((*server)->port());
+  CHECK(Command(again.get(), "GET %s", "kept") == "yes");
+}
+
+}  // namespace
+}  // namespace dynapipe::testing

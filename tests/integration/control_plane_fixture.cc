@@ -1,0 +1,185 @@
+#include "tests/integration/control_plane_fixture.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "src/testing/redis_server.h"
+
+namespace dynapipe::testing {
+
+std::string RunfilesRoot() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return srcdir != nullptr ? std::string(srcdir) + "/dynapipe" : ".";
+}
+
+proto::JobSpec SmallJob(int pp, int dp, int iterations, int lookahead, int layers) {
+  proto::JobSpec s;
+  s.set_name("itest");
+  auto* m = s.mutable_model();
+  m->set_kind(proto::ModelKind::gpt);
+  m->set_num_layers(layers);
+  m->set_hidden(1024);
+  m->set_heads(16);
+  m->set_ffn(4096);
+  m->set_vocab(32000);
+  m->set_max_positions(4096);
+  m->set_dtype(proto::DType::bf16);
+  s.mutable_parallelism()->set_pp(pp);
+  s.mutable_parallelism()->set_dp(dp);
+  s.mutable_dataset()->set_path(RunfilesRoot() + "/tests/data/flan-like-lengths.txt");
+  s.mutable_dataset()->set_format(proto::DatasetSpec::lengths);
+  s.mutable_batching()->set_global_batch_tokens(16384);
+  s.mutable_batching()->set_max_seq_len(2048);
+  s.set_memory_limit_mb(40000);
+  s.set_iterations(iterations);
+  s.set_planner_lookahead(lookahead);
+  auto* c = s.mutable_cluster();
+  c->set_devices_per_node(8);
+  c->mutable_device()->set_name("h100");
+  c->mutable_device()->set_peak_tflops(989);
+  c->mutable_device()->set_memory_bandwidth_gbps(3350);
+  c->mutable_device()->set_memory_mb(80000);
+  c->set_intra_node_bandwidth_gbps(2400);
+  c->set_inter_node_bandwidth_gbps(400);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<PlannerProcess>> PlannerProcess::Start(int redis_port,
+                                                                      const std::vector<std::string>& extra) {
+  auto p = std::unique_ptr<PlannerProcess>(new PlannerProcess());
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  static std::atomic<int> counter{0};
+  const std::string port_file = absl::StrCat(tmp ? tmp : "/tmp", "/planner-", ::getpid(), "-", counter++, ".port");
+  std::vector<std::string> args = {RunfilesRoot() + "/planner/service/dynapipe-planner",
+                                   "--listen=127.0.0.1:0",
+                                   "--http_port=0",
+                                   absl::StrCat("--redis=127.0.0.1:", redis_port),
+                                   "--port_file=" + port_file,
+                                   "--log_level=warn"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  p->pid_ = ::fork();
+  if (p->pid_ == 0) {
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    if (in >> p->port_ >> p->http_port_) return p;
+    if (p->Exited(absl::ZeroDuration())) return absl::UnavailableError("dynapipe-planner exited at start");
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError("dynapipe-planner did not report its port");
+}
+
+void PlannerProcess::Signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+bool PlannerProcess::Exited(absl::Duration wait) {
+  if (pid_ <= 0) return true;
+  const absl::Time deadline = absl::Now() + wait;
+  do {
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  } while (absl::Now() < deadline);
+  return false;
+}
+
+PlannerProcess::~PlannerProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std::string& token) {
+  rpc::PlannerClient::Options o;
+  o.address = address;
+  o.token = token;
+  o.timeout = absl::Seconds(10);
+  return std::move(*rpc::PlannerClient::Connect(o));
+}
+
+std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, const std::string& job, int rank,
+                                       int64_t iterations, absl::Duration work, std::atomic<bool>* stop) {
+  auto r = std::make_unique<SimulatedRank>();
+  SimulatedRank* self = r.get();
+  r->thread = std::thread([=] {
+    // Like an executor: transient failures (planner restarting, shutting
+    // down, unreachable) are retried against the current address for 30 s.
+    auto transient = [](const absl::Status& s) {
+      return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled ||
+             s.code() == absl::StatusCode::kDeadlineExceeded;
+    };
+    std::string current;
+    std::unique_ptr<rpc::PlannerClient> client;
+    auto refresh = [&] {
+      if (client == nullptr || address() != current) {
+        current = address();
+        client = Client(current);
+        (void)client->Get(job);  // connect now, so FetchPlan timings exclude connection set-up
+      }
+    };
+    // Ranks of a real job do not run in lock-step: stagger the start and vary
+    // each iteration's work by +-20%.
+    std::mt19937 rng(static_cast<uint32_t>(rank) * 7919u + 1);
+    std::uniform_real_distribution<double> jitter(0.8, 1.2);
+    refresh();
+    absl::SleepFor(absl::Milliseconds(3 * rank));
+    for (int64_t i = 0; i < iterations && !stop->load(); ++i) {
+      const absl::Time give_up = absl::Now() + absl::Seconds(30);
+      absl::StatusOr<proto::ExecutionPlan> plan;
+      double ms = 0;
+      while (true) {
+        refresh();
+        const auto t0 = std::chrono::steady_clock::now();
+        plan = client->FetchPlan(job, i, rank, absl::Seconds(10));
+        ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (plan.ok() || !transient(plan.status()) || absl::Now() > give_up || stop->load()) break;
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      if (!plan.ok()) {
+        self->status = plan.status();
+        return;
+      }
+      self->fetch_ms.push_back(ms);
+      absl::SleepFor(work * jitter(rng));
+      proto::IterationReport report;
+      report.set_job_id(job);
+      report.set_iteration(i);
+      report.set_rank(rank);
+      report.set_iteration_ms(absl::ToDoubleMilliseconds(work));
+      report.set_predicted_iteration_ms(plan->predicted_iteration_ms());
+      report.set_tokens(1000);
+      report.set_loss(5.0 / (1 + i));
+      absl::Status s;
+      while (true) {
+        refresh();
+        s = client->ReportIteration(report);
+        if (s.ok() || !transient(s) || absl::Now() > give_up) break;
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      if (!s.ok()) {
+        self->status = s;
+        return;
+      }
+      self->done = i;
+    }
+  });
+  return r;
+}
+
+}  // namespace dynapipe::testing

@@ -1,0 +1,60 @@
+#pragma once
+
+// Shared pieces of the control-plane integration tests: a small job on the
+// FLAN-like lengths, planner processes, and simulated executors that fetch
+// plans and report iterations through the real gRPC services.
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/job.pb.h"
+#include "src/rpc/planner_client.h"
+
+namespace dynapipe::testing {
+
+// A GPT job on tests/data/flan-like-lengths.txt with `pp` x `dp` ranks.
+proto::JobSpec SmallJob(int pp, int dp, int iterations, int lookahead, int layers = 8);
+
+// The repository root inside the test's runfiles.
+std::string RunfilesRoot();
+
+// A dynapipe-planner child process.
+class PlannerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<PlannerProcess>> Start(int redis_port, const std::vector<std::string>& extra);
+  ~PlannerProcess();
+  int port() const { return port_; }
+  int http_port() const { return http_port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  void Signal(int sig);  // SIGKILL / SIGTERM
+  bool Exited(absl::Duration wait);
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0, http_port_ = 0;
+};
+
+// Simulated executor ranks: each fetches its plan for every iteration, sleeps
+// `work` (+-20%, starts staggered by 3 ms per rank), reports. Runs on its own thread until all iterations are done,
+// `stop` is set, or a call fails.
+struct SimulatedRank {
+  std::thread thread;
+  std::atomic<int64_t> done{-1};
+  absl::Status status;
+  std::vector<double> fetch_ms;  // latency of FetchPlan calls
+};
+
+std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, const std::string& job, int rank,
+                                       int64_t iterations, absl::Duration work, std::atomic<bool>* stop);
+
+std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std::string& token = "");
+
+}  // namespace dynapipe::testing

@@ -1,0 +1,379 @@
+// The planner daemon in-process (real Redis, real gRPC on loopback):
+// planning ahead, plan serving, errors, outages, executor loss, watch,
+// bootstrap, the status endpoint, and load.
+#include <httplib.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/str_split.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "planner/cost_model/analytic_cost_model.h"
+#include "planner/partition/global_batches.h"
+#include "planner/service/planner_server.h"
+#include "src/cli/job_commands.h"
+#include "src/cli/lengths_file.h"
+#include "src/common/file_util.h"
+#include "src/common/proto_io.h"
+#include "src/testing/redis_server.h"
+#include "tests/integration/control_plane_fixture.h"
+
+namespace dynapipe::testing {
+namespace {
+
+using Catch::Matchers::Contains;
+using planner::service::PlannerServer;
+
+struct Stack {
+  std::unique_ptr<RedisServer> redis;
+  std::unique_ptr<PlannerServer> planner;
+  std::string address() const { return "127.0.0.1:" + std::to_string(planner->port()); }
+};
+
+Stack StartStack(const std::string& token = "", absl::Duration heartbeat_timeout = absl::Seconds(10),
+                 bool persistent = false, int planning_threads = 2) {
+  Stack s;
+  auto redis = RedisServer::Start(absl::Seconds(10), persistent);
+  REQUIRE(redis.ok());
+  s.redis = std::move(*redis);
+  PlannerServer::Options o;
+  o.redis.port = s.redis->port();
+  o.redis.command_timeout = absl::Milliseconds(500);
+  o.token = token;
+  o.service.heartbeat_timeout = heartbeat_timeout;
+  o.service.heartbeat_interval = absl::Milliseconds(100);
+  o.service.recheck = absl::Milliseconds(200);
+  o.service.planning_threads = planning_threads;
+  auto planner = PlannerServer::Start(o);
+  REQUIRE(planner.ok());
+  s.planner = std::move(*planner);
+  return s;
+}
+
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return pred();
+}
+
+TEST_CASE("Submitted jobs are planned ahead and each rank fetches exactly the offline plan") {
+  Stack s = StartStack();
+  auto client = Client(s.address());
+  const proto::JobSpec spec = SmallJob(2, 2, 6, 3);
+  auto id = client->Submit(spec);
+  REQUIRE(id.ok());
+  // Look-ahead 3: iterations 0..2 get planned before any executor shows up, no more.
+  REQUIRE(Eventually([&] { return client->Get(*id)->plans_ready() == 2; }));
+  absl::SleepFor(absl::Milliseconds(500));
+  CHECK(client->Get(*id)->plans_ready() == 2);
+
+  // Offline: the same planner library on the same inputs.
+  auto config = planner::PlannerConfigFromJob(spec);
+  REQUIRE(config.ok());
+  config->job_id = *id;
+  auto cost = planner::AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {});
+  auto offline = planner::Planner::Create(*config, std::shared_ptr<const planner::LayerCostModel>(std::move(*cost)));
+  REQUIRE(offline.ok());
+  auto raw = cli::ReadLengthsFile(spec.dataset().path());
+  std::vector<planner::Sample> samples;
+  for (size_t i = 0; i < raw->size(); ++i) samples.push_back(planner::Truncate(i, (*raw)[i], 2048, false));
+  const auto batches = planner::FormGlobalBatches(samples, 16384, false);
+  for (int64_t it = 0; it < 3; ++it) {
+    auto expected = (*offline)->Plan(batches[it], it);
+    REQUIRE(expected.ok());
+    for (int rank = 0; rank < 4; ++rank) {
+      auto plan = client->FetchPlan(*id, it, rank, absl::Seconds(5));
+      REQUIRE(plan.ok());
+      CHECK(plan->rank() == rank);
+      CHECK(google::protobuf::util::MessageDifferencer::Equals(*plan, expected->plans[rank]));
+    }
+  }
+}
+
+TEST_CASE("Bad inputs get clear errors and change nothing") {
+  Stack s = StartStack("t0ken");
+  auto anon = Client(s.address());
+  auto client = Client(s.address(), "t0ken");
+  auto id = client->Submit(SmallJob(2, 1, 4, 2));
+  REQUIRE(id.ok());
+
+  CHECK(anon->List().status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(Client(s.address(), "wrong")->Get(*id).status().code() == absl::StatusCode::kUnauthenticated);
+
+  proto::JobSpec bad = SmallJob(100, 1, 4, 2);  // more stages than layers
+  auto r = client->Submit(bad);
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(r.status().message()), Contains("parallelism.pp"));
+  bad = SmallJob(2, 1, 0, 2);
+  CHECK_THAT(std::string(client->Submit(bad).status().message()), Contains("iterations"));
+  bad = SmallJob(2, 1, 4, 2);
+  bad.mutable_dataset()->set_path("/nonexistent/lengths.txt");
+  CHECK_THAT(std::string(client->Submit(bad).status().message()), Contains("dataset.path"));
+  bad = SmallJob(2, 1, 4, 2);
+  bad.set_memory_limit_mb(100);  // model state alone does not fit
+  CHECK_THAT(std::string(client->Submit(bad).status().message()), Contains("does not fit"));
+  CHECK(client->List()->jobs_size() == 1);  // nothing stored by the failures
+
+  CHECK(client->FetchPlan("job-424242", 0, 0, absl::Seconds(1)).status().code() == absl::StatusCode::kNotFound);
+  CHECK(client->FetchPlan(*id, 0, 7, absl::Seconds(1)).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(client->FetchPlan(*id, 99, 0, absl::Seconds(1)).status().code() == absl::StatusCode::kInvalidArgument);
+
+  // A plan overwritten with garbage in Redis is DATA_LOSS, never served.
+  REQUIRE(Eventually([&] { return client->FetchPlan(*id, 0, 1, absl::Seconds(5)).ok(); }));
+  store::RedisOptions ro;
+  ro.port = s.redis->port();
+  store::RedisClient raw(ro);
+  REQUIRE(raw.Command({"SET", store::Keys().Plan(*id, 0, 1), "\x08\x01garbage"}).ok());
+  auto corrupt = client->FetchPlan(*id, 0, 1, absl::Seconds(1));
+  CHECK(corrupt.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(client->FetchPlan(*id, 0, 0, absl::Seconds(1)).ok());  // other ranks unaffected
+
+  // The CLI: malformed file and unknown field are one line each, exit 2, no job added.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp ? tmp : "/tmp";
+  REQUIRE(WriteFileAtomic(dir + "/bad1.pbtxt", "name: \"x\"\nmodel { hidden: }\n").ok());
+  REQUIRE(WriteFileAtomic(dir + "/bad2.pbtxt", "name: \"x\"\niters: 3\n").ok());
+  REQUIRE(WriteFileAtomic(dir + "/token", "t0ken\n").ok());
+  for (const auto& [file, needle] : std::vector<std::pair<std::string, std::string>>{
+           {dir + "/bad1.pbtxt", "bad1.pbtxt:2"}, {dir + "/bad2.pbtxt", "\"iters\""}}) {
+    std::ostringstream out, err;
+    const int rc = cli::RunJobCommand("submit", {file, "--planner", s.address(), "--token-file", dir + "/token"}, out, err);
+    const std::string text = err.str();
+    CHECK(rc == 2);
+    CHECK_THAT(text, Contains(needle));
+    CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+  }
+  std::ostringstream out, err;
+  CHECK(cli::RunJobCommand("status", {"--planner", s.address()}, out, err) == 1);  // no token
+  CHECK_THAT(err.str(), Contains("token"));
+  CHECK(client->List()->jobs_size() == 1);
+}
+
+TEST_CASE("Executors register, get ranks, run the job to success; watch and bootstrap work") {
+  Stack s = StartStack();
+  auto client = Client(s.address());
+  auto id = client->Submit(SmallJob(2, 1, 5, 2));
+  REQUIRE(id.ok());
+  std::vector<std::string> executors;
+  for (int d = 0; d < 2; ++d) {
+    proto::RegisterExecutorRequest req;
+    req.set_node("node0");
+    req.set_device_index(d);
+    req.set_backend(proto::Backend::cpu);
+    auto r = client->Register(req);
+    REQUIRE(r.ok());
+    executors.push_back(r->executor_id());
+  }
+  std::vector<int> ranks(2, -1);
+  for (int e = 0; e < 2; ++e) {
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(executors[e]);
+    auto r = client->Heartbeat(hb);
+    REQUIRE(r.ok());
+    CHECK(r->assignment().job_id() == *id);
+    ranks[e] = r->assignment().rank();
+  }
+  CHECK(ranks[0] != ranks[1]);
+  CHECK(client->Get(*id)->state() == proto::JobState::running);
+
+  // Bootstrap: a Get issued before the Set waits for it.
+  std::thread waiter([&] {
+    auto v = client->BootstrapGet(*id, "gloo", absl::Seconds(10));
+    CHECK(v.ok());
+    if (v.ok()) CHECK(*v == "127.0.0.1:1234");
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(client->BootstrapSet(*id, "gloo", "127.0.0.1:1234").ok());
+  waiter.join();
+  CHECK(client->BootstrapGet(*id, "missing", absl::Milliseconds(300)).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
+
+  std::vector<proto::JobEvent> events;
+  std::thread watch([&] {
+    auto w = Client(s.address());
+    const absl::Status st = w->Watch(*id, [&](const proto::JobEvent& e) {
+      events.push_back(e);
+      return true;
+    });
+    CHECK(st.ok());
+  });
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<SimulatedRank>> sim;
+  for (int r = 0; r < 2; ++r) {
+    sim.push_back(RunRank([&] { return s.address(); }, *id, r, 5, absl::Milliseconds(50), &stop));
+  }
+  for (auto& r : sim) {
+    r->thread.join();
+    CHECK(r->status.ok());
+  }
+  watch.join();  // ends by itself when the job succeeds
+  CHECK(client->Get(*id)->state() == proto::JobState::succeeded);
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.back().status().state() == proto::JobState::succeeded);
+  CHECK(events.back().status().iterations_done() == 5);
+  // Heartbeats after the end tell executors to stop.
+  proto::HeartbeatRequest hb;
+  hb.set_executor_id(executors[0]);
+  CHECK(client->Heartbeat(hb)->stop());
+}
+
+TEST_CASE("A silent executor fails its job within the heartbeat timeout, naming the rank") {
+  Stack s = StartStack("", absl::Milliseconds(800));
+  auto client = Client(s.address());
+  auto id = client->Submit(SmallJob(2, 1, 50, 2));
+  REQUIRE(id.ok());
+  std::string lost_id, alive_id;
+  int lost_rank = -1;
+  for (int d = 0; d < 2; ++d) {
+    proto::RegisterExecutorRequest req;
+    req.set_node("node0");
+    req.set_device_index(d);
+    auto reg = client->Register(req);
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(reg->executor_id());
+    auto r = client->Heartbeat(hb);
+    if (d == 1) {
+      lost_id = reg->executor_id();
+      lost_rank = r->assignment().rank();
+    } else {
+      alive_id = reg->executor_id();
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::thread beating([&] {  // executor 0 keeps beating; executor 1 went silent (as if SIGKILLed)
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(alive_id);
+    while (!stop) {
+      (void)client->Heartbeat(hb);
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  const absl::Time t0 = absl::Now();
+  REQUIRE(Eventually([&] { return client->Get(*id)->state() == proto::JobState::failed; }, absl::Seconds(10)));
+  CHECK(absl::Now() - t0 < absl::Seconds(5));
+  stop = true;
+  beating.join();
+  const std::string error = client->Get(*id)->error();
+  CHECK_THAT(error, Contains("rank " + std::to_string(lost_rank) + " lost") && Contains(lost_id));
+}
+
+TEST_CASE("Redis down for seconds: the planner stays up, reports unhealthy and UNAVAILABLE, then recovers") {
+  Stack s = StartStack("", absl::Seconds(60), /*persistent=*/true);
+  auto client = Client(s.address());
+  auto id = client->Submit(SmallJob(2, 1, 20, 2));
+  REQUIRE(id.ok());
+  REQUIRE(Eventually([&] { return client->Get(*id)->plans_ready() == 1; }));
+  httplib::Client http("127.0.0.1", s.planner->http_port());
+  CHECK(http.Get("/healthz")->status == 200);
+
+  s.redis->Stop();
+  rpc::PlannerClient::Options o;
+  o.address = s.address();
+  o.timeout = absl::Milliseconds(300);  // do not retry through the outage
+  auto impatient = std::move(*rpc::PlannerClient::Connect(o));
+  CHECK(impatient->Get(*id).status().code() == absl::StatusCode::kUnavailable);
+  CHECK(Eventually([&] { return http.Get("/healthz")->status == 503; }, absl::Seconds(5)));
+  CHECK_THAT(http.Get("/healthz")->body, Contains("Redis"));
+  absl::SleepFor(absl::Seconds(2));
+
+  REQUIRE(s.redis->Restart().ok());
+  CHECK(Eventually([&] { return client->Get(*id).ok(); }, absl::Seconds(10)));
+  CHECK(Eventually([&] { return http.Get("/healthz")->status == 200; }, absl::Seconds(10)));
+  // Planning continues: a rank finishing iteration 0 lets iteration 2 be planned.
+  proto::IterationReport rep;
+  rep.set_job_id(*id);
+  rep.set_rank(0);
+  rep.set_iteration(0);
+  REQUIRE(client->ReportIteration(rep).ok());
+  rep.set_rank(1);
+  REQUIRE(client->ReportIteration(rep).ok());
+  CHECK(Eventually([&] { return client->Get(*id)->plans_ready() == 2; }));
+  CHECK(client->FetchPlan(*id, 2, 1, absl::Seconds(5)).ok());
+}
+
+bool ValidPrometheus(const std::string& text, std::string* bad) {
+  static const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+0-9.eE]+(e[-+]?[0-9]+)?$)");
+  static const std::regex comment(R"(^# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+$)");
+  for (const auto& line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    const std::string l(line);
+    if (!std::regex_match(l, l[0] == '#' ? comment : sample)) {
+      *bad = l;
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("Load: 64 executors fetch plans of a 16-stage x 4-way job; p99 under 5 ms; look-ahead kept") {
+  Stack s = StartStack("", absl::Seconds(60), false, /*planning_threads=*/2);
+  auto client = Client(s.address());
+  const int kIters = 12, kLookahead = 4;
+  proto::JobSpec spec = SmallJob(16, 4, kIters, kLookahead, /*layers=*/32);
+  spec.mutable_batching()->set_global_batch_tokens(65536);
+  auto id = client->Submit(spec);
+  REQUIRE(id.ok());
+  REQUIRE(Eventually([&] { return client->Get(*id)->plans_ready() == kLookahead - 1; }, absl::Seconds(60)));
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> ahead_samples{0}, ahead_full{0};
+  std::thread monitor([&] {
+    while (!stop) {
+      auto st = client->Get(*id);
+      if (st.ok() && st->iterations_done() < kIters - kLookahead) {
+        const int64_t ahead = st->plans_ready() + 1 - st->iterations_done();
+        ++ahead_samples;
+        ahead_full += ahead >= kLookahead - 1;  // at most one iteration being planned
+      }
+      absl::SleepFor(absl::Milliseconds(25));
+    }
+  });
+  std::vector<std::unique_ptr<SimulatedRank>> ranks;
+  for (int r = 0; r < 64; ++r) {
+    ranks.push_back(RunRank([&] { return s.address(); }, *id, r, kIters, absl::Milliseconds(300), &stop));
+  }
+  std::vector<double> ready;  // FetchPlan latency when the plan was already stored
+  for (auto& r : ranks) {
+    r->thread.join();
+    CHECK(r->status.ok());
+    // Iteration 0..lookahead-1 were planned before the ranks started, and
+    // every later plan is requested ~300 ms after the previous one.
+    for (size_t i = 0; i < r->fetch_ms.size(); ++i) ready.push_back(r->fetch_ms[i]);
+  }
+  stop = true;
+  monitor.join();
+  REQUIRE(ready.size() == 64u * kIters);
+  std::sort(ready.begin(), ready.end());
+  const double p50 = ready[ready.size() / 2], p99 = ready[ready.size() * 99 / 100];
+  std::printf("load: FetchPlan over %zu calls from 64 ranks: p50 %.2f ms, p99 %.2f ms, max %.2f ms; "
+              "look-ahead full in %d of %d samples\n",
+              ready.size(), p50, p99, ready.back(), ahead_full.load(), ahead_samples.load());
+  CHECK(p99 < 5.0);
+  CHECK(client->Get(*id)->state() == proto::JobState::succeeded);
+  CHECK(ahead_samples > 10);
+  CHECK(ahead_full >= ahead_samples * 9 / 10);
+
+  // The status endpoint while a job exists: valid Prometheus text and JSON naming it.
+  httplib::Client http("127.0.0.1", s.planner->http_port());
+  std::string bad;
+  const std::string metrics = http.Get("/metrics")->body;
+  CHECK(ValidPrometheus(metrics, &bad));
+  INFO(bad);
+  CHECK_THAT(metrics, Contains("dynapipe_plan_latency_ms_bucket") && Contains("dynapipe_fetch_plan_latency_ms_count"));
+  google::protobuf::Struct status;
+  REQUIRE(ParseJsonProto(http.Get("/status")->body, "/status", &status).ok());
+  bool named = false;
+  for (const auto& j : status.fields().at("jobs").list_value().values()) {
+    named = named || j.struct_value().fields().at("job_id").string_value() == *id;
+  }
+  CHECK(named);
+}
+
+}  // namespace
+}  // namespace dynapipe::testing
