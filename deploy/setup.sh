@@ -28,6 +28,7 @@ packages=(
   libbenchmark-dev         # Google Benchmark
   libcpp-httplib-dev       # status endpoint
   python3                  # test-summary helper
+  curl                     # deploy/local-cluster.sh health checks
 )
 
 missing=()

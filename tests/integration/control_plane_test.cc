@@ -354,7 +354,13 @@ TEST_CASE("Load: 64 executors fetch plans of a 16-stage x 4-way job; p99 under 5
   std::printf("load: FetchPlan over %zu calls from 64 ranks: p50 %.2f ms, p99 %.2f ms, max %.2f ms; "
               "look-ahead full in %d of %d samples\n",
               ready.size(), p50, p99, ready.back(), ahead_full.load(), ahead_samples.load());
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // Sanitizers slow every call several-fold: the latency bound is checked in
+  // normal builds only.
+  CHECK(p99 < 100.0);
+#else
   CHECK(p99 < 5.0);
+#endif
   CHECK(client->Get(*id)->state() == proto::JobState::succeeded);
   CHECK(ahead_samples > 10);
   CHECK(ahead_full >= ahead_samples * 9 / 10);
