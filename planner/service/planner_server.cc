@@ -50,15 +50,17 @@ void PlannerServer::Shutdown() {
     shut_down_ = true;
   }
   // Waiting calls are answered by the service's Stop; give them a moment.
-  service_->Stop();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (service_) service_->Stop();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (http_) http_->Shutdown();
   spdlog::info("dynapipe-planner stopped");
+  MutexLock lock(&mu_);
+  done_ = true;
 }
 
 void PlannerServer::Wait() {
   MutexLock lock(&mu_);
-  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shut_down_; });
+  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_; });
 }
 
 PlannerServer::~PlannerServer() { Shutdown(); }

@@ -54,7 +54,8 @@ class PlannerServer {
   std::unique_ptr<http::StatusServer> http_;
   int port_ = 0;
   Mutex mu_;
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown started
+  bool done_ ABSL_GUARDED_BY(mu_) = false;       // Shutdown finished
 };
 
 }  // namespace dynapipe::planner::service

@@ -38,13 +38,17 @@ PlannerService::~PlannerService() {
 }
 
 void PlannerService::Start() {
+  started_ = options_.clock->Now();
   for (int i = 0; i < std::max(1, options_.planning_threads); ++i) threads_.emplace_back([this] { PlanningLoop(); });
   threads_.emplace_back([this] { WaiterLoop(); });
   threads_.emplace_back([this] { LivenessLoop(); });
 }
 
 void PlannerService::Stop() {
-  if (stopping_.exchange(true)) return;
+  {
+    MutexLock lock(&waiters_mu_);  // AddWaiter checks stopping_ under this lock
+    if (stopping_.exchange(true)) return;
+  }
   {
     MutexLock lock(&work_mu_);
     ++work_epoch_;
@@ -134,11 +138,18 @@ absl::StatusOr<proto::CancelJobResponse> PlannerService::Cancel(const proto::Can
 
 void PlannerService::AddWaiter(Waiter w) {
   auto ptr = std::make_shared<Waiter>(std::move(w));
-  MutexLock lock(&waiters_mu_);
-  // Checked once right away: the event may have fired between the caller's
-  // own check and this registration.
-  fired_.push_back(ptr->key);
-  waiters_.emplace(ptr->key, std::move(ptr));
+  {
+    MutexLock lock(&waiters_mu_);
+    if (!stopping_) {
+      // Checked once right away: the event may have fired between the
+      // caller's own check and this registration.
+      fired_.push_back(ptr->key);
+      waiters_.emplace(ptr->key, ptr);
+      return;
+    }
+  }
+  // Stopping: nobody would ever answer this call.
+  ptr->expire(absl::UnavailableError("planner shutting down; retry"));
 }
 
 void PlannerService::WaiterLoop() {
@@ -229,7 +240,13 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
   w.deadline = deadline;
   w.check = [this, req, shared_done, record]() {
     auto p = store_->GetPlan(req.job_id(), req.iteration(), req.rank());
-    if (!p.ok() && p.status().code() == absl::StatusCode::kNotFound) return false;
+    if (!p.ok() && p.status().code() == absl::StatusCode::kNotFound) {
+      // The job may have ended while this call waited: answer now.
+      auto job = store_->GetJob(req.job_id());
+      if (!job.ok() || !Terminal(job->state())) return false;
+      p = absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " ended (",
+                                                     proto::JobState::Value_Name(job->state()), ")"));
+    }
     record(p);
     (*shared_done)(std::move(p));
     return true;
@@ -294,6 +311,8 @@ bool PlannerService::ClaimWork(std::string* job, int64_t* iteration, std::shared
       auto runtime = Runtime(id);
       if (!runtime.ok()) {
         (void)store_->ReleaseLease(id, i, options_.owner);
+        const auto code = runtime.status().code();
+        if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) continue;
         spdlog::error("job {}: {}", id, runtime.status().message());
         (void)store_->SetJobState(id, proto::JobState::failed, std::string(runtime.status().message()), NowMs());
         continue;

@@ -103,6 +103,8 @@ class PlannerService {
   void LivenessLoop();
   void CheckLiveness();
   absl::Status MaybeAssign(proto::ExecutorRecord* rec);
+  // Moves a pending job to running once every rank is held; true if it did.
+  absl::StatusOr<bool> MaybeStartJob(const std::string& job, int world);
   int64_t NowMs() const { return absl::ToUnixMillis(options_.clock->Now()); }
 
   store::PlanStore* store_;
@@ -120,6 +122,7 @@ class PlannerService {
   Mutex work_mu_;
   uint64_t work_epoch_ ABSL_GUARDED_BY(work_mu_) = 0;  // bumped on events: planners re-scan
 
+  absl::Time started_;
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> threads_;
 };

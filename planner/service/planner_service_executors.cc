@@ -61,7 +61,12 @@ absl::Status PlannerService::MaybeAssign(proto::ExecutorRecord* rec) {
     if (!job.ok() || job->state() != proto::JobState::pending) continue;
     const int pp = std::max(1, job->spec().parallelism().pp()), dp = std::max(1, job->spec().parallelism().dp());
     for (int r = 0; r < pp * dp; ++r) {
-      ASSIGN_OR_RETURN(const bool claimed, store_->ClaimRank(id, r, rec->executor_id()));
+      // A claim this executor made in an earlier, failed heartbeat is still its own.
+      ASSIGN_OR_RETURN(const std::string holder, store_->RankHolder(id, r));
+      bool claimed = holder == rec->executor_id();
+      if (!claimed && holder.empty()) {
+        ASSIGN_OR_RETURN(claimed, store_->ClaimRank(id, r, rec->executor_id()));
+      }
       if (!claimed) continue;
       proto::Assignment* a = rec->mutable_assignment();
       a->set_job_id(id);
@@ -71,16 +76,25 @@ absl::Status PlannerService::MaybeAssign(proto::ExecutorRecord* rec) {
       a->set_dp_rank(r / pp);
       a->set_start_iteration(job->iterations_done());
       spdlog::info("executor {} takes rank {} of job {}", rec->executor_id(), r, id);
-      bool complete = true;
-      for (int k = 0; k < pp * dp && complete; ++k) complete = !store_->RankHolder(id, k).value_or("").empty();
-      if (complete) {
-        RETURN_IF_ERROR(store_->SetJobState(id, proto::JobState::running, "", NowMs()).status());
-        spdlog::info("job {} running: all {} ranks assigned", id, pp * dp);
-      }
+      // Record the assignment before anything else can fail.
+      RETURN_IF_ERROR(store_->PutExecutor(*rec));
+      RETURN_IF_ERROR(MaybeStartJob(id, pp * dp).status());
       return absl::OkStatus();
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> PlannerService::MaybeStartJob(const std::string& job, int world) {
+  for (int k = 0; k < world; ++k) {
+    ASSIGN_OR_RETURN(const std::string holder, store_->RankHolder(job, k));
+    if (holder.empty()) return false;
+  }
+  ASSIGN_OR_RETURN(const proto::JobStatus status, store_->GetJob(job));
+  if (status.state() != proto::JobState::pending) return false;
+  ASSIGN_OR_RETURN(const bool changed, store_->SetJobState(job, proto::JobState::running, "", NowMs()));
+  if (changed) spdlog::info("job {} running: all {} ranks assigned", job, world);
+  return changed;
 }
 
 absl::StatusOr<proto::HeartbeatResponse> PlannerService::Heartbeat(const proto::HeartbeatRequest& req) {
@@ -90,6 +104,8 @@ absl::StatusOr<proto::HeartbeatResponse> PlannerService::Heartbeat(const proto::
   rec.set_last_iteration(req.iteration());
   if (!rec.assignment().job_id().empty()) {
     auto job = store_->GetJob(rec.assignment().job_id());
+    // A Redis error is not a reason to stop a running executor: report it.
+    if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
     if (!job.ok() || Terminal(job->state()) || rec.lost()) {
       resp.set_stop(true);  // the job ended (or this executor was given up on): stop, then idle
       rec.clear_assignment();
@@ -127,12 +143,28 @@ absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
 }
 
 void PlannerService::CheckLiveness() {
+  // Pending jobs whose ranks are all held start (also covers a claimer whose
+  // own start attempt failed).
+  if (auto ids = store_->ListJobs(); ids.ok()) {
+    for (const auto& id : *ids) {
+      auto job = store_->GetJob(id);
+      if (!job.ok() || job->state() != proto::JobState::pending) continue;
+      (void)MaybeStartJob(id, std::max(1, job->spec().parallelism().pp()) * std::max(1, job->spec().parallelism().dp()));
+    }
+  }
+  // Right after this process starts, heartbeats may be stale only because no
+  // planner was running: give executors one timeout to check in.
+  if (options_.clock->Now() - started_ < options_.heartbeat_timeout) return;
   auto records = Executors();
   if (!records.ok()) return;
   const int64_t now = NowMs();
   const int64_t timeout = absl::ToInt64Milliseconds(options_.heartbeat_timeout);
   for (proto::ExecutorRecord& rec : *records) {
     if (rec.lost() || now - rec.last_heartbeat_unix_ms() <= timeout) continue;
+    // Re-read: a heartbeat may have landed since the listing.
+    auto fresh = store_->GetExecutor(rec.executor_id());
+    if (!fresh.ok() || fresh->lost() || now - fresh->last_heartbeat_unix_ms() <= timeout) continue;
+    rec = std::move(*fresh);
     rec.set_lost(true);
     if (!store_->PutExecutor(rec).ok()) continue;
     const auto& a = rec.assignment();

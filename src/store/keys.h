@@ -8,7 +8,7 @@
 //   {p}job:J:spec              JobSpec (binary proto)
 //   {p}job:J:state             HASH: state (JobState number), error, submit_ms, update_ms
 //   {p}job:J:lease:I           planner id holding the right to plan iteration I (PX ttl)
-//   {p}job:J:planned:I         "1" once every rank's plan for I is stored (PX ttl)
+//   {p}job:J:planned:I         "1" once every rank's plan for I is stored (no TTL: exactly once)
 //   {p}job:J:plan:I:R          ExecutionPlan (binary proto with checksum; PX ttl)
 //   {p}job:J:progress          HASH: "planned" = highest iteration stored,
 //                              "writes:I" = times plans for I were committed (1 = exactly once),

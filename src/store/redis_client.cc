@@ -114,8 +114,11 @@ absl::Status RedisClient::Connect(Connection* c) {
     const std::string why = r == nullptr ? std::string(c->ctx->errstr) : r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "";
     if (r != nullptr) freeReplyObject(r);
     if (!ok) {
-      (void)fail(why);
-      return absl::UnauthenticatedError(absl::StrCat("redis AUTH: ", why));
+      // Only a refused password is an authentication error; a network
+      // failure or a loading server during AUTH is worth retrying.
+      const bool refused = why.rfind("WRONGPASS", 0) == 0 || why.rfind("ERR", 0) == 0 || why.rfind("NOAUTH", 0) == 0;
+      const absl::Status unreachable = fail(why);
+      return refused ? absl::UnauthenticatedError(absl::StrCat("redis AUTH: ", why)) : unreachable;
     }
   }
   c->backoff = absl::ZeroDuration();

@@ -18,7 +18,7 @@ constexpr char kCommitScript[] = R"lua(
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 for i = 5, #KEYS do redis.call('SET', KEYS[i], ARGV[i], 'PX', ARGV[2]) end
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+redis.call('SET', KEYS[2], '1')
 redis.call('HINCRBY', KEYS[3], 'writes:' .. ARGV[3], 1)
 local cur = tonumber(redis.call('HGET', KEYS[3], 'planned') or '-1')
 if tonumber(ARGV[3]) > cur then redis.call('HSET', KEYS[3], 'planned', ARGV[3]) end
@@ -45,6 +45,18 @@ local cur = tonumber(redis.call('HGET', KEYS[2], field) or '-1')
 if tonumber(ARGV[4]) > cur then redis.call('HSET', KEYS[2], field, ARGV[4]) end
 redis.call('PUBLISH', KEYS[3], ARGV[5])
 return 1
+)lua";
+
+// One atomic step: a job is either fully created or not at all. KEYS:
+// counter, jobs set, events; ARGV: key prefix, spec bytes, pending state, now_ms.
+constexpr char kCreateScript[] = R"lua(
+local n = redis.call('INCR', KEYS[1])
+local id = string.format('job-%06d', n)
+redis.call('SET', ARGV[1] .. 'job:' .. id .. ':spec', ARGV[2])
+redis.call('HSET', ARGV[1] .. 'job:' .. id .. ':state', 'state', ARGV[3], 'error', '', 'submit_ms', ARGV[4], 'update_ms', ARGV[4])
+redis.call('SADD', KEYS[2], id)
+redis.call('PUBLISH', KEYS[3], 'job ' .. id)
+return id
 )lua";
 
 // KEYS: lease; ARGV: owner.
@@ -85,15 +97,11 @@ RedisPlanStore::~RedisPlanStore() {
 }
 
 absl::StatusOr<std::string> RedisPlanStore::CreateJob(const proto::JobSpec& spec, int64_t now_ms) {
-  ASSIGN_OR_RETURN(const RedisReply n, client_.Command({"INCR", keys_.JobCounter()}));
-  const std::string id = absl::StrFormat("job-%06d", n.integer);
-  RETURN_IF_ERROR(client_.Command({"SET", keys_.Spec(id), spec.SerializeAsString()}).status());
-  RETURN_IF_ERROR(client_.Command({"HSET", keys_.State(id), "state", std::to_string(proto::JobState::pending), "error",
-                                   "", "submit_ms", std::to_string(now_ms), "update_ms", std::to_string(now_ms)})
-                      .status());
-  RETURN_IF_ERROR(client_.Command({"SADD", keys_.Jobs(), id}).status());
-  RETURN_IF_ERROR(client_.Command({"PUBLISH", keys_.Events(), "job " + id}).status());
-  return id;
+  ASSIGN_OR_RETURN(const RedisReply r,
+                   client_.Command({"EVAL", kCreateScript, "3", keys_.JobCounter(), keys_.Jobs(), keys_.Events(),
+                                    keys_.prefix(), spec.SerializeAsString(), std::to_string(proto::JobState::pending),
+                                    std::to_string(now_ms)}));
+  return r.str;
 }
 
 absl::StatusOr<proto::JobStatus> RedisPlanStore::GetJob(const std::string& job) {
@@ -262,6 +270,11 @@ void RedisPlanStore::SubscriberLoop() {
     if (ctx == nullptr) {
       ctx = redisConnectWithTimeout(options_.host.c_str(), options_.port, absl::ToTimeval(options_.connect_timeout));
       bool ok = ctx != nullptr && !ctx->err;
+      if (ok) {
+        // A stalled Redis must not block the handshake (or shutdown) forever.
+        redisSetTimeout(ctx, absl::ToTimeval(options_.command_timeout));
+        redisEnableKeepAlive(ctx);
+      }
       if (ok && !options_.password.empty()) {
         auto* r = static_cast<redisReply*>(redisCommand(ctx, "AUTH %b", options_.password.data(), options_.password.size()));
         ok = r != nullptr && r->type != REDIS_REPLY_ERROR;
@@ -270,7 +283,7 @@ void RedisPlanStore::SubscriberLoop() {
       if (ok) {
         const std::string channel = keys_.Events();
         auto* r = static_cast<redisReply*>(redisCommand(ctx, "SUBSCRIBE %b", channel.data(), channel.size()));
-        ok = r != nullptr;
+        ok = r != nullptr && r->type == REDIS_REPLY_ARRAY;
         if (r != nullptr) freeReplyObject(r);
       }
       if (!ok) {

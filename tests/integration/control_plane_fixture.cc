@@ -7,6 +7,8 @@
 #include <fstream>
 #include <random>
 
+#include <catch2/catch.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "src/testing/redis_server.h"
@@ -180,6 +182,25 @@ std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, con
     }
   });
   return r;
+}
+
+Stack StartStack(const std::string& token, absl::Duration heartbeat_timeout, bool persistent, int planning_threads) {
+  Stack s;
+  auto redis = RedisServer::Start(absl::Seconds(10), persistent);
+  REQUIRE(redis.ok());
+  s.redis = std::move(*redis);
+  planner::service::PlannerServer::Options o;
+  o.redis.port = s.redis->port();
+  o.redis.command_timeout = absl::Milliseconds(500);
+  o.token = token;
+  o.service.heartbeat_timeout = heartbeat_timeout;
+  o.service.heartbeat_interval = absl::Milliseconds(100);
+  o.service.recheck = absl::Milliseconds(200);
+  o.service.planning_threads = planning_threads;
+  auto planner = planner::service::PlannerServer::Start(o);
+  REQUIRE(planner.ok());
+  s.planner = std::move(*planner);
+  return s;
 }
 
 }  // namespace dynapipe::testing

@@ -14,9 +14,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "planner/service/planner_server.h"
 #include "proto/job.pb.h"
 #include "src/rpc/planner_client.h"
+#include "src/testing/redis_server.h"
 
 namespace dynapipe::testing {
 
@@ -56,5 +59,26 @@ std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, con
                                        int64_t iterations, absl::Duration work, std::atomic<bool>* stop);
 
 std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std::string& token = "");
+
+// A real Redis and an in-process planner server on loopback ports.
+struct Stack {
+  std::unique_ptr<RedisServer> redis;
+  std::unique_ptr<planner::service::PlannerServer> planner;
+  std::string address() const { return "127.0.0.1:" + std::to_string(planner->port()); }
+};
+// Aborts the test (REQUIRE) if anything fails to start.
+Stack StartStack(const std::string& token = "", absl::Duration heartbeat_timeout = absl::Seconds(10),
+                 bool persistent = false, int planning_threads = 2);
+
+// Polls `pred` every 20 ms until it holds or `limit` passes.
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return pred();
+}
 
 }  // namespace dynapipe::testing
