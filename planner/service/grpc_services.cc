@@ -17,6 +17,17 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const std::str
   return reactor;
 }
 
+// Like Unary for handlers returning StatusOr<Response>: copies the value into
+// `resp` on success.
+template <typename Resp, typename Fn>
+grpc::ServerUnaryReactor* UnaryResult(grpc::CallbackServerContext* ctx, const std::string& token, Resp* resp, Fn fn) {
+  return Unary(ctx, token, [&]() -> absl::Status {
+    auto r = fn();
+    if (r.ok()) *resp = std::move(*r);
+    return r.status();
+  });
+}
+
 // The call's deadline, capped so that a client without one cannot park a
 // request forever.
 absl::Time Deadline(const grpc::CallbackServerContext& ctx) {
@@ -114,38 +125,22 @@ class WatchReactor : public grpc::ServerWriteReactor<proto::JobEvent> {
 
 grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ctx, const proto::SubmitJobRequest* req,
                                                  proto::SubmitJobResponse* resp) {
-  return Unary(ctx, token_, [&]() -> absl::Status {
-    auto r = s_->Submit(*req);
-    if (r.ok()) *resp = std::move(*r);
-    return r.status();
-  });
+  return UnaryResult(ctx, token_, resp, [&] { return s_->Submit(*req); });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Get(grpc::CallbackServerContext* ctx, const proto::GetJobRequest* req,
                                               proto::JobStatus* resp) {
-  return Unary(ctx, token_, [&]() -> absl::Status {
-    auto r = s_->Get(*req);
-    if (r.ok()) *resp = std::move(*r);
-    return r.status();
-  });
+  return UnaryResult(ctx, token_, resp, [&] { return s_->Get(*req); });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::List(grpc::CallbackServerContext* ctx, const proto::ListJobsRequest* req,
                                                proto::ListJobsResponse* resp) {
-  return Unary(ctx, token_, [&]() -> absl::Status {
-    auto r = s_->List(*req);
-    if (r.ok()) *resp = std::move(*r);
-    return r.status();
-  });
+  return UnaryResult(ctx, token_, resp, [&] { return s_->List(*req); });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ctx, const proto::CancelJobRequest* req,
                                                  proto::CancelJobResponse* resp) {
-  return Unary(ctx, token_, [&]() -> absl::Status {
-    auto r = s_->Cancel(*req);
-    if (r.ok()) *resp = std::move(*r);
-    return r.status();
-  });
+  return UnaryResult(ctx, token_, resp, [&] { return s_->Cancel(*req); });
 }
 
 grpc::ServerWriteReactor<proto::JobEvent>* JobServiceImpl::Watch(grpc::CallbackServerContext* ctx,
@@ -187,21 +182,13 @@ grpc::ServerUnaryReactor* PlanServiceImpl::ReportIteration(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Register(grpc::CallbackServerContext* ctx,
                                                          const proto::RegisterExecutorRequest* req,
                                                          proto::RegisterExecutorResponse* resp) {
-  return Unary(ctx, token_, [&]() -> absl::Status {
-    auto r = s_->Register(*req);
-    if (r.ok()) *resp = std::move(*r);
-    return r.status();
-  });
+  return UnaryResult(ctx, token_, resp, [&] { return s_->Register(*req); });
 }
 
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                           const proto::HeartbeatRequest* req,
                                                           proto::HeartbeatResponse* resp) {
-  return Unary(ctx, token_, [&]() -> absl::Status {
-    auto r = s_->Heartbeat(*req);
-    if (r.ok()) *resp = std::move(*r);
-    return r.status();
-  });
+  return UnaryResult(ctx, token_, resp, [&] { return s_->Heartbeat(*req); });
 }
 
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::List(grpc::CallbackServerContext* ctx,
