@@ -12,6 +12,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/cluster.pb.h"
 #include "proto/cost_profile.pb.h"
+#include "proto/dataset.pb.h"
 #include "proto/job.pb.h"
 #include "proto/model.pb.h"
 #include "proto/plan.pb.h"
@@ -31,7 +32,7 @@ std::vector<const Descriptor*> AllMessages() {
       ModelSpec::descriptor()->file(),     ClusterSpec::descriptor()->file(),
       CostProfile::descriptor()->file(),   JobSpec::descriptor()->file(),
       ExecutionPlan::descriptor()->file(), IterationReport::descriptor()->file(),
-      JobStatus::descriptor()->file(),
+      JobStatus::descriptor()->file(),     DatasetInfo::descriptor()->file(),
   };
   std::vector<const Descriptor*> out;
   std::function<void(const Descriptor*)> add = [&](const Descriptor* d) {

@@ -6,7 +6,7 @@
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/cost_model/profile_cost_model.h"
 #include "planner/partition/global_batches.h"
-#include "src/cli/lengths_file.h"
+#include "runtime/data/dataset.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
 
@@ -16,9 +16,6 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
                                                                  const std::string& data_root) {
   if (spec.iterations() <= 0) return absl::InvalidArgumentError("iterations: must be positive");
   if (spec.dataset().path().empty()) return absl::InvalidArgumentError("dataset.path: must be set");
-  if (spec.dataset().format() != proto::DatasetSpec::lengths && spec.dataset().format() != proto::DatasetSpec::unspecified) {
-    return absl::InvalidArgumentError("dataset.format: only \"lengths\" files can be planned so far");
-  }
   if (spec.planner_lookahead() < 0) return absl::InvalidArgumentError("planner_lookahead: must be positive");
   ASSIGN_OR_RETURN(PlannerConfig config, PlannerConfigFromJob(spec));
   config.job_id = job_id;
@@ -37,7 +34,7 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));
   std::filesystem::path path(spec.dataset().path());
   if (path.is_relative() && !data_root.empty()) path = std::filesystem::path(data_root) / path;
-  auto raw = cli::ReadLengthsFile(path.string());
+  auto raw = runtime::data::ReadLengths(path.string(), spec.dataset().format() == proto::DatasetSpec::indexed);
   if (!raw.ok()) return Annotate(raw.status(), "dataset.path");
   const bool ed = spec.model().kind() == proto::ModelKind::t5;
   std::vector<Sample> samples;

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "src/cli/data_command.h"
 #include "src/cli/job_commands.h"
 #include "src/cli/plan_command.h"
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
       "  cancel     JOB\n"
       "  watch      JOB: a line per iteration until the job ends\n"
       "  executors  registered executors and their assignments\n"
+      "  data       synth | import | info: make and inspect training datasets (dynapipe data --help)\n"
       "common flags: --planner HOST:PORT ($DYNAPIPE_PLANNER), --token-file FILE ($DYNAPIPE_TOKEN_FILE),\n"
       "              --tls-ca FILE, --timeout-s N\n";
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
@@ -26,6 +28,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "plan") return dynapipe::cli::RunPlanCommand(args, std::cout, std::cerr);
+  if (command == "data") return dynapipe::cli::RunDataCommand(args, std::cout, std::cerr);
   for (const char* c : {"submit", "status", "list", "cancel", "watch", "executors"}) {
     if (command == c) return dynapipe::cli::RunJobCommand(command, args, std::cout, std::cerr);
   }

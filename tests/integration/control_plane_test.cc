@@ -2,6 +2,7 @@
 // planning ahead, plan serving, errors, outages, executor loss, watch,
 // bootstrap and the status endpoint. Load: control_plane_load_test.cc.
 #include <httplib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -18,6 +19,8 @@
 #include "src/cli/lengths_file.h"
 #include "src/common/file_util.h"
 #include "src/common/proto_io.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/synth.h"
 #include "src/testing/redis_server.h"
 #include "tests/integration/control_plane_fixture.h"
 
@@ -291,6 +294,43 @@ TEST_CASE("A FetchPlan waiting on a job that gets cancelled ends at once; so do 
   CHECK(absl::Now() - t0 < absl::Seconds(5));
   fetch2.join();
   CHECK_FALSE(waited.ok());
+}
+
+TEST_CASE("Jobs on an indexed dataset are planned from the dataset's own lengths") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/indexed-" + std::to_string(::getpid());
+  auto raw = cli::ReadLengthsFile(RunfilesRoot() + "/tests/data/flan-like-lengths.txt");
+  REQUIRE(raw.ok());
+  raw->resize(400);
+  runtime::data::SynthOptions so;
+  auto w = runtime::data::DatasetWriter::Create(dir, runtime::data::SynthInfo(so));
+  REQUIRE(w.ok());
+  REQUIRE(runtime::data::Synthesize(*raw, so, w->get()).ok());
+  REQUIRE((*w)->Finish().ok());
+
+  Stack s = StartStack();
+  auto client = Client(s.address());
+  proto::JobSpec spec = SmallJob(2, 1, 3, 2);
+  spec.mutable_dataset()->set_path(dir);
+  spec.mutable_dataset()->set_format(proto::DatasetSpec::indexed);
+  auto id = client->Submit(spec);
+  REQUIRE(id.ok());
+  auto plan = client->FetchPlan(*id, 0, 0, absl::Seconds(10));
+  REQUIRE(plan.ok());
+  auto dataset = runtime::data::Dataset::Open(dir);
+  REQUIRE(dataset.ok());
+  int64_t samples = 0;
+  for (const auto& mb : plan->micro_batches()) {
+    for (const auto& smp : mb.samples()) {
+      REQUIRE(smp.id() < static_cast<int64_t>((*dataset)->size()));
+      const auto view = (*dataset)->sample(smp.id());
+      CHECK(smp.input_len() == static_cast<int>(view.input.size() + view.target.size()));  // decoder-only: one sequence
+      ++samples;
+    }
+  }
+  CHECK(samples > 10);
+  spec.mutable_dataset()->set_path(dir + "/missing");
+  CHECK_THAT(std::string(client->Submit(spec).status().message()), Contains("dataset.path"));
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+#include "runtime/data/synth.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::data {
+
+const char* SynthTaskName(int task) {
+  static const char* kNames[kNumSynthTasks] = {"copy_prefix", "reverse_suffix", "sort_prefix", "sum_mod"};
+  return task >= 0 && task < kNumSynthTasks ? kNames[task] : "?";
+}
+
+proto::DatasetInfo SynthInfo(const SynthOptions& o) {
+  proto::DatasetInfo info;
+  info.set_vocab(kFirstTask + kNumSynthTasks + o.alphabet);
+  for (int t = 0; t < kNumSynthTasks; ++t) info.add_tasks(SynthTaskName(t));
+  info.set_pad_id(kPad);
+  info.set_bos_id(kBos);
+  info.set_eos_id(kEos);
+  info.set_source(absl::StrCat("synth seed ", o.seed, " alphabet ", o.alphabet));
+  return info;
+}
+
+std::vector<uint32_t> SynthTarget(int task, std::span<const uint32_t> input, int target_len, const SynthOptions& o) {
+  const auto symbols = input.subspan(1);  // after the task token
+  const uint32_t first_symbol = kFirstTask + kNumSynthTasks;
+  const size_t t = std::min<size_t>(std::max(1, target_len), symbols.size());
+  std::vector<uint32_t> out;
+  switch (task) {
+    case 0: out.assign(symbols.begin(), symbols.begin() + t); break;
+    case 1: out.assign(symbols.rbegin(), symbols.rbegin() + t); break;
+    case 2:
+      out.assign(symbols.begin(), symbols.begin() + t);
+      std::sort(out.begin(), out.end());
+      break;
+    default: {
+      uint64_t sum = 0;
+      for (uint32_t s : symbols) sum += s - first_symbol;
+      out.push_back(first_symbol + static_cast<uint32_t>(sum % o.alphabet));
+    }
+  }
+  out.push_back(kEos);
+  return out;
+}
+
+absl::Status Synthesize(std::span<const planner::RawLength> lengths, const SynthOptions& o, DatasetWriter* out) {
+  if (o.alphabet < 2) return absl::InvalidArgumentError("alphabet: must be at least 2");
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<uint32_t> symbol(0, o.alphabet - 1);
+  const uint32_t first_symbol = kFirstTask + kNumSynthTasks;
+  std::vector<uint32_t> input;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int task = static_cast<int>(rng() % kNumSynthTasks);
+    // Input: the task token plus n - 1 symbols (at least one symbol).
+    const int n = static_cast<int>(std::clamp<int64_t>(lengths[i].input, 2, o.max_input));
+    const int t = static_cast<int>(std::clamp<int64_t>(lengths[i].target, 1, std::min(o.max_target, n - 1)));
+    input.assign(1, kFirstTask + task);
+    for (int k = 1; k < n; ++k) input.push_back(first_symbol + symbol(rng));
+    RETURN_IF_ERROR(out->Add(input, SynthTarget(task, input, t, o), static_cast<uint32_t>(task)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dynapipe::runtime::data
