@@ -1,0 +1,90 @@
+#pragma once
+
+// CPU kernels of the GPT model, forward and backward, on contiguous
+// row-major buffers (shapes in comments, llm.c style). Templated on the
+// scalar: float for training, double for the finite-difference checks.
+// Backward functions accumulate (+=) into parameter and input gradients.
+
+#include <cstdint>
+
+namespace dynapipe::runtime::cpu {
+
+// out = inp @ weight^T + bias   (OpenBLAS gemm)
+template <typename T>
+void MatmulForward(T* out,           // (N, OC)
+                   const T* inp,     // (N, C)
+                   const T* weight,  // (OC, C)
+                   const T* bias,    // (OC) or null
+                   int64_t N, int64_t C, int64_t OC);
+
+template <typename T>
+void MatmulBackward(T* dinp,          // (N, C), may be null
+                    T* dweight,       // (OC, C)
+                    T* dbias,         // (OC) or null
+                    const T* dout,    // (N, OC)
+                    const T* inp,     // (N, C)
+                    const T* weight,  // (OC, C)
+                    int64_t N, int64_t C, int64_t OC);
+
+template <typename T>
+void LayerNormForward(T* out,         // (N, C)
+                      T* mean,        // (N)
+                      T* rstd,        // (N)
+                      const T* inp,   // (N, C)
+                      const T* weight, const T* bias,  // (C)
+                      int64_t N, int64_t C);
+
+template <typename T>
+void LayerNormBackward(T* dinp, T* dweight, T* dbias,  // (N, C), (C), (C)
+                       const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd,
+                       int64_t N, int64_t C);
+
+// GELU, tanh approximation (as GPT-2).
+template <typename T>
+void GeluForward(T* out, const T* inp, int64_t n);
+template <typename T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
+
+// Multi-head causal self-attention over qkv = [q | k | v] per token. Token i
+// of row b attends to token j iff j <= i and both belong to the same segment
+// (seg >= 0); padding (seg < 0) produces zeros and receives no gradient. With
+// one segment per row this is a padded batch; several give packed rows with
+// no cross-contamination.
+template <typename T>
+void AttentionForward(T* out,          // (B, T, C)
+                      T* att,          // (B, NH, T, T) softmax probabilities, kept for backward
+                      const T* qkv,    // (B, T, 3C)
+                      const int32_t* seg,  // (B, T)
+                      int64_t B, int64_t Tn, int64_t C, int64_t NH);
+
+template <typename T>
+void AttentionBackward(T* dqkv,        // (B, T, 3C)
+                       const T* dout,  // (B, T, C)
+                       const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn, int64_t C,
+                       int64_t NH);
+
+// Token + position embedding: out[b,t] = wte[tok] + wpe[pos].
+template <typename T>
+void EmbeddingForward(T* out,           // (N, C)
+                      const int32_t* tokens, const int32_t* positions,  // (N)
+                      const T* wte,     // (V, C)
+                      const T* wpe,     // (P, C)
+                      int64_t N, int64_t C);
+template <typename T>
+void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* positions,
+                       int64_t N, int64_t C);
+
+// Softmax cross-entropy on the rows whose target >= 0, each weighted by
+// `scale` (1 / target tokens of the whole global batch, so gradients do not
+// depend on the micro-batch split). Returns the weighted loss sum; writes the
+// softmax to probs.
+template <typename T>
+T CrossEntropyForward(T* probs,          // (N, V)
+                      const T* logits,   // (N, V)
+                      const int32_t* targets,  // (N), < 0: ignored
+                      T scale, int64_t N, int64_t V);
+// dlogits = scale * (probs - onehot(target)) on scored rows, 0 elsewhere.
+template <typename T>
+void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T scale, int64_t N, int64_t V);
+
+}  // namespace dynapipe::runtime::cpu
