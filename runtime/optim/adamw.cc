@@ -1,0 +1,59 @@
+#include "runtime/optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dynapipe::runtime::optim {
+
+AdamWConfig FromSpec(const proto::OptimizerSpec& s) {
+  AdamWConfig c;
+  if (s.lr() > 0) c.lr = s.lr();
+  if (s.beta1() > 0) c.beta1 = s.beta1();
+  if (s.beta2() > 0) c.beta2 = s.beta2();
+  if (s.eps() > 0) c.eps = s.eps();
+  if (s.weight_decay() > 0) c.weight_decay = s.weight_decay();
+  return c;
+}
+
+double LearningRate(const proto::OptimizerSpec& spec, int64_t step, int64_t total_steps) {
+  const double lr = FromSpec(spec).lr;
+  const auto& sched = spec.lr_schedule();
+  if (sched.kind() != proto::LrSchedule::cosine) return lr;
+  const int64_t warmup = std::max<int64_t>(0, sched.warmup_iters());
+  if (step < warmup) return lr * static_cast<double>(step + 1) / warmup;
+  const int64_t decay = sched.decay_iters() > 0 ? sched.decay_iters() : total_steps;
+  if (step >= decay) return sched.min_lr();
+  const double progress = static_cast<double>(step - warmup) / std::max<int64_t>(1, decay - warmup);
+  return sched.min_lr() + 0.5 * (lr - sched.min_lr()) * (1 + std::cos(M_PI * progress));
+}
+
+double GlobalNorm(std::span<const std::span<const float>> grads) {
+  double sum = 0;
+  for (auto g : grads) {
+    for (float x : g) sum += static_cast<double>(x) * x;
+  }
+  return std::sqrt(sum);
+}
+
+double ClipByGlobalNorm(std::span<const std::span<float>> grads, double max_norm, double norm) {
+  if (max_norm <= 0 || norm <= max_norm) return 1.0;
+  const double f = max_norm / (norm + 1e-6);
+  for (auto g : grads) {
+    for (float& x : g) x = static_cast<float>(x * f);
+  }
+  return f;
+}
+
+void AdamWStep(std::span<float> params, std::span<const float> grads, std::span<float> m, std::span<float> v,
+               const AdamWConfig& c, double lr, int64_t step) {
+  const double bc1 = 1 - std::pow(c.beta1, step), bc2 = 1 - std::pow(c.beta2, step);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const double g = grads[i];
+    m[i] = static_cast<float>(c.beta1 * m[i] + (1 - c.beta1) * g);
+    v[i] = static_cast<float>(c.beta2 * v[i] + (1 - c.beta2) * g * g);
+    const double mhat = m[i] / bc1, vhat = v[i] / bc2;
+    params[i] = static_cast<float>(params[i] - lr * (mhat / (std::sqrt(vhat) + c.eps) + c.weight_decay * params[i]));
+  }
+}
+
+}  // namespace dynapipe::runtime::optim

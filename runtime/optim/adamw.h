@@ -1,0 +1,37 @@
+#pragma once
+
+// AdamW (decoupled weight decay), the learning-rate schedule (linear warm-up,
+// cosine decay to min_lr) and gradient clipping by global norm, on fp32
+// parameters. The CUDA backend keeps the same semantics with fp32 master
+// weights.
+
+#include <cstdint>
+#include <span>
+
+#include "proto/job.pb.h"
+
+namespace dynapipe::runtime::optim {
+
+struct AdamWConfig {
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// The job's optimizer settings with the documented defaults filled in.
+AdamWConfig FromSpec(const proto::OptimizerSpec& spec);
+
+// Learning rate at `step` (0-based) for a job of `total_steps` iterations.
+double LearningRate(const proto::OptimizerSpec& spec, int64_t step, int64_t total_steps);
+
+// sqrt(sum of squares) over every gradient span.
+double GlobalNorm(std::span<const std::span<const float>> grads);
+
+// Scales every gradient by min(1, max_norm / norm); returns the factor (1 when
+// max_norm <= 0 or the norm is already below it).
+double ClipByGlobalNorm(std::span<const std::span<float>> grads, double max_norm, double norm);
+
+// One AdamW update of `params` in place; `m` and `v` are the moment buffers
+// (zero before the first step), `step` counts from 1.
+void AdamWStep(std::span<float> params, std::span<const float> grads, std::span<float> m, std::span<float> v,
+               const AdamWConfig& c, double lr, int64_t step);
+
+}  // namespace dynapipe::runtime::optim
