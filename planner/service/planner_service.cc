@@ -14,9 +14,6 @@
 namespace dynapipe::planner::service {
 namespace {
 
-bool Terminal(proto::JobState::Value s) {
-  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
-}
 
 const std::vector<double> kLatencyBucketsMs = {0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000};
 
@@ -125,7 +122,7 @@ absl::StatusOr<proto::ListJobsResponse> PlannerService::List(const proto::ListJo
 
 absl::StatusOr<proto::CancelJobResponse> PlannerService::Cancel(const proto::CancelJobRequest& req) {
   ASSIGN_OR_RETURN(const proto::JobStatus s, store_->GetJob(req.job_id()));
-  if (Terminal(s.state())) {
+  if (store::IsTerminal(s.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " already ended (",
                                                       proto::JobState::Value_Name(s.state()), ")"));
   }
@@ -221,7 +218,7 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
   }
   auto status = store_->GetJob(req.job_id());
   if (!status.ok()) return done(status.status());
-  const int world = std::max(1, status->spec().parallelism().pp()) * std::max(1, status->spec().parallelism().dp());
+  const int world = store::WorldSize(status->spec());
   if (req.rank() < 0 || req.rank() >= world) {
     return done(absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " is not a rank of job ", req.job_id(),
                                                         " (0..", world - 1, ")")));
@@ -230,7 +227,7 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
     return done(absl::InvalidArgumentError(absl::StrCat("iteration: ", req.iteration(), " is outside job ",
                                                         req.job_id(), " (0..", status->spec().iterations() - 1, ")")));
   }
-  if (Terminal(status->state())) {
+  if (store::IsTerminal(status->state())) {
     return done(absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " ended (",
                                                            proto::JobState::Value_Name(status->state()), ")")));
   }
@@ -243,7 +240,7 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
     if (!p.ok() && p.status().code() == absl::StatusCode::kNotFound) {
       // The job may have ended while this call waited: answer now.
       auto job = store_->GetJob(req.job_id());
-      if (!job.ok() || !Terminal(job->state())) return false;
+      if (!job.ok() || !store::IsTerminal(job->state())) return false;
       p = absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " ended (",
                                                      proto::JobState::Value_Name(job->state()), ")"));
     }
@@ -265,7 +262,7 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
 
 absl::Status PlannerService::ReportIteration(const proto::IterationReport& report) {
   ASSIGN_OR_RETURN(const proto::JobStatus before, store_->GetJob(report.job_id()));
-  const int world = std::max(1, before.spec().parallelism().pp()) * std::max(1, before.spec().parallelism().dp());
+  const int world = store::WorldSize(before.spec());
   if (report.rank() < 0 || report.rank() >= world) {
     return absl::InvalidArgumentError(absl::StrCat("rank: ", report.rank(), " is not a rank of job ", report.job_id()));
   }
@@ -280,7 +277,7 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
                      "Measured iteration time per rank");
   }
   ASSIGN_OR_RETURN(const proto::JobStatus after, store_->GetJob(report.job_id()));
-  if (after.iterations_done() >= after.spec().iterations() && !Terminal(after.state())) {
+  if (after.iterations_done() >= after.spec().iterations() && !store::IsTerminal(after.state())) {
     RETURN_IF_ERROR(store_->SetJobState(report.job_id(), proto::JobState::succeeded, "", NowMs()).status());
     spdlog::info("job {} succeeded after {} iterations", report.job_id(), after.iterations_done());
   }
@@ -294,7 +291,7 @@ bool PlannerService::ClaimWork(std::string* job, int64_t* iteration, std::shared
   if (!ids.ok()) return false;
   for (const std::string& id : *ids) {
     auto status = store_->GetJob(id);
-    if (!status.ok() || Terminal(status->state())) continue;
+    if (!status.ok() || store::IsTerminal(status->state())) continue;
     const int lookahead = status->spec().planner_lookahead() > 0 ? status->spec().planner_lookahead() : options_.default_lookahead;
     const int64_t lo = status->iterations_done();
     const int64_t hi = std::min<int64_t>(status->spec().iterations(), lo + lookahead);

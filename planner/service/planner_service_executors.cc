@@ -11,9 +11,6 @@
 namespace dynapipe::planner::service {
 namespace {
 
-bool Terminal(proto::JobState::Value s) {
-  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
-}
 
 std::string Json(absl::string_view s) {
   std::string out = "\"";
@@ -106,7 +103,7 @@ absl::StatusOr<proto::HeartbeatResponse> PlannerService::Heartbeat(const proto::
     auto job = store_->GetJob(rec.assignment().job_id());
     // A Redis error is not a reason to stop a running executor: report it.
     if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
-    if (!job.ok() || Terminal(job->state()) || rec.lost()) {
+    if (!job.ok() || store::IsTerminal(job->state()) || rec.lost()) {
       resp.set_stop(true);  // the job ended (or this executor was given up on): stop, then idle
       rec.clear_assignment();
       rec.set_lost(false);
@@ -149,7 +146,7 @@ void PlannerService::CheckLiveness() {
     for (const auto& id : *ids) {
       auto job = store_->GetJob(id);
       if (!job.ok() || job->state() != proto::JobState::pending) continue;
-      (void)MaybeStartJob(id, std::max(1, job->spec().parallelism().pp()) * std::max(1, job->spec().parallelism().dp()));
+      (void)MaybeStartJob(id, store::WorldSize(job->spec()));
     }
   }
   // Right after this process starts, heartbeats may be stale only because no
@@ -240,7 +237,7 @@ void PlannerService::Watch(const std::string& job, std::function<bool(const prot
       if (report.ok()) *event.mutable_last_report() = std::move(*report);
       *state = s->iterations_done() - 1;
     }
-    if (!push(event) || Terminal(s->state())) {
+    if (!push(event) || store::IsTerminal(s->state())) {
       finish(absl::OkStatus());
       return true;
     }
@@ -305,7 +302,7 @@ std::string PlannerService::MetricsText() {
   if (auto ids = store_->ListJobs(); ids.ok()) {
     for (const auto& id : *ids) {
       auto s = store_->GetJob(id);
-      if (!s.ok() || Terminal(s->state())) continue;
+      if (!s.ok() || store::IsTerminal(s->state())) continue;
       running += s->state() == proto::JobState::running;
       const int64_t ahead = std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done());
       min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);

@@ -6,13 +6,6 @@
 #include "absl/strings/str_format.h"
 
 namespace dynapipe::store {
-namespace {
-
-bool Terminal(proto::JobState::Value s) {
-  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
-}
-
-}  // namespace
 
 void MemoryPlanStore::Notify(const std::string& event) {
   MutexLock lock(&listener_mu_);
@@ -47,7 +40,7 @@ absl::StatusOr<proto::JobStatus> MemoryPlanStore::GetJob(const std::string& job)
     s.set_submit_time_unix_ms(j.submit_ms);
     s.set_update_time_unix_ms(j.update_ms);
     s.set_plans_ready(j.planned);
-    world = std::max(1, j.spec.parallelism().pp()) * std::max(1, j.spec.parallelism().dp());
+    world = WorldSize(j.spec);
   }
   auto done = DoneByRank(job, world);
   if (!done.ok()) return done.status();
@@ -69,7 +62,7 @@ absl::StatusOr<bool> MemoryPlanStore::SetJobState(const std::string& job, proto:
     auto it = jobs_.find(job);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
     Job& j = it->second;
-    if (Terminal(j.state) || (j.state == state && j.error == error)) return false;
+    if (IsTerminal(j.state) || (j.state == state && j.error == error)) return false;
     j.state = state;
     j.error = error;
     j.update_ms = now_ms;

@@ -5,6 +5,7 @@
 // MemoryPlanStore serves unit tests. Plans are stored with their checksum and
 // checked on read: corrupt or truncated bytes are DATA_LOSS, never returned.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -73,6 +74,16 @@ class PlanStore {
   virtual bool healthy() const = 0;
   virtual int64_t errors() const = 0;
 };
+
+// Ranks a job needs: pp x dp, each at least 1.
+inline int WorldSize(const proto::JobSpec& spec) {
+  return std::max(1, spec.parallelism().pp()) * std::max(1, spec.parallelism().dp());
+}
+
+// Succeeded, failed and cancelled jobs never change state again.
+inline bool IsTerminal(proto::JobState::Value s) {
+  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
+}
 
 // Parses stored plan bytes; DATA_LOSS unless they parse and the checksum matches.
 absl::StatusOr<proto::ExecutionPlan> DecodePlan(const std::string& bytes, const std::string& what);

@@ -123,7 +123,7 @@ absl::StatusOr<proto::JobStatus> RedisPlanStore::GetJob(const std::string& job) 
   ASSIGN_OR_RETURN(const RedisReply planned, client_.Command({"HGET", keys_.Progress(job), "planned"}));
   ASSIGN_OR_RETURN(const int64_t p, ParseInt(planned, -1));
   status.set_plans_ready(p);
-  const int world = std::max(1, status.spec().parallelism().pp()) * std::max(1, status.spec().parallelism().dp());
+  const int world = WorldSize(status.spec());
   ASSIGN_OR_RETURN(const auto done, DoneByRank(job, world));
   status.set_iterations_done(*std::min_element(done.begin(), done.end()) + 1);
   return status;

@@ -11,16 +11,6 @@
 namespace dynapipe::testing {
 namespace {
 
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(30)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return pred();
-}
-
 void CheckExactlyOnce(int redis_port, const std::string& job, int iterations) {
   store::RedisOptions o;
   o.port = redis_port;
@@ -50,7 +40,7 @@ TEST_CASE("Two planners share the work exactly once; after one is SIGKILLed the 
   auto address = [&] { return a_alive ? addr_a : addr_b; };
   std::vector<std::unique_ptr<SimulatedRank>> ranks;
   for (int r = 0; r < 4; ++r) ranks.push_back(RunRank(address, *id, r, kIters, absl::Milliseconds(40), &stop));
-  REQUIRE(Eventually([&] { return ranks[0]->done >= 8; }));
+  REQUIRE(Eventually([&] { return ranks[0]->done >= 8; }, absl::Seconds(30)));
   (*a)->Signal(SIGKILL);
   REQUIRE((*a)->Exited(absl::Seconds(5)));
   a_alive = false;
@@ -85,7 +75,7 @@ TEST_CASE("A planner restarted mid-job resumes from Redis: nothing lost, nothing
   std::atomic<bool> stop{false};
   std::vector<std::unique_ptr<SimulatedRank>> ranks;
   for (int r = 0; r < 2; ++r) ranks.push_back(RunRank(addr, *id, r, kIters, absl::Milliseconds(40), &stop));
-  REQUIRE(Eventually([&] { return ranks[1]->done >= 5; }));
+  REQUIRE(Eventually([&] { return ranks[1]->done >= 5; }, absl::Seconds(30)));
   (*first)->Signal(SIGTERM);  // clean drain
   CHECK((*first)->Exited(absl::Seconds(10)));
   auto second = PlannerProcess::Start(port, {"--lease_ttl_ms=1000"});
