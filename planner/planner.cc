@@ -327,6 +327,8 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
   }
   if (request.build_plans) {
     best.plans.reserve(static_cast<size_t>(S) * D);
+    int64_t loss_tokens = 0;
+    for (const Sample& s : samples) loss_tokens += LossTokens(s, ed);
     for (int g = 0; g < D; ++g) {
       GroupPlanInput in;
       in.model = model_.get();
@@ -340,6 +342,7 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
       in.schedule = best.schedules[g];
       in.recompute = best.recompute;
       in.predicted_iteration_ms = best.predicted_ms;
+      in.global_loss_tokens = loss_tokens;
       for (auto& p : BuildGroupPlans(in)) best.plans.push_back(std::move(p));
     }
   }

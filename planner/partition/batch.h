@@ -2,6 +2,7 @@
 
 // Samples and micro-batches as the planner sees them (lengths only).
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -27,6 +28,15 @@ struct MicroBatch {
   std::vector<Placement> samples;
   bool packed = false;          // rows hold several samples (packing baseline)
 };
+
+// Tokens whose loss counts. Decoder-only: the sequence ends with `target`
+// target tokens, each scored at the position before it, so a target token
+// with no token before it (no prompt left after truncation) is not scored.
+// Encoder-decoder: every decoder token.
+inline int64_t LossTokens(const Sample& s, bool encoder_decoder) {
+  if (encoder_decoder) return s.target;
+  return s.input > 0 ? std::min<int64_t>(s.target, s.input - 1) : 0;
+}
 
 // Rounds `len` up to a multiple of `multiple` (>= 1).
 inline int RoundUp(int len, int multiple) { return (len + multiple - 1) / multiple * multiple; }

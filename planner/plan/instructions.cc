@@ -65,8 +65,8 @@ uint64_t HashBytes(const std::string& bytes, size_t n) {
   return h ^ (h >> 29);
 }
 
-// The checksum is field 17 (fixed64), serialized last: tag bytes 0x89 0x01
-// then 8 little-endian bytes.
+// The checksum is field 31 (fixed64), serialized last: tag bytes 0xF9 0x01
+// ((31 << 3) | 1 as a varint) then 8 little-endian bytes.
 constexpr size_t kChecksumFieldBytes = 10;
 
 }  // namespace
@@ -78,7 +78,7 @@ uint64_t PlanChecksum(const proto::ExecutionPlan& plan) {
   // message; fall back to a cleared copy if the layout is unexpected (e.g.
   // unknown fields from a newer schema follow it).
   const size_t n = bytes.size();
-  if (n >= kChecksumFieldBytes && static_cast<unsigned char>(bytes[n - 10]) == 0x89 &&
+  if (n >= kChecksumFieldBytes && static_cast<unsigned char>(bytes[n - 10]) == 0xF9 &&
       static_cast<unsigned char>(bytes[n - 9]) == 0x01) {
     uint64_t stored;
     std::memcpy(&stored, bytes.data() + n - 8, 8);
@@ -317,6 +317,7 @@ std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
                       : in.schedule == ScheduleKind::kInterleaved1F1B ? proto::ScheduleSpec::interleaved_1f1b
                                                                       : proto::ScheduleSpec::wait_free_cyclic);
     plan.set_predicted_iteration_ms(in.predicted_iteration_ms);
+    plan.set_global_loss_tokens(in.global_loss_tokens);
     plan.set_predicted_peak_memory_mb(in.sim->peak_mb[d]);
     SealPlan(&plan);
   }

@@ -35,6 +35,7 @@ struct GroupPlanInput {
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   Recompute recompute = Recompute::kNone;
   double predicted_iteration_ms = 0;
+  int64_t global_loss_tokens = 0;  // over every group's samples
 };
 
 // One plan per pipeline device of the group (index = pp rank); global rank =

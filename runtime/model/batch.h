@@ -1,0 +1,23 @@
+#pragma once
+
+// Micro-batch tensors from a plan's placed samples and the dataset. A
+// decoder-only sample of planned length L with T loss tokens is the sequence
+// prompt[0 : L - T] + target[0 : T] (truncation drops the end of the prompt
+// first, then of the target); position ids restart at 0 for every sample;
+// the token at position p is scored with target token p + 1 for the
+// positions that predict target tokens (planner::LossTokens of them).
+
+#include "absl/status/statusor.h"
+#include "proto/plan.pb.h"
+#include "runtime/data/dataset.h"
+#include "runtime/model/gpt.h"
+
+namespace dynapipe::runtime::model {
+
+// INVALID_ARGUMENT when the placements overlap, leave the micro-batch's
+// shape or name lengths the dataset's sample does not have; OUT_OF_RANGE for
+// an id past the dataset.
+absl::StatusOr<TokenBatch> BuildTokenBatch(const proto::MicroBatch& mb, const data::Dataset& dataset,
+                                           int max_positions);
+
+}  // namespace dynapipe::runtime::model

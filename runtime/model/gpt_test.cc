@@ -1,0 +1,256 @@
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "planner/partition/batch.h"
+#include "runtime/data/synth.h"
+#include "runtime/model/batch.h"
+#include "runtime/model/gpt.h"
+
+namespace dynapipe::runtime::model {
+namespace {
+
+GptConfig TinyConfig() {
+  GptConfig c;
+  c.num_layers = 4;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn = 64;
+  c.vocab = 48;
+  c.max_positions = 64;
+  c.tie_embeddings = true;
+  return c;
+}
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// A small synthetic dataset with varied lengths.
+std::unique_ptr<data::Dataset> MakeDataset(int n) {
+  const std::string dir = TempDir("gpt_ds");
+  data::SynthOptions o;
+  o.alphabet = 40;
+  o.max_input = 40;
+  o.max_target = 12;
+  std::mt19937 rng(5);
+  std::vector<planner::RawLength> lengths;
+  for (int i = 0; i < n; ++i) lengths.push_back({4 + static_cast<int64_t>(rng() % 24), 1 + static_cast<int64_t>(rng() % 8)});
+  auto w = data::DatasetWriter::Create(dir, data::SynthInfo(o));
+  REQUIRE(w.ok());
+  REQUIRE(data::Synthesize(lengths, o, w->get()).ok());
+  REQUIRE((*w)->Finish().ok());
+  auto ds = data::Dataset::Open(dir);
+  REQUIRE(ds.ok());
+  return std::move(*ds);
+}
+
+struct Placed {
+  int64_t id;
+  int len, target, row, offset;
+};
+
+proto::MicroBatch Mb(int rows, int seq, const std::vector<Placed>& ps) {
+  proto::MicroBatch mb;
+  mb.set_rows(rows);
+  mb.set_seq_len(seq);
+  for (const Placed& p : ps) {
+    auto* s = mb.add_samples();
+    s->set_id(p.id);
+    s->set_input_len(p.len);
+    s->set_target_len(p.target);
+    s->set_row(p.row);
+    s->set_offset(p.offset);
+  }
+  return mb;
+}
+
+struct Result {
+  double loss = 0;
+  std::vector<float> grads;
+};
+
+// Runs the micro-batches through a whole-model stage; gradients accumulate.
+Result RunSplit(const std::vector<proto::MicroBatch>& mbs, const data::Dataset& ds, float scale) {
+  BufferPool pool(CpuAllocator());
+  auto stage = GptStage::Create(TinyConfig(), {0, 4, true, true, 7}, &pool);
+  REQUIRE(stage.ok());
+  Result r;
+  for (size_t m = 0; m < mbs.size(); ++m) {
+    auto b = BuildTokenBatch(mbs[m], ds, 64);
+    REQUIRE(b.ok());
+    auto loss = (*stage)->Forward(static_cast<int>(m), *b, nullptr, nullptr, scale);
+    REQUIRE(loss.ok());
+    r.loss += *loss;
+  }
+  for (size_t m = mbs.size(); m-- > 0;) REQUIRE((*stage)->Backward(static_cast<int>(m), nullptr, nullptr).ok());
+  r.grads.assign((*stage)->grad_data().begin(), (*stage)->grad_data().end());
+  return r;
+}
+
+double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST_CASE("token batches: prompt then target, positions restart, only target predictions scored", "[model]") {
+  auto ds = MakeDataset(8);
+  const data::SampleView s0 = ds->sample(0), s1 = ds->sample(1);
+  const int len0 = static_cast<int>(s0.input.size() + s0.target.size());
+  const int t1 = static_cast<int>(s1.target.size());
+  const int len1 = static_cast<int>(s1.input.size()) + t1;
+  auto b = BuildTokenBatch(Mb(1, len0 + len1 + 3, {{0, len0, static_cast<int>(s0.target.size()), 0, 0},
+                                                   {1, len1, t1, 0, len0}}),
+                           *ds, 64);
+  REQUIRE(b.ok());
+  CHECK(b->real_tokens == len0 + len1);
+  CHECK(b->tokens[0] == static_cast<int32_t>(s0.input[0]));
+  CHECK(b->tokens[len0] == static_cast<int32_t>(s1.input[0]));
+  CHECK(b->positions[len0] == 0);
+  CHECK(b->segments[len0 - 1] == 0);
+  CHECK(b->segments[len0] == 1);
+  CHECK(b->segments[len0 + len1] == -1);
+  // The last prompt position predicts the first target token.
+  const int p1 = len0 + static_cast<int>(s1.input.size()) - 1;
+  CHECK(b->targets[p1] == static_cast<int32_t>(s1.target[0]));
+  CHECK(b->targets[p1 - 1] == -1);
+  CHECK(b->targets[len0 + len1 - 1] == -1);  // nothing follows the last token
+  planner::Sample ps{0, len0 + len1, 0};
+  (void)ps;
+  CHECK(b->loss_tokens == static_cast<int64_t>(s0.target.size()) + t1);
+  // Misplaced samples are rejected with the sample named.
+  auto bad = BuildTokenBatch(Mb(1, 4, {{0, len0, 1, 0, 0}}), *ds, 64);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(BuildTokenBatch(Mb(1, 64, {{99, 4, 1, 0, 0}}), *ds, 64).status().code() == absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE("split invariance: one micro-batch, a dynamic split and packed rows give the same loss and gradients",
+          "[model]") {
+  auto ds = MakeDataset(6);
+  std::vector<Placed> s;
+  int64_t loss_tokens = 0;
+  int max_len = 0;
+  for (int i = 0; i < 6; ++i) {
+    const data::SampleView v = ds->sample(i);
+    const int len = static_cast<int>(v.input.size() + v.target.size());
+    s.push_back({i, len, static_cast<int>(v.target.size()), 0, 0});
+    loss_tokens += planner::LossTokens(planner::Sample{i, len, static_cast<int>(v.target.size())}, false);
+    max_len = std::max(max_len, len);
+  }
+  const float scale = 1.0f / static_cast<float>(loss_tokens);
+  // (a) one micro-batch, one sample per row, padded to the longest.
+  std::vector<Placed> one = s;
+  for (int i = 0; i < 6; ++i) one[i].row = i;
+  const Result a = RunSplit({Mb(6, max_len, one)}, *ds, scale);
+  // (b) three micro-batches of different shapes.
+  auto rows = [&](std::vector<int> ids) {
+    std::vector<Placed> out;
+    int seq = 0;
+    for (size_t r = 0; r < ids.size(); ++r) {
+      Placed p = s[ids[r]];
+      p.row = static_cast<int>(r);
+      seq = std::max(seq, p.len);
+      out.push_back(p);
+    }
+    return Mb(static_cast<int>(ids.size()), seq, out);
+  };
+  const Result b = RunSplit({rows({0, 1}), rows({2}), rows({3, 4, 5})}, *ds, scale);
+  // (c) packed: every sample back to back in two rows of 64.
+  std::vector<Placed> packed;
+  int offset[2] = {0, 0};
+  for (int i = 0; i < 6; ++i) {
+    Placed p = s[i];
+    p.row = offset[0] + p.len <= 64 ? 0 : 1;
+    p.offset = offset[p.row];
+    offset[p.row] += p.len;
+    REQUIRE(offset[p.row] <= 64);
+    packed.push_back(p);
+  }
+  const Result c = RunSplit({Mb(2, 64, packed)}, *ds, scale);
+
+  CHECK(a.loss > 1.0);
+  CHECK(std::abs(b.loss - a.loss) <= 1e-5 * a.loss);
+  CHECK(std::abs(c.loss - a.loss) <= 1e-5 * a.loss);
+  CHECK(RelDiff(b.grads, a.grads) <= 1e-5);
+  CHECK(RelDiff(c.grads, a.grads) <= 1e-5);
+  // Sensitivity: a different scale changes the gradients.
+  const Result d = RunSplit({Mb(6, max_len, one)}, *ds, scale * 2);
+  CHECK(RelDiff(d.grads, a.grads) > 0.5);
+}
+
+TEST_CASE("stages chained give the whole model's loss and gradients; initialisation ignores the split", "[model]") {
+  auto ds = MakeDataset(4);
+  std::vector<Placed> ps;
+  int seq = 0;
+  for (int i = 0; i < 4; ++i) {
+    const data::SampleView v = ds->sample(i);
+    const int len = static_cast<int>(v.input.size() + v.target.size());
+    ps.push_back({i, len, static_cast<int>(v.target.size()), i, 0});
+    seq = std::max(seq, len);
+  }
+  auto batch = BuildTokenBatch(Mb(4, seq, ps), *ds, 64);
+  REQUIRE(batch.ok());
+  const float scale = 1.0f / static_cast<float>(batch->loss_tokens);
+  const Result whole = RunSplit({Mb(4, seq, ps)}, *ds, scale);
+
+  BufferPool pool(CpuAllocator());
+  auto s0 = GptStage::Create(TinyConfig(), {0, 1, true, false, 7}, &pool);
+  auto s1 = GptStage::Create(TinyConfig(), {1, 2, false, false, 7}, &pool);
+  auto s2 = GptStage::Create(TinyConfig(), {3, 1, false, true, 7}, &pool);
+  REQUIRE((s0.ok() && s1.ok() && s2.ok()));
+  CHECK((*s0)->HasSharedEmbedding());
+  CHECK(!(*s1)->HasSharedEmbedding());
+  const int64_t H = (*s0)->HiddenElements(*batch);
+  std::vector<float> h0(H), h1(H), d1(H), d0(H);
+  REQUIRE((*s0)->Forward(0, *batch, nullptr, h0.data(), scale).ok());
+  REQUIRE((*s1)->Forward(0, *batch, h0.data(), h1.data(), scale).ok());
+  auto loss = (*s2)->Forward(0, *batch, h1.data(), nullptr, scale);
+  REQUIRE(loss.ok());
+  CHECK(std::abs(*loss - whole.loss) <= 1e-6 * whole.loss);
+  REQUIRE((*s2)->Backward(0, nullptr, d1.data()).ok());
+  REQUIRE((*s1)->Backward(0, d1.data(), d0.data()).ok());
+  REQUIRE((*s0)->Backward(0, d0.data(), nullptr).ok());
+  CHECK((*s2)->in_flight() == 0);
+
+  BufferPool pool2(CpuAllocator());
+  auto ref = GptStage::Create(TinyConfig(), {0, 4, true, true, 7}, &pool2);
+  REQUIRE(ref.ok());
+  std::vector<float> wte_sum;
+  for (const auto* st : {s0->get(), s1->get(), s2->get()}) {
+    for (const ParamInfo& p : st->params()) {
+      const ParamInfo* q = (*ref)->FindParam(p.name);
+      REQUIRE(q != nullptr);
+      // Same initial weights whatever the split.
+      CHECK(std::equal(st->param_data().begin() + p.offset, st->param_data().begin() + p.offset + p.size,
+                       (*ref)->param_data().begin() + q->offset));
+      std::vector<float> g(st->grad_data().begin() + p.offset, st->grad_data().begin() + p.offset + p.size);
+      if (p.name == "wte") {
+        if (wte_sum.empty()) {
+          wte_sum = g;
+        } else {
+          for (size_t i = 0; i < g.size(); ++i) wte_sum[i] += g[i];
+        }
+        continue;
+      }
+      std::vector<float> want(whole.grads.begin() + q->offset, whole.grads.begin() + q->offset + q->size);
+      INFO(p.name);
+      CHECK(RelDiff(g, want) <= 1e-5);
+    }
+  }
+  const ParamInfo* w = (*ref)->FindParam("wte");
+  CHECK(RelDiff(wte_sum, std::vector<float>(whole.grads.begin() + w->offset, whole.grads.begin() + w->offset + w->size)) <=
+        1e-5);
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::model
