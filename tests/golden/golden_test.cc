@@ -1,0 +1,333 @@
+// The C++ GPT against PyTorch: loss, logits and every parameter gradient of a
+// tiny model on one padded and packed batch, computed in float64 by
+// make_golden.py, must match the CPU backend's float32 within 1e-4 relative
+// (per tensor, ||ours - golden|| / ||golden||), on one stage and split over
+// two stages.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/model/gpt.h"
+#include "src/common/file_util.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::model {
+namespace {
+
+constexpr double kTolerance = 1e-4;
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> f32;    // dtype f32
+  std::vector<int32_t> i32;  // dtype i32
+};
+
+// One golden file pair: the model config, the batch, and the tensors by name
+// ("loss", "logits", "param/<name>", "grad/<name>").
+struct Golden {
+  GptConfig config;
+  TokenBatch batch;
+  std::map<std::string, Tensor> tensors;
+  std::vector<std::string> params;  // parameter names, in file order
+
+  const std::vector<float>& F(const std::string& name) const { return tensors.at(name).f32; }
+};
+
+// Values of `# <tag> key=value ...` header lines.
+std::map<std::string, int64_t> HeaderValues(const std::string& manifest, const std::string& tag) {
+  std::map<std::string, int64_t> values;
+  std::istringstream lines(manifest);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string hash, word;
+    if (!(words >> hash >> word) || hash != "#" || word != tag) continue;
+    while (words >> word) {
+      const size_t eq = word.find('=');
+      int64_t v = 0;
+      if (eq != std::string::npos && absl::SimpleAtoi(word.substr(eq + 1), &v)) values[word.substr(0, eq)] = v;
+    }
+  }
+  return values;
+}
+
+// Runfiles: Bazel runs tests in the main workspace's runfiles root.
+absl::StatusOr<Golden> LoadGolden(const std::string& stem) {
+  const std::string base = "tests/golden/" + stem;
+  ASSIGN_OR_RETURN(const std::string manifest, ReadFile(base + ".txt"));
+  ASSIGN_OR_RETURN(const std::string bin, ReadFile(base + ".bin"));
+  Golden g;
+  auto config = HeaderValues(manifest, "config");
+  for (const char* key : {"layers", "hidden", "heads", "ffn", "vocab", "max_positions", "tie_embeddings"}) {
+    if (!config.contains(key)) return absl::DataLossError(absl::StrCat(base, ".txt: config lacks ", key));
+  }
+  g.config.num_layers = static_cast<int>(config["layers"]);
+  g.config.hidden = static_cast<int>(config["hidden"]);
+  g.config.heads = static_cast<int>(config["heads"]);
+  g.config.ffn = static_cast<int>(config["ffn"]);
+  g.config.vocab = static_cast<int>(config["vocab"]);
+  g.config.max_positions = static_cast<int>(config["max_positions"]);
+  g.config.tie_embeddings = config["tie_embeddings"] != 0;
+
+  size_t offset = 0;
+  std::istringstream lines(manifest);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream words(line);
+    std::string name, dtype;
+    if (!(words >> name >> dtype)) return absl::DataLossError(absl::StrCat(base, ".txt: ", line));
+    Tensor t;
+    size_t n = 1;
+    for (int64_t d; words >> d;) {
+      t.shape.push_back(d);
+      n *= static_cast<size_t>(d);
+    }
+    if (dtype != "f32" && dtype != "i32") return absl::DataLossError(absl::StrCat(base, ".txt: ", line));
+    if (offset + 4 * n > bin.size()) return absl::DataLossError(absl::StrCat(base, ".bin: ends inside ", name));
+    // Little-endian on disk, as on every machine we build for.
+    if (dtype == "f32") {
+      t.f32.resize(n);
+      std::memcpy(t.f32.data(), bin.data() + offset, 4 * n);
+    } else {
+      t.i32.resize(n);
+      std::memcpy(t.i32.data(), bin.data() + offset, 4 * n);
+    }
+    offset += 4 * n;
+    if (name.starts_with("param/")) g.params.push_back(name.substr(6));
+    g.tensors[name] = std::move(t);
+  }
+  if (offset != bin.size()) {
+    return absl::DataLossError(absl::StrCat(base, ".bin: ", bin.size() - offset, " bytes left"));
+  }
+  for (const char* name : {"tokens", "positions", "segments", "targets", "loss", "logits"}) {
+    if (!g.tensors.contains(name)) return absl::DataLossError(absl::StrCat(base, ".txt: no tensor ", name));
+  }
+  for (const char* name : {"tokens", "positions", "segments", "targets"}) {
+    if (g.tensors[name].shape.size() != 2 || g.tensors[name].shape != g.tensors["tokens"].shape) {
+      return absl::DataLossError(absl::StrCat(base, ".txt: ", name, " is not (rows, seq) like tokens"));
+    }
+  }
+  TokenBatch& b = g.batch;
+  b.rows = g.tensors["tokens"].shape.at(0);
+  b.seq = g.tensors["tokens"].shape.at(1);
+  b.tokens = g.tensors["tokens"].i32;
+  b.positions = g.tensors["positions"].i32;
+  b.segments = g.tensors["segments"].i32;
+  b.targets = g.tensors["targets"].i32;
+  for (int64_t k = 0; k < b.rows * b.seq; ++k) {
+    b.real_tokens += b.segments[k] >= 0;
+    b.loss_tokens += b.targets[k] >= 0;
+  }
+  return g;
+}
+
+Golden Load(const std::string& stem) {
+  absl::StatusOr<Golden> g = LoadGolden(stem);
+  INFO(g.status().ToString());
+  REQUIRE(g.ok());
+  return std::move(*g);
+}
+
+// ||a - b|| / ||b|| (||a - b|| where b is zero).
+double RelError(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// The largest per-tensor error of a group of comparisons and whose it was.
+struct Worst {
+  std::string name;
+  double error = -1;
+  void Add(const std::string& tensor, double e) {
+    if (e > error || std::isnan(e)) {
+      name = tensor;
+      error = e;
+    }
+  }
+};
+
+std::unique_ptr<GptStage> MakeStage(const Golden& g, int first_layer, int num_layers, BufferPool* pool) {
+  GptStage::Options o;
+  o.first_layer = first_layer;
+  o.num_layers = num_layers;
+  o.first = first_layer == 0;
+  o.last = first_layer + num_layers == g.config.num_layers;
+  o.seed = 1;
+  auto stage = GptStage::Create(g.config, o, pool);
+  INFO(stage.status().ToString());
+  REQUIRE(stage.ok());
+  // The golden weights replace the stage's own initialisation.
+  for (const ParamInfo& p : (*stage)->params()) {
+    INFO("stage parameter " << p.name);
+    REQUIRE(g.tensors.contains("param/" + p.name));
+    const Tensor& t = g.tensors.at("param/" + p.name);
+    REQUIRE(t.shape == p.shape);
+    std::copy(t.f32.begin(), t.f32.end(), (*stage)->param_data().begin() + p.offset);
+  }
+  (*stage)->ZeroGrads();
+  return std::move(*stage);
+}
+
+std::vector<float> Grad(const GptStage& stage, const std::string& name) {
+  const ParamInfo* p = stage.FindParam(name);
+  REQUIRE(p != nullptr);
+  const auto g = stage.grad_data().subspan(p->offset, p->size);
+  return {g.begin(), g.end()};
+}
+
+float LossScale(const TokenBatch& b) { return 1.0f / static_cast<float>(b.loss_tokens); }
+
+struct Run {
+  double loss = 0;
+  std::map<std::string, std::vector<float>> grads;  // summed over the stages holding the parameter
+};
+
+// Forward and backward of the golden batch over stages of `split` layers each.
+Run ForwardBackward(const Golden& g, const TokenBatch& batch, const std::vector<int>& split) {
+  BufferPool pool(CpuAllocator());
+  std::vector<std::unique_ptr<GptStage>> stages;
+  int first = 0;
+  for (int n : split) {
+    stages.push_back(MakeStage(g, first, n, &pool));
+    first += n;
+  }
+  const size_t S = stages.size();
+  std::vector<std::vector<float>> hidden(S);  // hidden[s]: input of stage s
+  for (size_t s = 1; s < S; ++s) hidden[s].resize(stages[s]->HiddenElements(batch));
+  Run run;
+  for (size_t s = 0; s < S; ++s) {
+    auto loss = stages[s]->Forward(0, batch, s > 0 ? hidden[s].data() : nullptr,
+                                   s + 1 < S ? hidden[s + 1].data() : nullptr, LossScale(batch));
+    INFO(loss.status().ToString());
+    REQUIRE(loss.ok());
+    if (s + 1 < S) CHECK(*loss == 0);
+    run.loss = *loss;
+  }
+  std::vector<std::vector<float>> dhidden(S);  // dhidden[s]: gradient of stage s's input
+  for (size_t s = 1; s < S; ++s) dhidden[s].resize(stages[s]->HiddenElements(batch));
+  for (size_t s = S; s-- > 0;) {
+    const absl::Status st =
+        stages[s]->Backward(0, s + 1 < S ? dhidden[s + 1].data() : nullptr, s > 0 ? dhidden[s].data() : nullptr);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    CHECK(stages[s]->in_flight() == 0);
+  }
+  for (const auto& stage : stages) {
+    for (const ParamInfo& p : stage->params()) {
+      std::vector<float> grad = Grad(*stage, p.name);
+      auto [it, inserted] = run.grads.emplace(p.name, grad);
+      if (!inserted) {
+        // Only the tied embedding may sit on two stages.
+        CHECK(p.name == "wte");
+        CHECK(stage->HasSharedEmbedding());
+        for (size_t i = 0; i < grad.size(); ++i) it->second[i] += grad[i];
+      }
+    }
+  }
+  return run;
+}
+
+// Logits of every position through stages of `split` layers each.
+std::vector<float> Logits(const Golden& g, const std::vector<int>& split) {
+  BufferPool pool(CpuAllocator());
+  std::vector<float> in, out;
+  int first = 0;
+  for (int n : split) {
+    std::unique_ptr<GptStage> stage = MakeStage(g, first, n, &pool);
+    first += n;
+    const bool last = first == g.config.num_layers;
+    out.assign(last ? g.batch.rows * g.batch.seq * g.config.vocab : stage->HiddenElements(g.batch), 0.0f);
+    const absl::Status st = stage->Infer(g.batch, in.empty() ? nullptr : in.data(), out.data());
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    in.swap(out);
+  }
+  return in;
+}
+
+void CheckAgainstGolden(const std::string& stem, const std::vector<int>& split) {
+  const Golden g = Load(stem);
+  INFO(stem << ", stages of " << Catch::Detail::stringify(split) << " layers");
+
+  const std::vector<float> logits = Logits(g, split);
+  const double logits_error = RelError(logits, g.F("logits"));
+  INFO("logits: relative error " << logits_error);
+  CHECK(logits_error <= kTolerance);
+
+  const Run run = ForwardBackward(g, g.batch, split);
+  const double golden_loss = g.F("loss")[0];
+  const double loss_error = std::abs(run.loss - golden_loss) / std::abs(golden_loss);
+  INFO("loss " << run.loss << " vs " << golden_loss << ": relative error " << loss_error);
+  CHECK(loss_error <= kTolerance);
+
+  // The stages hold exactly the golden's parameters.
+  std::set<std::string> ours, theirs(g.params.begin(), g.params.end());
+  for (const auto& [name, grad] : run.grads) ours.insert(name);
+  CHECK(ours == theirs);
+
+  Worst worst;
+  std::vector<std::string> failing;
+  for (const std::string& name : g.params) {
+    if (!run.grads.contains(name)) continue;
+    const double e = RelError(run.grads.at(name), g.F("grad/" + name));
+    worst.Add("grad/" + name, e);
+    if (!(e <= kTolerance)) failing.push_back(absl::StrCat(name, " ", e));
+  }
+  INFO("worst gradient: " << worst.name << " relative error " << worst.error);
+  INFO("failing: " << Catch::Detail::stringify(failing));
+  CHECK(worst.error >= 0);
+  CHECK(worst.error <= kTolerance);
+}
+
+TEST_CASE("Tied GPT on one stage matches PyTorch: loss, logits, every gradient") {
+  CheckAgainstGolden("gpt_golden", {4});
+}
+
+TEST_CASE("Tied GPT split over two stages matches PyTorch; wte gradients summed across the copies") {
+  CheckAgainstGolden("gpt_golden", {2, 2});
+}
+
+TEST_CASE("Untied GPT (lm_head.w) on one stage matches PyTorch") { CheckAgainstGolden("gpt_golden_untied", {2}); }
+
+TEST_CASE("Untied GPT split over two stages matches PyTorch") { CheckAgainstGolden("gpt_golden_untied", {1, 1}); }
+
+TEST_CASE("Token ids and positions in padding cells change neither loss nor gradients") {
+  const Golden g = Load("gpt_golden");
+  TokenBatch garbage = g.batch;
+  int padding = 0;
+  for (int64_t k = 0; k < garbage.rows * garbage.seq; ++k) {
+    if (garbage.segments[k] >= 0) continue;
+    garbage.tokens[k] = static_cast<int32_t>((7 + 13 * k) % g.config.vocab);
+    garbage.positions[k] = static_cast<int32_t>((3 + 5 * k) % g.config.max_positions);
+    ++padding;
+  }
+  REQUIRE(padding == 10);  // the golden batch's padding cells
+  for (const std::vector<int>& split : {std::vector<int>{4}, std::vector<int>{2, 2}}) {
+    INFO("stages of " << Catch::Detail::stringify(split) << " layers");
+    const Run clean = ForwardBackward(g, g.batch, split);
+    const Run dirty = ForwardBackward(g, garbage, split);
+    CHECK(std::abs(dirty.loss - clean.loss) <= 1e-6 * std::abs(clean.loss));
+    Worst worst;
+    for (const auto& [name, grad] : clean.grads) worst.Add(name, RelError(dirty.grads.at(name), grad));
+    INFO("worst gradient: " << worst.name << " relative change " << worst.error);
+    CHECK(worst.error >= 0);
+    CHECK(worst.error <= 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::model
