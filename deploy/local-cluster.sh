@@ -56,7 +56,8 @@ start() {
     else
       for i in $(seq 0 $((executors - 1))); do
         "$bin/runtime/executor/dynapipe-executor" --planner="127.0.0.1:$planner_port" --device="$i" --node=local \
-          --backend=cpu --token_file="$run/token" --log_file="$run/executor-$i.log" > "$run/executor-$i.out" 2>&1 &
+          --backend=cpu --token_file="$run/token" --data_root="$root" --http_port=0 \
+          --port_file="$run/executor-$i.port" --log_file="$run/executor-$i.log" > "$run/executor-$i.out" 2>&1 &
         echo $! > "$run/executor-$i.pid"
       done
     fi

@@ -10,6 +10,7 @@
 #include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/cost_profile.pb.h"
 #include "proto/dataset.pb.h"
@@ -33,6 +34,7 @@ std::vector<const Descriptor*> AllMessages() {
       CostProfile::descriptor()->file(),   JobSpec::descriptor()->file(),
       ExecutionPlan::descriptor()->file(), IterationReport::descriptor()->file(),
       JobStatus::descriptor()->file(),     DatasetInfo::descriptor()->file(),
+      CheckpointHeader::descriptor()->file(),
   };
   std::vector<const Descriptor*> out;
   std::function<void(const Descriptor*)> add = [&](const Descriptor* d) {

@@ -17,6 +17,10 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   if (spec.iterations() <= 0) return absl::InvalidArgumentError("iterations: must be positive");
   if (spec.dataset().path().empty()) return absl::InvalidArgumentError("dataset.path: must be set");
   if (spec.planner_lookahead() < 0) return absl::InvalidArgumentError("planner_lookahead: must be positive");
+  if (spec.checkpoint().interval() < 0) return absl::InvalidArgumentError("checkpoint.interval: must not be negative");
+  if (spec.checkpoint().dir().empty() && (spec.checkpoint().interval() > 0 || spec.checkpoint().resume())) {
+    return absl::InvalidArgumentError("checkpoint.dir: must be set to write or resume checkpoints");
+  }
   ASSIGN_OR_RETURN(PlannerConfig config, PlannerConfigFromJob(spec));
   config.job_id = job_id;
   std::shared_ptr<const LayerCostModel> cost;

@@ -17,6 +17,14 @@ namespace {
 
 const std::vector<double> kLatencyBucketsMs = {0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000};
 
+// The job's checkpoint dir as the store keys it: "/ckpt/run/" and "/ckpt/run"
+// are one directory. Empty if the job has none.
+std::string CheckpointDir(const proto::JobSpec& spec) {
+  std::string dir = spec.checkpoint().dir();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
 }  // namespace
 
 PlannerService::PlannerService(store::PlanStore* store, ServiceOptions options)
@@ -95,10 +103,31 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> PlannerService::Runtime(const 
 
 absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::SubmitJobRequest& req) {
   // Everything that can be wrong with the job is found before it is stored.
-  RETURN_IF_ERROR(BuildJobRuntime(req.spec(), "validation", options_.data_root).status());
-  ASSIGN_OR_RETURN(std::string id, store_->CreateJob(req.spec(), NowMs()));
-  spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, req.spec().name(), req.spec().iterations(),
-               std::max(1, req.spec().parallelism().pp()), std::max(1, req.spec().parallelism().dp()));
+  const proto::JobSpec& spec = req.spec();
+  RETURN_IF_ERROR(BuildJobRuntime(spec, "validation", options_.data_root).status());
+  // Resuming: start after the latest checkpoint every rank completed.
+  int64_t start = 0, latest = -1;
+  const std::string dir = CheckpointDir(spec);
+  if (spec.checkpoint().resume()) {
+    ASSIGN_OR_RETURN(latest, store_->LatestCheckpoint(dir));
+    start = latest + 1;
+    if (start >= spec.iterations()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint.resume: the latest complete checkpoint in ", dir,
+                                                     " is iteration ", latest, ", which leaves none of the job's ",
+                                                     spec.iterations(), " iterations to run"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start, NowMs()));
+  spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, spec.name(), spec.iterations(),
+               std::max(1, spec.parallelism().pp()), std::max(1, spec.parallelism().dp()));
+  if (spec.checkpoint().resume()) {
+    if (latest >= 0) {
+      spdlog::info("job {} resumes from the checkpoint of iteration {} in {}: starts at iteration {}", id, latest, dir,
+                   start);
+    } else {
+      spdlog::info("job {}: no complete checkpoint recorded for {}; starts at iteration 0", id, dir);
+    }
+  }
   metrics_.Add("dynapipe_jobs_submitted_total", 1, "Jobs accepted by Submit");
   proto::SubmitJobResponse resp;
   resp.set_job_id(id);
@@ -107,7 +136,19 @@ absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::Sub
 
 absl::StatusOr<proto::JobStatus> PlannerService::Get(const proto::GetJobRequest& req) {
   if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
-  return store_->GetJob(req.job_id());
+  ASSIGN_OR_RETURN(proto::JobStatus s, store_->GetJob(req.job_id()));
+  FillLastIteration(&s);
+  return s;
+}
+
+void PlannerService::FillLastIteration(proto::JobStatus* s) {
+  // Rank 0's report of the last iteration every rank finished; executors
+  // report the global loss on every rank.
+  if (s->iterations_done() <= s->start_iteration()) return;
+  if (auto r = store_->GetReport(s->job_id(), s->iterations_done() - 1, 0); r.ok()) {
+    s->set_last_loss(r->loss());
+    s->set_last_iteration_ms(r->iteration_ms());
+  }
 }
 
 absl::StatusOr<proto::ListJobsResponse> PlannerService::List(const proto::ListJobsRequest&) {
@@ -115,7 +156,9 @@ absl::StatusOr<proto::ListJobsResponse> PlannerService::List(const proto::ListJo
   proto::ListJobsResponse resp;
   for (const auto& id : ids) {
     auto s = store_->GetJob(id);
-    if (s.ok()) *resp.add_jobs() = std::move(*s);
+    if (!s.ok()) continue;
+    FillLastIteration(&*s);
+    *resp.add_jobs() = std::move(*s);
   }
   return resp;
 }
@@ -223,9 +266,11 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
     return done(absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " is not a rank of job ", req.job_id(),
                                                         " (0..", world - 1, ")")));
   }
-  if (req.iteration() < 0 || req.iteration() >= status->spec().iterations()) {
+  // A resumed job has no plans before its start iteration.
+  if (req.iteration() < status->start_iteration() || req.iteration() >= status->spec().iterations()) {
     return done(absl::InvalidArgumentError(absl::StrCat("iteration: ", req.iteration(), " is outside job ",
-                                                        req.job_id(), " (0..", status->spec().iterations() - 1, ")")));
+                                                        req.job_id(), " (", status->start_iteration(), "..",
+                                                        status->spec().iterations() - 1, ")")));
   }
   if (store::IsTerminal(status->state())) {
     return done(absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " ended (",
@@ -266,10 +311,37 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
   if (report.rank() < 0 || report.rank() >= world) {
     return absl::InvalidArgumentError(absl::StrCat("rank: ", report.rank(), " is not a rank of job ", report.job_id()));
   }
-  if (report.iteration() < 0 || report.iteration() >= before.spec().iterations()) {
-    return absl::InvalidArgumentError(absl::StrCat("iteration: ", report.iteration(), " is outside the job"));
+  if (report.iteration() < before.start_iteration() || report.iteration() >= before.spec().iterations()) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration: ", report.iteration(), " is outside job ",
+                                                   report.job_id(), " (", before.start_iteration(), "..",
+                                                   before.spec().iterations() - 1, ")"));
+  }
+  if (!report.error().empty()) {
+    // An executor could not run its part: the job cannot go on.
+    ASSIGN_OR_RETURN(const bool changed,
+                     store_->SetJobState(report.job_id(), proto::JobState::failed, report.error(), NowMs()));
+    metrics_.Add("dynapipe_executor_failures_total", 1, "Failures executors reported");
+    if (changed) spdlog::error("job {} failed: {}", report.job_id(), report.error());
+    return absl::OkStatus();
   }
   RETURN_IF_ERROR(store_->PutReport(report, options_.plan_ttl));
+  if (report.checkpoint_written()) {
+    const std::string dir = CheckpointDir(before.spec());
+    if (dir.empty()) {
+      spdlog::warn("job {} rank {} reports a checkpoint of iteration {}, but the job has no checkpoint.dir: ignored",
+                   report.job_id(), report.rank(), report.iteration());
+    } else {
+      // Retried reports are harmless: a rank counts once per iteration.
+      ASSIGN_OR_RETURN(const bool complete,
+                       store_->MarkCheckpointShard(report.job_id(), dir, report.iteration(), report.rank(), world));
+      metrics_.Add("dynapipe_checkpoint_shards_total", 1, "Checkpoint shards executors reported written");
+      if (complete) {
+        metrics_.Add("dynapipe_checkpoints_complete_total", 1, "Checkpoints whose every rank's shard is written");
+        spdlog::info("job {}: checkpoint of iteration {} complete in {} ({} ranks)", report.job_id(),
+                     report.iteration(), dir, world);
+      }
+    }
+  }
   metrics_.Add("dynapipe_iterations_reported_total", 1, "ReportIteration calls");
   metrics_.Add("dynapipe_tokens_total", static_cast<double>(report.tokens()), "Real tokens reported by executors");
   if (report.iteration_ms() > 0) {

@@ -48,7 +48,8 @@ class PlannerService {
   void Start();
   void Stop();
 
-  // JobService.
+  // JobService. Submit with checkpoint.resume starts the job after the latest
+  // complete checkpoint of checkpoint.dir (INVALID_ARGUMENT if none is left).
   absl::StatusOr<proto::SubmitJobResponse> Submit(const proto::SubmitJobRequest& req);
   absl::StatusOr<proto::JobStatus> Get(const proto::GetJobRequest& req);
   absl::StatusOr<proto::ListJobsResponse> List(const proto::ListJobsRequest& req);
@@ -59,6 +60,8 @@ class PlannerService {
   // this thread or a background one.
   using FetchDone = std::function<void(absl::StatusOr<proto::ExecutionPlan>)>;
   void FetchPlan(const proto::FetchPlanRequest& req, absl::Time deadline, FetchDone done);
+  // Stores the report; a report with checkpoint_written marks the rank's shard
+  // (the checkpoint is complete once every rank's is).
   absl::Status ReportIteration(const proto::IterationReport& report);
 
   // ExecutorRegistry.
@@ -93,6 +96,8 @@ class PlannerService {
   };
 
   absl::StatusOr<std::shared_ptr<const JobRuntime>> Runtime(const std::string& job);
+  // Sets last_loss and last_iteration_ms from the latest stored report.
+  void FillLastIteration(proto::JobStatus* s);
   void OnEvent(const std::string& event);
   void AddWaiter(Waiter w);
   void WaiterLoop();

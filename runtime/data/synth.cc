@@ -18,14 +18,14 @@ proto::DatasetInfo SynthInfo(const SynthOptions& o) {
   info.set_vocab(kFirstTask + kNumSynthTasks + o.alphabet);
   for (int t = 0; t < kNumSynthTasks; ++t) info.add_tasks(SynthTaskName(t));
   info.set_pad_id(kPad);
-  info.set_bos_id(kBos);
+  info.set_sep_id(kSep);
   info.set_eos_id(kEos);
   info.set_source(absl::StrCat("synth seed ", o.seed, " alphabet ", o.alphabet));
   return info;
 }
 
 std::vector<uint32_t> SynthTarget(int task, std::span<const uint32_t> input, int target_len, const SynthOptions& o) {
-  const auto symbols = input.subspan(1);  // after the task token
+  const auto symbols = input.subspan(1, input.size() - 2);  // between the task token and the separator
   const uint32_t first_symbol = kFirstTask + kNumSynthTasks;
   const size_t t = std::min<size_t>(std::max(1, target_len), symbols.size());
   std::vector<uint32_t> out;
@@ -54,11 +54,12 @@ absl::Status Synthesize(std::span<const planner::RawLength> lengths, const Synth
   std::vector<uint32_t> input;
   for (size_t i = 0; i < lengths.size(); ++i) {
     const int task = static_cast<int>(rng() % kNumSynthTasks);
-    // Input: the task token plus n - 1 symbols (at least one symbol).
-    const int n = static_cast<int>(std::clamp<int64_t>(lengths[i].input, 2, o.max_input));
-    const int t = static_cast<int>(std::clamp<int64_t>(lengths[i].target, 1, std::min(o.max_target, n - 1)));
+    // Input: the task token, n - 2 symbols (at least one), the separator.
+    const int n = static_cast<int>(std::clamp<int64_t>(lengths[i].input, 3, std::max(3, o.max_input)));
+    const int t = static_cast<int>(std::clamp<int64_t>(lengths[i].target, 1, std::min(o.max_target, n - 2)));
     input.assign(1, kFirstTask + task);
-    for (int k = 1; k < n; ++k) input.push_back(first_symbol + symbol(rng));
+    for (int k = 1; k < n - 1; ++k) input.push_back(first_symbol + symbol(rng));
+    input.push_back(kSep);
     RETURN_IF_ERROR(out->Add(input, SynthTarget(task, input, t, o), static_cast<uint32_t>(task)));
   }
   return absl::OkStatus();

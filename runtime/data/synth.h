@@ -2,7 +2,8 @@
 
 // A learnable multi-task dataset whose lengths follow a given length list
 // (e.g. the FLAN-like file): sample i takes its input and target lengths from
-// entry i. Tasks, each marked by a task token at the start of the input:
+// entry i. Tasks, each marked by a task token at the start of the input (the
+// input ends with a separator):
 //   copy_prefix    target = the first t symbols of the input
 //   reverse_suffix target = the last t symbols, reversed
 //   sort_prefix    target = the first t symbols, sorted
@@ -26,8 +27,10 @@ struct SynthOptions {
   int max_target = 256;
 };
 
-// Token ids: 0 pad, 1 bos, 2 eos, 3.. task tokens, then the alphabet.
-inline constexpr uint32_t kPad = 0, kBos = 1, kEos = 2, kFirstTask = 3;
+// Token ids: 0 pad, 1 sep, 2 eos, 3.. task tokens, then the alphabet. Every
+// input is [task, symbols..., sep]: the separator tells the model where the
+// answer starts.
+inline constexpr uint32_t kPad = 0, kSep = 1, kEos = 2, kFirstTask = 3;
 inline constexpr int kNumSynthTasks = 4;
 const char* SynthTaskName(int task);
 
@@ -37,7 +40,7 @@ proto::DatasetInfo SynthInfo(const SynthOptions& options);
 // Writes one sample per entry of `lengths`.
 absl::Status Synthesize(std::span<const planner::RawLength> lengths, const SynthOptions& options, DatasetWriter* out);
 
-// The target the task defines for `input` (task token first), with EOS.
+// The target the task defines for `input` (task token first, separator last), with EOS.
 std::vector<uint32_t> SynthTarget(int task, std::span<const uint32_t> input, int target_len, const SynthOptions& options);
 
 }  // namespace dynapipe::runtime::data

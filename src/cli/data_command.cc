@@ -1,10 +1,12 @@
 #include "src/cli/data_command.h"
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <ostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/synth.h"
@@ -18,6 +20,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: dynapipe data synth --out DIR --lengths FILE [--samples N] [--seed S] [--alphabet A] [--max-input L]\n"
+    "                          [--input-scale F]   (input lengths x F, for small CPU runs; the mix keeps its shape)\n"
     "       dynapipe data import --in FILE.jsonl --out DIR [--vocab V]   (lines: {\"input\": [ids], \"target\": [ids], \"task\": \"name\"})\n"
     "       dynapipe data info DIR\n";
 
@@ -32,13 +35,21 @@ absl::Status Synth(const Args& a, std::ostream& out) {
   ASSIGN_OR_RETURN(const int64_t max_input, a.Int("max-input", 2048));
   if (alphabet < 2 || alphabet > 1 << 20) return absl::InvalidArgumentError("--alphabet: must be in 2..1048576");
   if (max_input < 2) return absl::InvalidArgumentError("--max-input: must be at least 2");
+  double scale = 1.0;
+  if (a.Has("input-scale") && (!absl::SimpleAtod(a.Str("input-scale"), &scale) || !(scale > 0) || scale > 1)) {
+    return absl::InvalidArgumentError("--input-scale: expected a number in (0, 1]");
+  }
   o.seed = static_cast<uint64_t>(seed);
   o.alphabet = static_cast<int>(alphabet);
   o.max_input = static_cast<int>(max_input);
   // More samples than lines: the length list repeats.
   std::vector<planner::RawLength> use;
   use.reserve(n);
-  for (int64_t i = 0; i < n; ++i) use.push_back(lengths[i % lengths.size()]);
+  for (int64_t i = 0; i < n; ++i) {
+    planner::RawLength l = lengths[i % lengths.size()];
+    l.input = std::max<int64_t>(2, std::llround(static_cast<double>(l.input) * scale));
+    use.push_back(l);
+  }
   proto::DatasetInfo info = runtime::data::SynthInfo(o);
   info.set_source(absl::StrCat(info.source(), ", lengths from ", a.Str("lengths")));
   ASSIGN_OR_RETURN(auto w, runtime::data::DatasetWriter::Create(a.Str("out"), info));
@@ -125,7 +136,7 @@ int RunDataCommand(const std::vector<std::string>& argv, std::ostream& out, std:
     const absl::Status s = Info(rest[0], out);
     return s.ok() ? 0 : fail(s);
   }
-  auto args = Args::Parse(rest, {"out", "lengths", "samples", "seed", "alphabet", "max-input", "in", "vocab"}, {});
+  auto args = Args::Parse(rest, {"out", "lengths", "samples", "seed", "alphabet", "max-input", "input-scale", "in", "vocab"}, {});
   if (!args.ok()) return fail(args.status());
   absl::Status s;
   if (sub == "synth") {

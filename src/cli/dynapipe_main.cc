@@ -1,9 +1,10 @@
-// The `dynapipe` command-line client. Subcommands: plan (offline planning).
+// The `dynapipe` command-line client: offline planning, job control, datasets, evaluation.
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "src/cli/data_command.h"
+#include "src/cli/eval_command.h"
 #include "src/cli/job_commands.h"
 #include "src/cli/plan_command.h"
 
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
       "  watch      JOB: a line per iteration until the job ends\n"
       "  executors  registered executors and their assignments\n"
       "  data       synth | import | info: make and inspect training datasets (dynapipe data --help)\n"
+      "  eval       per-task held-out accuracy of a job's checkpoint (dynapipe eval --help)\n"
       "common flags: --planner HOST:PORT ($DYNAPIPE_PLANNER), --token-file FILE ($DYNAPIPE_TOKEN_FILE),\n"
       "              --tls-ca FILE, --timeout-s N\n";
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "plan") return dynapipe::cli::RunPlanCommand(args, std::cout, std::cerr);
   if (command == "data") return dynapipe::cli::RunDataCommand(args, std::cout, std::cerr);
+  if (command == "eval") return dynapipe::cli::RunEvalCommand(args, std::cout, std::cerr);
   for (const char* c : {"submit", "status", "list", "cancel", "watch", "executors"}) {
     if (command == c) return dynapipe::cli::RunJobCommand(command, args, std::cout, std::cerr);
   }

@@ -28,12 +28,6 @@ class Fd {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
-  // Closes now so the caller sees the error; the destructor then does nothing.
-  int Close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
 
  private:
   int fd_;
@@ -59,33 +53,65 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) return ErrnoStatus(errno, "create", tmp);
-    size_t done = 0;
-    while (done < contents.size()) {
-      const ssize_t n = ::write(fd.get(), contents.data() + done, contents.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        return ErrnoStatus(err, "write", tmp);
-      }
-      done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd.get()) != 0 || fd.Close() != 0) {
+  auto writer = AtomicFileWriter::Create(path);
+  if (!writer.ok()) return writer.status();
+  if (absl::Status s = (*writer)->Append(contents); !s.ok()) return s;
+  return (*writer)->Commit();
+}
+
+absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(const std::string& path) {
+  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, "create", tmp);
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, std::move(tmp), fd));
+}
+
+AtomicFileWriter::~AtomicFileWriter() { Abandon(); }
+
+void AtomicFileWriter::Abandon() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+}
+
+absl::Status AtomicFileWriter::Append(absl::string_view bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("write ", tmp_, ": writer already finished"));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
       const int err = errno;
-      ::unlink(tmp.c_str());
-      return ErrnoStatus(err, "fsync", tmp);
+      Abandon();
+      return ErrnoStatus(err, "write", tmp_);
     }
+    done += static_cast<size_t>(n);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("commit ", tmp_, ": writer already finished"));
+  const int fd = fd_;
+  fd_ = -1;
+  if (::fsync(fd) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(err, "rename to", path);
+    ::close(fd);
+    ::unlink(tmp_.c_str());
+    return ErrnoStatus(err, "fsync", tmp_);
   }
-  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    return ErrnoStatus(err, "close", tmp_);
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    return ErrnoStatus(err, "rename to", path_);
+  }
+  std::string dir = std::filesystem::path(path_).parent_path().string();
   if (dir.empty()) dir = ".";
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0 || ::fsync(dfd.get()) != 0) return ErrnoStatus(errno, "fsync directory", dir);

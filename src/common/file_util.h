@@ -2,6 +2,7 @@
 
 // Whole-file reads and crash-safe writes.
 
+#include <memory>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -17,5 +18,30 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // over `path` and fsyncs the directory: readers see the old or the new file,
 // never a torn one.
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
+
+// WriteFileAtomic in pieces, for contents too large to hold twice in memory
+// (checkpoint shards): Append writes to the temporary file, Commit fsyncs,
+// renames and fsyncs the directory. Destroyed without a successful Commit,
+// it removes the temporary file and `path` is untouched.
+class AtomicFileWriter {
+ public:
+  // Creates the temporary file `path`.tmp.PID (the directory must exist).
+  static absl::StatusOr<std::unique_ptr<AtomicFileWriter>> Create(const std::string& path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  // Appends `bytes` to the temporary file.
+  absl::Status Append(absl::string_view bytes);
+  // Makes the file appear at `path`; the writer is finished afterwards either way.
+  absl::Status Commit();
+
+ private:
+  AtomicFileWriter(std::string path, std::string tmp, int fd) : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
+  void Abandon();
+
+  std::string path_, tmp_;
+  int fd_;  // -1 once committed or abandoned
+};
 
 }  // namespace dynapipe

@@ -29,6 +29,37 @@ TEST_CASE("WriteFileAtomic then ReadFile round-trips bytes, including NULs") {
   }
 }
 
+TEST_CASE("AtomicFileWriter: pieces appear only on Commit; dropped, nothing is left behind") {
+  const std::string path = TempPath("pieces");
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  auto leftovers = [&] {
+    int n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      n += entry.path().filename().string().rfind(std::filesystem::path(path).filename().string() + ".tmp.", 0) == 0;
+    }
+    return n;
+  };
+  {
+    auto w = AtomicFileWriter::Create(path);
+    REQUIRE(w.ok());
+    REQUIRE((*w)->Append("abc").ok());
+    CHECK(ReadFile(path).status().code() == absl::StatusCode::kNotFound);
+    CHECK(leftovers() == 1);
+  }  // dropped without Commit
+  CHECK(ReadFile(path).status().code() == absl::StatusCode::kNotFound);
+  CHECK(leftovers() == 0);
+
+  auto w = AtomicFileWriter::Create(path);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Append("abc").ok());
+  REQUIRE((*w)->Append(std::string("\0de", 3)).ok());
+  REQUIRE((*w)->Commit().ok());
+  CHECK(*ReadFile(path) == std::string("abc\0de", 6));
+  CHECK(leftovers() == 0);
+  CHECK((*w)->Append("x").code() == absl::StatusCode::kFailedPrecondition);
+  CHECK((*w)->Commit().code() == absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("ReadFile of a missing file is NOT_FOUND and names the path") {
   const auto r = ReadFile("/nonexistent/dir/file.txt");
   CHECK(r.status().code() == absl::StatusCode::kNotFound);

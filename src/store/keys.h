@@ -6,16 +6,21 @@
 //   {p}jobs:next               INCR counter for job ids
 //   {p}jobs                    SET of job ids
 //   {p}job:J:spec              JobSpec (binary proto)
-//   {p}job:J:state             HASH: state (JobState number), error, submit_ms, update_ms
+//   {p}job:J:state             HASH: state (JobState number), error, submit_ms, update_ms,
+//                              start_iteration (first iteration; > 0 when resumed from a checkpoint)
 //   {p}job:J:lease:I           planner id holding the right to plan iteration I (PX ttl)
 //   {p}job:J:planned:I         "1" once every rank's plan for I is stored (no TTL: exactly once)
 //   {p}job:J:plan:I:R          ExecutionPlan (binary proto with checksum; PX ttl)
 //   {p}job:J:progress          HASH: "planned" = highest iteration stored,
 //                              "writes:I" = times plans for I were committed (1 = exactly once),
-//                              "done:R" = last iteration rank R completed
+//                              "done:R" = last iteration rank R completed (start_iteration - 1
+//                              for every rank when the job is created)
 //   {p}job:J:rank:R            executor id holding rank R
 //   {p}job:J:metrics:I:R       IterationReport (binary proto; PX ttl)
 //   {p}job:J:bootstrap:K       bytes published for the job's communicator
+//   {p}job:J:checkpoint:I      SET of ranks whose checkpoint shard of iteration I is written (no TTL)
+//   {p}checkpoint:latest:D     latest iteration whose shards are complete in checkpoint dir D (only
+//                              raised; outlives jobs: a resubmitted job resumes from it)
 //   {p}executors               SET of executor ids
 //   {p}executors:ID            ExecutorRecord (binary proto)
 //   {p}events                  pub/sub channel: "plan J I", "bootstrap J K", "job J"
@@ -43,6 +48,8 @@ class Keys {
   std::string Rank(const std::string& j, int r) const { return absl::StrCat(p_, "job:", j, ":rank:", r); }
   std::string Metrics(const std::string& j, int64_t i, int r) const { return absl::StrCat(p_, "job:", j, ":metrics:", i, ":", r); }
   std::string Bootstrap(const std::string& j, const std::string& k) const { return absl::StrCat(p_, "job:", j, ":bootstrap:", k); }
+  std::string CheckpointRanks(const std::string& j, int64_t i) const { return absl::StrCat(p_, "job:", j, ":checkpoint:", i); }
+  std::string LatestCheckpoint(const std::string& dir) const { return absl::StrCat(p_, "checkpoint:latest:", dir); }
   std::string Executors() const { return p_ + "executors"; }
   std::string Executor(const std::string& id) const { return absl::StrCat(p_, "executors:", id); }
   std::string Events() const { return p_ + "events"; }

@@ -12,7 +12,11 @@ void MemoryPlanStore::Notify(const std::string& event) {
   if (listener_) listener_(event);
 }
 
-absl::StatusOr<std::string> MemoryPlanStore::CreateJob(const proto::JobSpec& spec, int64_t now_ms) {
+absl::StatusOr<std::string> MemoryPlanStore::CreateJob(const proto::JobSpec& spec, int64_t start_iteration,
+                                                       int64_t now_ms) {
+  if (start_iteration < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start_iteration: ", start_iteration, " is negative"));
+  }
   std::string id;
   {
     MutexLock lock(&mu_);
@@ -20,6 +24,10 @@ absl::StatusOr<std::string> MemoryPlanStore::CreateJob(const proto::JobSpec& spe
     Job& j = jobs_[id];
     j.spec = spec;
     j.submit_ms = j.update_ms = now_ms;
+    j.start_iteration = start_iteration;
+    if (start_iteration > 0) {
+      for (int r = 0; r < WorldSize(spec); ++r) j.done[r] = start_iteration - 1;
+    }
   }
   Notify("job " + id);
   return id;
@@ -40,6 +48,7 @@ absl::StatusOr<proto::JobStatus> MemoryPlanStore::GetJob(const std::string& job)
     s.set_submit_time_unix_ms(j.submit_ms);
     s.set_update_time_unix_ms(j.update_ms);
     s.set_plans_ready(j.planned);
+    s.set_start_iteration(j.start_iteration);
     world = WorldSize(j.spec);
   }
   auto done = DoneByRank(job, world);
@@ -163,6 +172,23 @@ absl::StatusOr<proto::IterationReport> MemoryPlanStore::GetReport(const std::str
     }
   }
   return absl::NotFoundError(absl::StrCat("no report for job ", job, " iteration ", iteration, " rank ", rank));
+}
+
+absl::StatusOr<bool> MemoryPlanStore::MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir,
+                                                          int64_t iteration, int rank, int world) {
+  if (absl::Status s = CheckShardMark(checkpoint_dir, iteration, rank, world); !s.ok()) return s;
+  MutexLock lock(&mu_);
+  std::set<int>& ranks = jobs_[job].checkpoint_ranks[iteration];
+  if (!ranks.insert(rank).second || static_cast<int>(ranks.size()) < world) return false;
+  auto [it, inserted] = latest_checkpoint_.emplace(checkpoint_dir, iteration);
+  it->second = std::max(it->second, iteration);
+  return true;
+}
+
+absl::StatusOr<int64_t> MemoryPlanStore::LatestCheckpoint(const std::string& checkpoint_dir) {
+  MutexLock lock(&mu_);
+  auto it = latest_checkpoint_.find(checkpoint_dir);
+  return it == latest_checkpoint_.end() ? -1 : it->second;
 }
 
 absl::StatusOr<bool> MemoryPlanStore::ClaimRank(const std::string& job, int rank, const std::string& executor) {

@@ -14,7 +14,7 @@ namespace dynapipe::store {
 
 class MemoryPlanStore : public PlanStore {
  public:
-  absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t now_ms) override;
+  absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t start_iteration, int64_t now_ms) override;
   absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<bool> SetJobState(const std::string& job, proto::JobState::Value state, const std::string& error,
@@ -30,6 +30,9 @@ class MemoryPlanStore : public PlanStore {
   absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
   absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
+  absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir, int64_t iteration,
+                                           int rank, int world) override;
+  absl::StatusOr<int64_t> LatestCheckpoint(const std::string& checkpoint_dir) override;
   absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) override;
   absl::StatusOr<std::string> RankHolder(const std::string& job, int rank) override;
   absl::Status PutExecutor(const proto::ExecutorRecord& record) override;
@@ -54,6 +57,7 @@ class MemoryPlanStore : public PlanStore {
     proto::JobState::Value state = proto::JobState::pending;
     std::string error;
     int64_t submit_ms = 0, update_ms = 0;
+    int64_t start_iteration = 0;
     int64_t planned = -1;
     std::map<int64_t, int64_t> writes;
     std::map<int, int64_t> done;
@@ -62,11 +66,13 @@ class MemoryPlanStore : public PlanStore {
     std::map<std::pair<int64_t, int>, std::string> plans, reports;
     std::map<int, std::string> ranks;
     std::map<std::string, std::string> bootstrap;
+    std::map<int64_t, std::set<int>> checkpoint_ranks;  // iteration -> ranks whose shard is written
   };
   Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, proto::ExecutorRecord> executors_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> latest_checkpoint_ ABSL_GUARDED_BY(mu_);  // by checkpoint dir
   Mutex listener_mu_;
   std::function<void(const std::string&)> listener_ ABSL_GUARDED_BY(listener_mu_);
 };

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "proto/plan.pb.h"
 #include "proto/report.pb.h"
@@ -25,8 +27,14 @@ class PlanStore {
   virtual ~PlanStore() = default;
 
   // Jobs. CreateJob assigns the id and stores the spec with state pending.
-  virtual absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t now_ms) = 0;
-  // The job with its spec, state and progress (plans_ready, iterations_done).
+  // A job starting at `start_iteration` > 0 (resumed from a checkpoint) shows
+  // every rank's last done iteration as start_iteration - 1, so its
+  // iterations_done, planning and executors' assignments begin there.
+  // INVALID_ARGUMENT if start_iteration is negative.
+  virtual absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t start_iteration,
+                                                int64_t now_ms) = 0;
+  // The job with its spec, state and progress (plans_ready, iterations_done,
+  // start_iteration).
   virtual absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) = 0;
   virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
   // Moves the job to `state` (with `error`) unless it is already terminal
@@ -53,6 +61,15 @@ class PlanStore {
   // Last completed iteration per rank (-1: none), for ranks 0..world-1.
   virtual absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) = 0;
   virtual absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) = 0;
+
+  // Checkpoints. Adds `rank` to the ranks whose shard of `iteration` is
+  // written; the call that completes the set (all `world` ranks) raises the
+  // latest complete checkpoint of `checkpoint_dir` to `iteration` (never
+  // lowers it) and returns true. Repeated marks of a rank count once.
+  virtual absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir,
+                                                   int64_t iteration, int rank, int world) = 0;
+  // The latest complete checkpoint recorded for `checkpoint_dir`; -1 if none.
+  virtual absl::StatusOr<int64_t> LatestCheckpoint(const std::string& checkpoint_dir) = 0;
 
   // Ranks and executors.
   virtual absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) = 0;
@@ -83,6 +100,16 @@ inline int WorldSize(const proto::JobSpec& spec) {
 // Succeeded, failed and cancelled jobs never change state again.
 inline bool IsTerminal(proto::JobState::Value s) {
   return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
+}
+
+// INVALID_ARGUMENT unless the arguments of MarkCheckpointShard make sense.
+inline absl::Status CheckShardMark(const std::string& checkpoint_dir, int64_t iteration, int rank, int world) {
+  if (checkpoint_dir.empty()) return absl::InvalidArgumentError("checkpoint_dir: must be set");
+  if (iteration < 0) return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is not a rank of a world of ", world));
+  }
+  return absl::OkStatus();
 }
 
 // Parses stored plan bytes; DATA_LOSS unless they parse and the checksum matches.

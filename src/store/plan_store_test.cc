@@ -1,7 +1,9 @@
 // The same behaviour checks against the Redis store (a real redis-server on a
 // loopback port) and the in-memory store.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
+#include <thread>
 
 #include "planner/plan/instructions.h"
 #include "src/common/mutex.h"
@@ -53,7 +55,7 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
     events.push_back(e);
   });
 
-  auto id = store.CreateJob(Spec(2, 1), 1000);
+  auto id = store.CreateJob(Spec(2, 1), 0, 1000);
   REQUIRE(id.ok());
   auto job = store.GetJob(*id);
   REQUIRE(job.ok());
@@ -61,6 +63,7 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(job->spec().parallelism().pp() == 2);
   CHECK(job->plans_ready() == -1);
   CHECK(job->iterations_done() == 0);
+  CHECK(job->start_iteration() == 0);
   CHECK(store.GetJob("job-999999").status().code() == absl::StatusCode::kNotFound);
   CHECK(store.ListJobs()->size() == 1);
 
@@ -131,6 +134,68 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(store.GetBootstrap(*id, "nccl_id").status().code() == absl::StatusCode::kNotFound);
   REQUIRE(store.SetBootstrap(*id, "nccl_id", std::string("\0\1\2", 3)).ok());
   CHECK(*store.GetBootstrap(*id, "nccl_id") == std::string("\0\1\2", 3));
+
+  // A job created at a start iteration (resumed from a checkpoint) shows
+  // every rank done up to the iteration before it.
+  CHECK(store.CreateJob(Spec(2, 1), -1, 5000).status().code() == absl::StatusCode::kInvalidArgument);
+  auto resumed = store.CreateJob(Spec(2, 1), 4, 5000);
+  REQUIRE(resumed.ok());
+  CHECK(*resumed != *id);
+  auto rj = store.GetJob(*resumed);
+  REQUIRE(rj.ok());
+  CHECK(rj->state() == proto::JobState::pending);
+  CHECK(rj->start_iteration() == 4);
+  CHECK(rj->iterations_done() == 4);
+  CHECK(rj->plans_ready() == -1);
+  CHECK(*store.DoneByRank(*resumed, 2) == std::vector<int64_t>{3, 3});
+  r.set_job_id(*resumed);
+  r.set_rank(0);
+  r.set_iteration(1);  // a stray report from before the start moves nothing back
+  REQUIRE(store.PutReport(r, absl::Minutes(5)).ok());
+  r.set_iteration(4);
+  REQUIRE(store.PutReport(r, absl::Minutes(5)).ok());
+  CHECK(store.GetJob(*resumed)->iterations_done() == 4);
+  r.set_rank(1);
+  REQUIRE(store.PutReport(r, absl::Minutes(5)).ok());
+  CHECK(store.GetJob(*resumed)->iterations_done() == 5);
+  CHECK(store.GetJob(*id)->start_iteration() == 0);
+
+  // Checkpoints: complete only once every rank's shard is marked.
+  const std::string dir = "/ckpt/run";
+  CHECK(*store.LatestCheckpoint(dir) == -1);
+  CHECK_FALSE(*store.MarkCheckpointShard(*id, dir, 3, 0, 2));
+  CHECK_FALSE(*store.MarkCheckpointShard(*id, dir, 3, 0, 2));  // a repeated mark counts once
+  CHECK(*store.LatestCheckpoint(dir) == -1);
+  CHECK(*store.MarkCheckpointShard(*id, dir, 3, 1, 2));
+  CHECK(*store.LatestCheckpoint(dir) == 3);
+  CHECK_FALSE(*store.MarkCheckpointShard(*id, dir, 3, 1, 2));  // completed once, not again
+  CHECK_FALSE(*store.MarkCheckpointShard(*id, dir, 5, 1, 2));  // rank 0 of 5 missing
+  CHECK(*store.LatestCheckpoint(dir) == 3);
+  CHECK_FALSE(*store.MarkCheckpointShard(*id, dir, 1, 0, 2));
+  CHECK(*store.MarkCheckpointShard(*id, dir, 1, 1, 2));  // completes late: never lowers the latest
+  CHECK(*store.LatestCheckpoint(dir) == 3);
+  CHECK_FALSE(*store.MarkCheckpointShard(*resumed, dir, 5, 0, 2));  // ranks are counted per job
+  CHECK(*store.LatestCheckpoint(dir) == 3);
+  CHECK_FALSE(*store.MarkCheckpointShard(*resumed, dir, 7, 1, 2));
+  CHECK(*store.MarkCheckpointShard(*resumed, dir, 7, 0, 2));  // the resubmitted job continues the dir
+  CHECK(*store.LatestCheckpoint(dir) == 7);
+  CHECK(*store.LatestCheckpoint("/ckpt/other") == -1);
+  CHECK(store.MarkCheckpointShard(*id, dir, 9, 2, 2).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(store.MarkCheckpointShard(*id, dir, -1, 0, 2).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(store.MarkCheckpointShard(*id, "", 9, 0, 2).status().code() == absl::StatusCode::kInvalidArgument);
+  // Ranks marking at once: exactly one call completes the checkpoint.
+  constexpr int kWorld = 8;
+  std::atomic<int> completed{0};
+  std::vector<std::thread> markers;
+  for (int k = 0; k < kWorld; ++k) {
+    markers.emplace_back([&, k] {
+      auto done = store.MarkCheckpointShard(*resumed, dir, 20, k, kWorld);
+      if (done.ok() && *done) ++completed;
+    });
+  }
+  for (auto& t : markers) t.join();
+  CHECK(completed == 1);
+  CHECK(*store.LatestCheckpoint(dir) == 20);
 
   CHECK(Eventually([&] {
     MutexLock lock(&mu);

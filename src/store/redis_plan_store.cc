@@ -48,15 +48,32 @@ return 1
 )lua";
 
 // One atomic step: a job is either fully created or not at all. KEYS:
-// counter, jobs set, events; ARGV: key prefix, spec bytes, pending state, now_ms.
+// counter, jobs set, events; ARGV: key prefix, spec bytes, pending state,
+// now_ms, start iteration, world size, start iteration - 1. A job starting
+// after 0 has every rank's last done iteration at start - 1.
 constexpr char kCreateScript[] = R"lua(
 local n = redis.call('INCR', KEYS[1])
 local id = string.format('job-%06d', n)
-redis.call('SET', ARGV[1] .. 'job:' .. id .. ':spec', ARGV[2])
-redis.call('HSET', ARGV[1] .. 'job:' .. id .. ':state', 'state', ARGV[3], 'error', '', 'submit_ms', ARGV[4], 'update_ms', ARGV[4])
+local job = ARGV[1] .. 'job:' .. id
+redis.call('SET', job .. ':spec', ARGV[2])
+redis.call('HSET', job .. ':state', 'state', ARGV[3], 'error', '', 'submit_ms', ARGV[4], 'update_ms', ARGV[4],
+           'start_iteration', ARGV[5])
+if tonumber(ARGV[5]) > 0 then
+  for r = 0, tonumber(ARGV[6]) - 1 do redis.call('HSET', job .. ':progress', 'done:' .. r, ARGV[7]) end
+end
 redis.call('SADD', KEYS[2], id)
 redis.call('PUBLISH', KEYS[3], 'job ' .. id)
 return id
+)lua";
+
+// KEYS: ranks set, latest key; ARGV: rank, world, iteration. 1 only for the
+// mark that completes the set.
+constexpr char kMarkCheckpointScript[] = R"lua(
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then return 0 end
+local cur = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if tonumber(ARGV[3]) > cur then redis.call('SET', KEYS[2], ARGV[3]) end
+return 1
 )lua";
 
 // KEYS: lease; ARGV: owner.
@@ -96,11 +113,16 @@ RedisPlanStore::~RedisPlanStore() {
   subscriber_.join();
 }
 
-absl::StatusOr<std::string> RedisPlanStore::CreateJob(const proto::JobSpec& spec, int64_t now_ms) {
+absl::StatusOr<std::string> RedisPlanStore::CreateJob(const proto::JobSpec& spec, int64_t start_iteration,
+                                                      int64_t now_ms) {
+  if (start_iteration < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start_iteration: ", start_iteration, " is negative"));
+  }
   ASSIGN_OR_RETURN(const RedisReply r,
                    client_.Command({"EVAL", kCreateScript, "3", keys_.JobCounter(), keys_.Jobs(), keys_.Events(),
                                     keys_.prefix(), spec.SerializeAsString(), std::to_string(proto::JobState::pending),
-                                    std::to_string(now_ms)}));
+                                    std::to_string(now_ms), std::to_string(start_iteration),
+                                    std::to_string(WorldSize(spec)), std::to_string(start_iteration - 1)}));
   return r.str;
 }
 
@@ -110,8 +132,9 @@ absl::StatusOr<proto::JobStatus> RedisPlanStore::GetJob(const std::string& job) 
   proto::JobStatus status;
   status.set_job_id(job);
   if (!status.mutable_spec()->ParseFromString(spec.str)) return absl::DataLossError(absl::StrCat("job ", job, ": corrupt spec"));
-  ASSIGN_OR_RETURN(const RedisReply st, client_.Command({"HMGET", keys_.State(job), "state", "error", "submit_ms", "update_ms"}));
-  if (st.elements.size() == 4) {
+  ASSIGN_OR_RETURN(const RedisReply st, client_.Command({"HMGET", keys_.State(job), "state", "error", "submit_ms",
+                                                        "update_ms", "start_iteration"}));
+  if (st.elements.size() == 5) {
     ASSIGN_OR_RETURN(const int64_t state, ParseInt(st.elements[0], 0));
     status.set_state(static_cast<proto::JobState::Value>(state));
     status.set_error(st.elements[1].str);
@@ -119,6 +142,8 @@ absl::StatusOr<proto::JobStatus> RedisPlanStore::GetJob(const std::string& job) 
     ASSIGN_OR_RETURN(const int64_t update, ParseInt(st.elements[3], 0));
     status.set_submit_time_unix_ms(submit);
     status.set_update_time_unix_ms(update);
+    ASSIGN_OR_RETURN(const int64_t start, ParseInt(st.elements[4], 0));
+    status.set_start_iteration(start);
   }
   ASSIGN_OR_RETURN(const RedisReply planned, client_.Command({"HGET", keys_.Progress(job), "planned"}));
   ASSIGN_OR_RETURN(const int64_t p, ParseInt(planned, -1));
@@ -214,6 +239,21 @@ absl::StatusOr<proto::IterationReport> RedisPlanStore::GetReport(const std::stri
   proto::IterationReport report;
   if (!report.ParseFromString(r.str)) return absl::DataLossError("corrupt iteration report");
   return report;
+}
+
+absl::StatusOr<bool> RedisPlanStore::MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir,
+                                                         int64_t iteration, int rank, int world) {
+  RETURN_IF_ERROR(CheckShardMark(checkpoint_dir, iteration, rank, world));
+  ASSIGN_OR_RETURN(const RedisReply r,
+                   client_.Command({"EVAL", kMarkCheckpointScript, "2", keys_.CheckpointRanks(job, iteration),
+                                    keys_.LatestCheckpoint(checkpoint_dir), std::to_string(rank),
+                                    std::to_string(world), std::to_string(iteration)}));
+  return r.integer == 1;
+}
+
+absl::StatusOr<int64_t> RedisPlanStore::LatestCheckpoint(const std::string& checkpoint_dir) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.LatestCheckpoint(checkpoint_dir)}));
+  return ParseInt(r, -1);
 }
 
 absl::StatusOr<bool> RedisPlanStore::ClaimRank(const std::string& job, int rank, const std::string& executor) {

@@ -21,7 +21,7 @@ class RedisPlanStore : public PlanStore {
   RedisPlanStore(RedisOptions options, std::string prefix = "dynapipe:");
   ~RedisPlanStore() override;
 
-  absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t now_ms) override;
+  absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t start_iteration, int64_t now_ms) override;
   absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<bool> SetJobState(const std::string& job, proto::JobState::Value state, const std::string& error,
@@ -37,6 +37,9 @@ class RedisPlanStore : public PlanStore {
   absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
   absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
+  absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir, int64_t iteration,
+                                           int rank, int world) override;
+  absl::StatusOr<int64_t> LatestCheckpoint(const std::string& checkpoint_dir) override;
   absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) override;
   absl::StatusOr<std::string> RankHolder(const std::string& job, int rank) override;
   absl::Status PutExecutor(const proto::ExecutorRecord& record) override;

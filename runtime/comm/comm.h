@@ -1,0 +1,97 @@
+#pragma once
+
+// Communication between executor processes: point-to-point transfers for the
+// pipeline (activations forward, gradients backward) and in-place sums for
+// data parallelism. Backends (Gloo over TCP today, NCCL later) implement
+// Communicator; processes find each other through a KeyValueStore.
+//
+// Failure model: the first failed transfer or collective aborts the whole
+// communicator (its connections are closed, so peers fail fast instead of
+// waiting out their deadlines); that operation reports what failed and every
+// later one returns ABORTED naming the cause. Recovery means a new
+// communicator under a new job prefix, not retrying on this one.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace dynapipe::runtime::comm {
+
+// Rendezvous: where ranks publish and look up each other's addresses.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  // Stores `value` under `key`, replacing any earlier value.
+  virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
+  // The value of `key`, waiting up to `wait` for it to be set; DEADLINE_EXCEEDED
+  // when it is not set in time.
+  virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration wait) = 0;
+};
+
+// A started transfer. Not thread-safe itself, except that its communicator's
+// Abort() may run concurrently with Wait().
+class Request {
+ public:
+  // Destroying a request whose transfer has not completed aborts the
+  // communicator (its bytes could still arrive, and the backend would stall
+  // the connection or write into memory the caller has released).
+  virtual ~Request() = default;
+  // Waits for the transfer: OK once it completed; DEADLINE_EXCEEDED when
+  // `deadline` passes first, ABORTED after Abort(), UNAVAILABLE when the
+  // connection to the peer failed (messages name the operation, peer rank and
+  // byte count). Errors are final, and after any return the backend no longer
+  // touches the buffer. A later call returns the same result.
+  virtual absl::Status Wait(absl::Time deadline) = 0;
+};
+
+class Communicator {
+ public:
+  // Aborts transfers still in flight (see Request); otherwise closes the
+  // connections gracefully, so bytes already sent still reach the peers.
+  // Requests may outlive their communicator.
+  virtual ~Communicator() = default;
+
+  // This process's rank in [0, size()).
+  virtual int rank() const = 0;
+  // Number of ranks in the world.
+  virtual int size() const = 0;
+
+  // Starts sending `bytes` from `data` to rank `peer`; `data` must stay alive
+  // and unchanged until Wait returns. The receiver posts a Recv with the same
+  // tag and the same byte count (a mismatch is a bug the backend may not
+  // report: Gloo aborts the receiving process when the send is larger).
+  // Transfers between one pair in one direction with one tag are matched in
+  // the order they were started. Do not count on a send completing before
+  // its Recv is posted (Gloo's do not).
+  virtual absl::StatusOr<std::unique_ptr<Request>> Send(int peer, uint64_t tag, const void* data,
+                                                        size_t bytes) = 0;
+  // Starts receiving `bytes` from rank `peer` into `data` (alive until Wait
+  // returns). The sender's byte count must be the same.
+  virtual absl::StatusOr<std::unique_ptr<Request>> Recv(int peer, uint64_t tag, void* data,
+                                                        size_t bytes) = 0;
+
+  // Replaces data[0, n) by its element-wise sum over the global ranks in
+  // `group`, blocking until done or `deadline`. Every member calls with the
+  // same group (any order) and n, and the caller must be a member; members
+  // must reach their groups' first all-reduces in the same order. Results are
+  // bitwise identical on every member.
+  virtual absl::Status AllReduceSum(absl::Span<const int> group, float* data, size_t n,
+                                    absl::Time deadline) = 0;
+  virtual absl::Status AllReduceSum(absl::Span<const int> group, double* data, size_t n,
+                                    absl::Time deadline) = 0;
+
+  // Thread-safe, from any thread: pending and future waits and collectives
+  // return ABORTED promptly, and connections are closed so that peers' waits
+  // on this rank fail instead of running into their deadlines. Returns once
+  // the backend no longer touches any request's buffer.
+  virtual void Abort() = 0;
+};
+
+}  // namespace dynapipe::runtime::comm

@@ -1,0 +1,50 @@
+#pragma once
+
+// The Gloo backend of Communicator: TCP connections between every pair of
+// ranks (Gloo's full mesh), found through a KeyValueStore.
+//
+// Send/Recv use the world mesh, with the tag as Gloo's slot. Each distinct
+// all-reduce group gets its own mesh, connected on that group's first
+// AllReduceSum (so members must reach their groups' first all-reduces in the
+// same order) under store keys derived from the sorted group ranks; keeping
+// collectives off the world mesh leaves the whole uint64 tag space to
+// Send/Recv. The sum is a ring reduce-scatter + all-gather run over our own
+// abortable transfers rather than gloo::allreduce, whose internal waits
+// neither honour an absolute deadline nor can be interrupted by Abort().
+//
+// Gloo specifics callers may notice: a send completes only once the receiver
+// has posted its Recv; on a timeout Gloo itself closes every connection of the
+// mesh (hence deadlines are final); and when a peer dies while a transfer's
+// payload is partly through the socket, Gloo does not wake that one transfer,
+// so its wait ends at its deadline (or at an Abort caused by any other
+// failure) rather than at once.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/comm/comm.h"
+
+namespace dynapipe::runtime::comm {
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  // Prefixes every store key; unique per job attempt, so that attempts
+  // sharing a store do not read each other's stale addresses.
+  std::string job_prefix;
+  // Local address to listen on and advertise to peers.
+  std::string interface_address = "127.0.0.1";
+  // Bounds connecting the world mesh and each group's mesh (all ranks must
+  // arrive within it).
+  absl::Duration connect_timeout = absl::Seconds(30);
+};
+
+// Connects rank `options.rank` to all others; blocks until every rank has
+// called this or connect_timeout passes (DEADLINE_EXCEEDED naming the missing
+// store key). `store` must outlive the communicator (groups rendezvous lazily).
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options,
+                                                                     KeyValueStore* store);
+
+}  // namespace dynapipe::runtime::comm

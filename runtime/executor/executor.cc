@@ -1,0 +1,367 @@
+#include "runtime/executor/executor.h"
+
+#include <filesystem>
+#include <future>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/gloo_comm.h"
+#include "runtime/data/dataset.h"
+#include "runtime/executor/worker.h"
+#include "src/common/logging.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::executor {
+namespace {
+
+// The job's bootstrap exchange (planner RPC, kept in Redis) as Gloo's
+// rendezvous store.
+class BootstrapStore final : public comm::KeyValueStore {
+ public:
+  BootstrapStore(rpc::PlannerClient* client, std::string job) : client_(client), job_(std::move(job)) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return client_->BootstrapSet(job_, std::string(key), std::string(value));
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration wait) override {
+    return client_->BootstrapGet(job_, std::string(key), wait);
+  }
+
+ private:
+  rpc::PlannerClient* client_;
+  std::string job_;
+};
+
+std::string Resolve(const std::string& root, const std::string& path) {
+  if (path.empty() || path[0] == '/' || root.empty()) return path;
+  return (std::filesystem::path(root) / path).string();
+}
+
+constexpr absl::Duration kPlanWait = absl::Seconds(5);  // per FetchPlan call; bounds an abort's latency
+
+}  // namespace
+
+Executor::Executor(ExecutorOptions options) : options_(std::move(options)) {}
+
+Executor::~Executor() {
+  Shutdown();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void Executor::Shutdown() {
+  stopping_ = true;
+  AbortJob("executor shutting down");
+}
+
+void Executor::AbortJob(const std::string& why) {
+  MutexLock l(&mu_);
+  if (running_job_.empty()) return;
+  if (!stop_job_) spdlog::warn("job {}: stopping: {}", running_job_, why);
+  stop_job_ = true;
+  if (comm_ != nullptr) comm_->Abort();
+}
+
+absl::Status Executor::RegisterOnce() {
+  proto::RegisterExecutorRequest req;
+  req.set_node(options_.node);
+  req.set_device_index(options_.device);
+  req.set_backend(options_.backend);
+  req.set_address(options_.listen_address);
+  ASSIGN_OR_RETURN(const proto::RegisterExecutorResponse resp, client_->Register(req));
+  MutexLock l(&mu_);
+  executor_id_ = resp.executor_id();
+  heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
+  last_heartbeat_ok_ = absl::Now();
+  spdlog::info("registered as {} with the planner at {}", executor_id_, options_.planner.address);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::Run() {
+  ASSIGN_OR_RETURN(client_, rpc::PlannerClient::Connect(options_.planner));
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (!stopping_) {
+    const absl::Status s = RegisterOnce();
+    if (s.ok()) break;
+    if (s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kUnauthenticated ||
+        s.code() == absl::StatusCode::kPermissionDenied) {
+      return s;
+    }
+    spdlog::warn("registering with {}: {} (retrying in {} ms)", options_.planner.address, s.message(),
+                 absl::ToInt64Milliseconds(backoff));
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  std::string finished;  // the last job this executor ran (its assignment may linger one heartbeat)
+  while (!stopping_) {
+    proto::Assignment a;
+    {
+      MutexLock l(&mu_);
+      mu_.AwaitWithDeadline(
+          [&] {
+            return stopping_ || (!assignment_.job_id().empty() && assignment_.job_id() != finished &&
+                                 assignment_.peer_executor_ids_size() == assignment_.world_size());
+          },
+          absl::Now() + absl::Milliseconds(200));
+      if (stopping_ || assignment_.job_id().empty() || assignment_.job_id() == finished ||
+          assignment_.peer_executor_ids_size() != assignment_.world_size()) {
+        continue;
+      }
+      a = assignment_;
+      running_job_ = a.job_id();
+      stop_job_ = false;
+      last_error_.clear();
+    }
+    spdlog::info("job {}: rank {} of {} (pp rank {}, dp rank {}), from iteration {}", a.job_id(), a.rank(),
+                 a.world_size(), a.pp_rank(), a.dp_rank(), a.start_iteration());
+    const absl::Status s = RunJob(a);
+    MutexLock l(&mu_);
+    if (s.ok()) {
+      spdlog::info("job {}: done on this executor", a.job_id());
+    } else {
+      spdlog::error("job {}: {}", a.job_id(), s.message());
+      last_error_ = std::string(s.message());
+    }
+    finished = a.job_id();
+    running_job_.clear();
+    comm_ = nullptr;
+  }
+  return absl::OkStatus();
+}
+
+void Executor::HeartbeatLoop() {
+  while (!stopping_) {
+    std::string id;
+    absl::Duration interval;
+    int64_t iteration;
+    {
+      MutexLock l(&mu_);
+      id = executor_id_;
+      interval = heartbeat_interval_;
+      iteration = last_iteration_;
+    }
+    proto::HeartbeatRequest req;
+    req.set_executor_id(id);
+    req.set_iteration(iteration);
+    auto resp = client_->Heartbeat(req);
+    if (!resp.ok()) {
+      if (resp.status().code() == absl::StatusCode::kNotFound) {
+        spdlog::warn("planner does not know executor {}: registering again", id);
+        AbortJob("the planner lost this executor's registration");
+        (void)RegisterOnce();
+      } else {
+        spdlog::warn("heartbeat: {}", resp.status().message());
+      }
+    } else {
+      if (resp->stop()) AbortJob("the planner ended the job (failed, cancelled or this executor was given up on)");
+      MutexLock l(&mu_);
+      last_heartbeat_ok_ = absl::Now();
+      assignment_ = resp->assignment();
+    }
+    for (absl::Duration slept; slept < interval && !stopping_; slept += absl::Milliseconds(20)) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+}
+
+absl::Status Executor::RunJob(const proto::Assignment& a) {
+  const std::string& job = a.job_id();
+  int64_t iteration = a.start_iteration();
+  // Failures before and during training are reported, so the planner fails
+  // the job and every other rank stops too.
+  auto report_failure = [&](const absl::Status& s) {
+    bool stopped;
+    {
+      MutexLock l(&mu_);
+      stopped = stop_job_;
+    }
+    if (stopped) return;  // the job already ended elsewhere; this is the fallout
+    proto::IterationReport r;
+    r.set_job_id(job);
+    r.set_iteration(iteration);
+    r.set_rank(a.rank());
+    r.set_error(std::string(s.message()));
+    if (auto rs = client_->ReportIteration(r); !rs.ok()) spdlog::error("reporting the failure: {}", rs.message());
+  };
+  auto fail = [&](absl::Status s) {
+    report_failure(s);
+    return s;
+  };
+  auto status = client_->Get(job);
+  if (!status.ok()) return fail(status.status());
+  const proto::JobSpec spec = status->spec();
+  auto dataset = data::Dataset::Open(Resolve(options_.data_root, spec.dataset().path()));
+  if (!dataset.ok()) return fail(Annotate(dataset.status(), "dataset"));
+
+  BootstrapStore store(client_.get(), job);
+  comm::GlooOptions go;
+  go.rank = a.rank();
+  go.size = a.world_size();
+  go.job_prefix = "gloo/";
+  go.interface_address = options_.listen_address;
+  go.connect_timeout = options_.connect_timeout;
+  auto comm = comm::CreateGlooCommunicator(go, &store);
+  if (!comm.ok()) return fail(Annotate(comm.status(), "connecting to the job's ranks"));
+  {
+    MutexLock l(&mu_);
+    comm_ = comm->get();
+    if (stop_job_) (*comm)->Abort();
+  }
+
+  // Plans, fetched ahead.
+  std::map<int64_t, std::future<absl::StatusOr<proto::ExecutionPlan>>> ahead;
+  auto fetch_async = [&](int64_t i) {
+    if (i >= spec.iterations() || ahead.contains(i)) return;
+    ahead[i] = std::async(std::launch::async, [this, job, i, rank = a.rank()] {
+      return client_->FetchPlan(job, i, rank, kPlanWait);
+    });
+  };
+  auto next_plan = [&](int64_t i) -> absl::StatusOr<proto::ExecutionPlan> {
+    for (int64_t k = i; k <= i + options_.prefetch; ++k) fetch_async(k);
+    while (true) {
+      auto f = std::move(ahead.at(i));
+      ahead.erase(i);
+      auto plan = f.get();
+      if (plan.ok() || plan.status().code() != absl::StatusCode::kDeadlineExceeded) return plan;
+      {
+        MutexLock l(&mu_);
+        if (stop_job_) return absl::AbortedError("job stopped while waiting for its plan");
+      }
+      spdlog::info("job {}: waiting for the plan of iteration {}", job, i);
+      fetch_async(i);
+    }
+  };
+
+  const int64_t first_iteration = iteration;
+  auto first = next_plan(iteration);
+  if (!first.ok()) return fail(Annotate(first.status(), absl::StrCat("plan of iteration ", iteration)));
+  const std::vector<int32_t> layers(first->layers().begin(), first->layers().end());
+  WorkerOptions wo;
+  wo.comm_timeout = options_.comm_timeout;
+  auto worker = Worker::Create(spec, layers, a.rank(), first->pp_size(), first->dp_size(), comm->get(),
+                               dataset->get(), wo);
+  if (!worker.ok()) return fail(worker.status());
+
+  const std::string ckpt_dir = Resolve(options_.data_root, spec.checkpoint().dir());
+  checkpoint::ShardInfo info;
+  info.rank = a.rank();
+  info.pp_rank = first->pp_rank();
+  info.dp_rank = first->dp_rank();
+  info.world = a.world_size();
+  info.job_fingerprint = checkpoint::JobFingerprint(spec);
+  if (first_iteration > 0) {
+    // Resume: the planner started this job after the latest complete checkpoint.
+    auto shard = checkpoint::ReadShard(ckpt_dir, first_iteration - 1, a.rank());
+    if (!shard.ok()) return fail(Annotate(shard.status(), "resuming"));
+    if (auto s = checkpoint::CheckSameJob(info, *shard); !s.ok()) return fail(Annotate(s, "resuming"));
+    auto load = [&](const std::vector<checkpoint::Tensor>& tensors, auto target) -> absl::Status {
+      std::map<std::string, const std::vector<float>*> by_name;
+      for (const auto& t : tensors) by_name[t.name] = &t.data;
+      for (size_t c = 0; c < (*worker)->chunks().size(); ++c) {
+        std::span<float> dst = target(c);
+        for (const model::ParamInfo& p : (*worker)->chunks()[c]->params()) {
+          auto it = by_name.find(p.name);
+          if (it == by_name.end() || it->second->size() != p.size) {
+            return absl::DataLossError(absl::StrCat("checkpoint shard lacks tensor ", p.name, " of ", p.size, " values"));
+          }
+          std::copy(it->second->begin(), it->second->end(), dst.begin() + p.offset);
+        }
+      }
+      return absl::OkStatus();
+    };
+    absl::Status s = load(shard->params, [&](size_t c) { return (*worker)->params(c); });
+    if (s.ok()) s = load(shard->adam_m, [&](size_t c) { return std::span<float>((*worker)->adam_m()[c]); });
+    if (s.ok()) s = load(shard->adam_v, [&](size_t c) { return std::span<float>((*worker)->adam_v()[c]); });
+    if (!s.ok()) return fail(Annotate(s, "resuming"));
+    (*worker)->set_optimizer_step(shard->optimizer_step);
+    spdlog::info("job {}: resumed from the checkpoint of iteration {} in {}", job, first_iteration - 1, ckpt_dir);
+  }
+
+  const int64_t interval = spec.checkpoint().interval();
+  for (; iteration < spec.iterations(); ++iteration) {
+    absl::StatusOr<proto::ExecutionPlan> plan =
+        iteration == first_iteration ? std::move(first) : next_plan(iteration);
+    if (!plan.ok()) return fail(Annotate(plan.status(), absl::StrCat("plan of iteration ", iteration)));
+    if (!std::equal(plan->layers().begin(), plan->layers().end(), layers.begin(), layers.end())) {
+      return fail(absl::FailedPreconditionError(absl::StrCat("iteration ", iteration, ": the plan moves layers")));
+    }
+    if (iteration == first_iteration) {
+      for (int64_t k = iteration + 1; k <= iteration + options_.prefetch; ++k) fetch_async(k);
+    }
+    auto result = (*worker)->RunIteration(*plan);
+    if (!result.ok()) return fail(result.status());
+    proto::IterationReport r;
+    r.set_job_id(job);
+    r.set_iteration(iteration);
+    r.set_rank(a.rank());
+    r.set_iteration_ms(result->iteration_ms);
+    r.set_predicted_iteration_ms(plan->predicted_iteration_ms());
+    r.set_peak_memory_mb(result->peak_memory_mb);
+    r.set_loss(result->loss);
+    r.set_tokens(result->tokens);
+    for (auto& t : result->timings) *r.add_timings() = std::move(t);
+    const bool save = interval > 0 && !ckpt_dir.empty() &&
+                      ((iteration + 1) % interval == 0 || iteration + 1 == spec.iterations());
+    if (save) {
+      checkpoint::ShardRef shard;
+      static_cast<checkpoint::ShardInfo&>(shard) = info;
+      shard.iteration = iteration;
+      shard.optimizer_step = (*worker)->optimizer_step();
+      for (size_t c = 0; c < (*worker)->chunks().size(); ++c) {
+        const model::GptStage& st = *(*worker)->chunks()[c];
+        for (const model::ParamInfo& p : st.params()) {
+          shard.params.push_back({p.name, st.param_data().subspan(p.offset, p.size)});
+          shard.adam_m.push_back({p.name, std::span<const float>((*worker)->adam_m()[c]).subspan(p.offset, p.size)});
+          shard.adam_v.push_back({p.name, std::span<const float>((*worker)->adam_v()[c]).subspan(p.offset, p.size)});
+        }
+      }
+      if (auto s = checkpoint::WriteShard(ckpt_dir, shard); !s.ok()) return fail(Annotate(s, "checkpoint"));
+      r.set_checkpoint_written(true);
+    }
+    if (auto s = client_->ReportIteration(r); !s.ok()) {
+      // The job may have ended meanwhile; otherwise this is worth stopping for.
+      return fail(Annotate(s, absl::StrCat("reporting iteration ", iteration)));
+    }
+    metrics_.Add("dynapipe_executor_iterations_total", 1, "Iterations this executor completed");
+    metrics_.Add("dynapipe_executor_tokens_total", static_cast<double>(result->tokens), "Real tokens processed");
+    metrics_.Set("dynapipe_executor_peak_memory_mb", result->peak_memory_mb, "Peak memory of the last iteration");
+    metrics_.Observe("dynapipe_executor_iteration_ms", result->iteration_ms, {10, 50, 100, 500, 1000, 5000, 30000},
+                     "Measured iteration time");
+    const std::string line = absl::StrFormat(
+        "job %s iteration %d/%d: loss %.4f, %.0f tokens/s, %.1f ms (planned %.1f ms), peak %.1f MB%s", job,
+        iteration + 1, spec.iterations(), result->loss, result->tokens / (result->iteration_ms / 1e3),
+        result->iteration_ms, plan->predicted_iteration_ms(), result->peak_memory_mb, save ? ", checkpoint" : "");
+    if (a.rank() == 0) {
+      spdlog::info("{}", line);
+    } else {
+      spdlog::debug("{}", line);
+    }
+    MutexLock l(&mu_);
+    last_iteration_ = iteration;
+    last_loss_ = result->loss;
+    last_iteration_ms_ = result->iteration_ms;
+  }
+  for (auto& [i, f] : ahead) f.wait();
+  return absl::OkStatus();
+}
+
+std::string Executor::HealthProblem() const {
+  MutexLock l(&mu_);
+  if (executor_id_.empty()) return "not registered with the planner";
+  if (absl::Now() - last_heartbeat_ok_ > absl::Seconds(30)) return "no heartbeat answered for 30 s";
+  return "";
+}
+
+std::string Executor::StatusJson() const {
+  MutexLock l(&mu_);
+  return absl::StrFormat(
+      R"({"executor_id":"%s","node":"%s","device":%d,"state":"%s","job":"%s","rank":%d,"last_iteration":%d,)"
+      R"("last_loss":%.6f,"last_iteration_ms":%.3f,"last_error":"%s"})",
+      executor_id_, options_.node, options_.device, running_job_.empty() ? "idle" : "running", running_job_,
+      running_job_.empty() ? -1 : assignment_.rank(), last_iteration_, last_loss_, last_iteration_ms_,
+      absl::StrReplaceAll(last_error_, {{"\\", "\\\\"}, {"\"", "\\\""}}));
+}
+
+}  // namespace dynapipe::runtime::executor

@@ -1,0 +1,83 @@
+#pragma once
+
+// The executor daemon's logic (one per device): registers with the planner,
+// heartbeats, takes a rank of a job when assigned, connects to its peers,
+// resumes from the job's checkpoint if it starts past iteration 0, fetches
+// plans ahead of time, runs them through a Worker, reports every iteration
+// (and failures, naming rank, iteration and instruction), writes checkpoint
+// shards, and goes back to idle when the job ends. A heartbeat answer to
+// stop (the job failed or was cancelled elsewhere) aborts the communicator,
+// so nothing waits on a dead peer past its deadline.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/services.pb.h"
+#include "runtime/comm/comm.h"
+#include "src/common/mutex.h"
+#include "src/http/metrics.h"
+#include "src/rpc/planner_client.h"
+
+namespace dynapipe::runtime::executor {
+
+struct ExecutorOptions {
+  rpc::PlannerClient::Options planner;
+  std::string node = "local";
+  int device = 0;
+  proto::Backend::Value backend = proto::Backend::cpu;
+  std::string data_root;        // relative dataset paths resolve here
+  std::string listen_address = "127.0.0.1";  // for peers' connections
+  absl::Duration comm_timeout = absl::Seconds(60);
+  absl::Duration connect_timeout = absl::Seconds(60);
+  int prefetch = 2;             // plans fetched ahead of the running iteration
+};
+
+class Executor {
+ public:
+  explicit Executor(ExecutorOptions options);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Connects to the planner and serves jobs until Shutdown(). Returns an
+  // error only for what retrying cannot fix.
+  absl::Status Run();
+  // Thread-safe; aborts a running job's communication.
+  void Shutdown();
+
+  // Status endpoint.
+  std::string HealthProblem() const;
+  std::string StatusJson() const;
+  std::string MetricsText() { return metrics_.Render(); }
+
+ private:
+  absl::Status RegisterOnce();
+  void HeartbeatLoop();
+  absl::Status RunJob(const proto::Assignment& a);
+  void AbortJob(const std::string& why);
+
+  ExecutorOptions options_;
+  std::unique_ptr<rpc::PlannerClient> client_;
+  http::Metrics metrics_;
+  std::atomic<bool> stopping_{false};
+  std::thread heartbeat_;
+
+  mutable Mutex mu_;
+  std::string executor_id_ ABSL_GUARDED_BY(mu_);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  proto::Assignment assignment_ ABSL_GUARDED_BY(mu_);  // latest from the planner
+  std::string running_job_ ABSL_GUARDED_BY(mu_);
+  comm::Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;  // of the running job
+  bool stop_job_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t last_iteration_ ABSL_GUARDED_BY(mu_) = -1;
+  double last_loss_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_iteration_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_heartbeat_ok_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dynapipe::runtime::executor

@@ -1,0 +1,63 @@
+#include "runtime/executor/local_run.h"
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "planner/service/job_runtime.h"
+#include "runtime/comm/gloo_comm.h"
+#include "runtime/comm/kv_store.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::executor {
+
+absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
+                                        WorkerOptions options) {
+  ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
+  std::string path = spec.dataset().path();
+  if (!path.empty() && path[0] != '/') path = (std::filesystem::path(data_root) / path).string();
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(path));
+  const int world = rt->world();
+  const int pp = rt->planner->config().pp, dp = rt->planner->config().dp;
+  LocalRunResult out;
+  std::vector<std::vector<proto::ExecutionPlan>> plans;  // [iteration][rank]
+  for (int64_t i = 0; i < count; ++i) {
+    ASSIGN_OR_RETURN(planner::IterationPlan p, rt->planner->Plan(rt->batch(i), i));
+    out.predicted_ms.push_back(p.predicted_ms);
+    plans.push_back(std::move(p.plans));
+  }
+  comm::MemoryKeyValueStore kv;
+  out.per_rank.resize(world);
+  out.final_params.resize(world);
+  std::vector<absl::Status> status(world);
+  std::vector<std::thread> threads;
+  std::vector<double> wall(world, 0);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(auto comm, comm::CreateGlooCommunicator({.rank = r, .size = world, .job_prefix = "local/"},
+                                                                 &kv));
+        const auto& layers = plans[0][r].layers();
+        ASSIGN_OR_RETURN(auto worker, Worker::Create(spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp,
+                                                     dp, comm.get(), dataset.get(), options));
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < count; ++i) {
+          ASSIGN_OR_RETURN(IterationResult res, worker->RunIteration(plans[i][r]));
+          out.per_rank[r].push_back(std::move(res));
+        }
+        wall[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (const auto& c : worker->chunks()) {
+          out.final_params[r].insert(out.final_params[r].end(), c->param_data().begin(), c->param_data().end());
+        }
+        return absl::OkStatus();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) RETURN_IF_ERROR(status[r]);
+  out.wall_s = *std::max_element(wall.begin(), wall.end());
+  return out;
+}
+
+}  // namespace dynapipe::runtime::executor
