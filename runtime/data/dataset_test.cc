@@ -95,20 +95,22 @@ TEST_CASE("Synthetic samples follow the given lengths and their task's rule") {
     const int task = static_cast<int>(s.task);
     ++per_task[task];
     CHECK(s.input[0] == kFirstTask + s.task);
-    CHECK(static_cast<int64_t>(s.input.size()) == std::max<int64_t>(3, lengths[i].input));
+    CHECK(static_cast<int64_t>(s.input.size()) == std::max<int64_t>(4, lengths[i].input));
     CHECK(s.input.back() == kSep);
+    CHECK(std::count(s.input.begin(), s.input.end(), kMark) == 1);
     const int t = static_cast<int>(s.target.size()) - 1;
     CHECK(s.target.back() == kEos);
-    CHECK(std::vector<uint32_t>(s.target.begin(), s.target.end()) == SynthTarget(task, s.input, t, o));
-    if (task != 3) CHECK(t == std::min<int64_t>(lengths[i].target, s.input.size() - 2));
+    CHECK(std::vector<uint32_t>(s.target.begin(), s.target.end()) == SynthTarget(task, s.input, o));
+    if (task != 3) CHECK(t == std::min<int64_t>(lengths[i].target, s.input.size() - 3));
   }
   for (int n : per_task) CHECK(n > 50);
   // Spot-check the rules themselves on a hand-made input.
-  const std::vector<uint32_t> in = {kFirstTask, 9, 7, 8, 10, kSep};
-  CHECK(SynthTarget(0, in, 2, o) == std::vector<uint32_t>{9, 7, kEos});
-  CHECK(SynthTarget(1, in, 2, o) == std::vector<uint32_t>{10, 8, kEos});
-  CHECK(SynthTarget(2, in, 3, o) == std::vector<uint32_t>{7, 8, 9, kEos});
-  CHECK(SynthTarget(3, in, 1, o) == std::vector<uint32_t>{7 + (2 + 0 + 1 + 3) % 32, kEos});
+  const uint32_t a = kFirstTask + kNumSynthTasks;  // first symbol
+  const std::vector<uint32_t> in = {kFirstTask, a + 2, a, a + 1, kMark, a + 3, a + 5, kSep};
+  CHECK(SynthTarget(0, in, o) == std::vector<uint32_t>{a + 2, a, a + 1, kEos});
+  CHECK(SynthTarget(1, in, o) == std::vector<uint32_t>{a + 5, a + 3, kEos});
+  CHECK(SynthTarget(2, in, o) == std::vector<uint32_t>{a, a + 1, a + 2, kEos});
+  CHECK(SynthTarget(3, in, o) == std::vector<uint32_t>{a + (2 + 0 + 1 + 3 + 5) % 32, kEos});
 }
 
 }  // namespace

@@ -24,21 +24,24 @@ proto::DatasetInfo SynthInfo(const SynthOptions& o) {
   return info;
 }
 
-std::vector<uint32_t> SynthTarget(int task, std::span<const uint32_t> input, int target_len, const SynthOptions& o) {
-  const auto symbols = input.subspan(1, input.size() - 2);  // between the task token and the separator
+std::vector<uint32_t> SynthTarget(int task, std::span<const uint32_t> input, const SynthOptions& o) {
+  const auto body = input.subspan(1, input.size() - 2);  // between the task token and the separator
+  const auto mark = std::find(body.begin(), body.end(), kMark);
   const uint32_t first_symbol = kFirstTask + kNumSynthTasks;
-  const size_t t = std::min<size_t>(std::max(1, target_len), symbols.size());
   std::vector<uint32_t> out;
   switch (task) {
-    case 0: out.assign(symbols.begin(), symbols.begin() + t); break;
-    case 1: out.assign(symbols.rbegin(), symbols.rbegin() + t); break;
+    case 0: out.assign(body.begin(), mark); break;
+    case 1:
+      out.assign(mark == body.end() ? mark : mark + 1, body.end());
+      std::reverse(out.begin(), out.end());
+      break;
     case 2:
-      out.assign(symbols.begin(), symbols.begin() + t);
+      out.assign(body.begin(), mark);
       std::sort(out.begin(), out.end());
       break;
     default: {
       uint64_t sum = 0;
-      for (uint32_t s : symbols) sum += s - first_symbol;
+      for (uint32_t s : body) sum += s == kMark ? 0 : s - first_symbol;
       out.push_back(first_symbol + static_cast<uint32_t>(sum % o.alphabet));
     }
   }
@@ -54,13 +57,21 @@ absl::Status Synthesize(std::span<const planner::RawLength> lengths, const Synth
   std::vector<uint32_t> input;
   for (size_t i = 0; i < lengths.size(); ++i) {
     const int task = static_cast<int>(rng() % kNumSynthTasks);
-    // Input: the task token, n - 2 symbols (at least one), the separator.
-    const int n = static_cast<int>(std::clamp<int64_t>(lengths[i].input, 3, std::max(3, o.max_input)));
-    const int t = static_cast<int>(std::clamp<int64_t>(lengths[i].target, 1, std::min(o.max_target, n - 2)));
+    // Input: the task token, n - 3 symbols (at least one), the mark among
+    // them, the separator. t symbols sit before the mark (copy, sort) or
+    // after it (reverse); the sum uses every symbol.
+    const int n = static_cast<int>(std::clamp<int64_t>(lengths[i].input, 4, std::max(4, o.max_input)));
+    const int symbols = n - 3;
+    const int t = static_cast<int>(std::clamp<int64_t>(lengths[i].target, 1, std::min(o.max_target, symbols)));
+    const int mark_at = task == 1 ? symbols - t : task == 3 ? static_cast<int>(rng() % (symbols + 1)) : t;
     input.assign(1, kFirstTask + task);
-    for (int k = 1; k < n - 1; ++k) input.push_back(first_symbol + symbol(rng));
+    for (int k = 0; k < symbols; ++k) {
+      if (k == mark_at) input.push_back(kMark);
+      input.push_back(first_symbol + symbol(rng));
+    }
+    if (mark_at == symbols) input.push_back(kMark);
     input.push_back(kSep);
-    RETURN_IF_ERROR(out->Add(input, SynthTarget(task, input, t, o), static_cast<uint32_t>(task)));
+    RETURN_IF_ERROR(out->Add(input, SynthTarget(task, input, o), static_cast<uint32_t>(task)));
   }
   return absl::OkStatus();
 }

@@ -101,7 +101,7 @@ proto::JobSpec TrainJob(int iterations, const std::string& ckpt, int interval) {
   m->set_hidden(32);
   m->set_heads(4);
   m->set_ffn(64);
-  m->set_vocab(15);
+  m->set_vocab(16);
   m->set_max_positions(64);
   m->set_dtype(proto::DType::fp32);
   m->set_tie_embeddings(true);
