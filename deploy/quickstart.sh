@@ -85,7 +85,8 @@ n = len(rows)
 measured = sum(r[3] for r in rows) / n
 predicted = sum(r[4] for r in rows) / n
 print("quickstart summary")
-print(f"  loss            {first[2]:.4f} -> {last[2]:.4f}  ({last[2] / first[2]:.2f}x)")
+tail = [r[2] for r in rows[-20:]]
+print(f"  loss            {first[2]:.4f} -> {last[2]:.4f}  ({last[2] / first[2]:.2f}x; mean of the last {len(tail)}: {sum(tail) / len(tail):.4f})")
 print(f"  iteration time  {measured:.0f} ms measured, {predicted:.0f} ms planned (mean over {n} reported)")
 print(f"  throughput      {sum(r[5] for r in rows) / n:.0f} real tokens/s per data-parallel group")
 print(f"  wall time       {elapsed} s for {int(last[1])} iterations")
