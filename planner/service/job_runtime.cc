@@ -1,12 +1,11 @@
 #include "planner/service/job_runtime.h"
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/cost_model/profile_cost_model.h"
 #include "planner/partition/global_batches.h"
 #include "runtime/data/dataset.h"
+#include "src/common/file_util.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
 
@@ -36,9 +35,8 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   auto runtime = std::make_shared<JobRuntime>();
   runtime->spec = spec;
   ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));
-  std::filesystem::path path(spec.dataset().path());
-  if (path.is_relative() && !data_root.empty()) path = std::filesystem::path(data_root) / path;
-  auto raw = runtime::data::ReadLengths(path.string(), spec.dataset().format() == proto::DatasetSpec::indexed);
+  auto raw = runtime::data::ReadLengths(ResolvePath(data_root, spec.dataset().path()),
+                                       spec.dataset().format() == proto::DatasetSpec::indexed);
   if (!raw.ok()) return Annotate(raw.status(), "dataset.path");
   const bool ed = spec.model().kind() == proto::ModelKind::t5;
   std::vector<Sample> samples;

@@ -11,19 +11,12 @@
 #include <limits>
 
 #include "src/common/file_util.h"
+#include "src/testing/temp_dir.h"
 
 namespace dynapipe::runtime::checkpoint {
 namespace {
 
 using Catch::Matchers::Contains;
-
-// A fresh directory under TEST_TMPDIR.
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/ckpt-" + name + "-" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 // Values whose bits must survive exactly: signed zero, NaN payloads,
 // infinities, subnormals, extremes.
@@ -76,7 +69,7 @@ std::string Bytes(const std::string& path) { return *ReadFile(path); }
 void Put(const std::string& path, const std::string& bytes) { REQUIRE(WriteFileAtomic(path, bytes).ok()); }
 
 TEST_CASE("A shard round-trips bit-exactly, metadata included") {
-  const std::string dir = TempDir("roundtrip");
+  const std::string dir = testing::FreshTempDir("roundtrip");
   const Buffers buf;
   REQUIRE(WriteShard(dir, buf.Ref(7, 3, 4)).ok());
   CHECK(std::filesystem::is_regular_file(dir + "/iter-00000007/rank-00003.ckpt"));
@@ -117,7 +110,7 @@ TEST_CASE("A shard round-trips bit-exactly, metadata included") {
 }
 
 TEST_CASE("A missing shard is NOT_FOUND and names the file") {
-  const std::string dir = TempDir("missing");
+  const std::string dir = testing::FreshTempDir("missing");
   auto got = ReadShard(dir, 5, 0);
   CHECK(got.status().code() == absl::StatusCode::kNotFound);
   CHECK_THAT(std::string(got.status().message()), Contains("iter-00000005/rank-00000.ckpt"));
@@ -128,7 +121,7 @@ TEST_CASE("A missing shard is NOT_FOUND and names the file") {
 }
 
 TEST_CASE("Truncated shards are DATA_LOSS naming the file, wherever they end") {
-  const std::string dir = TempDir("truncated");
+  const std::string dir = testing::FreshTempDir("truncated");
   const Buffers buf;
   REQUIRE(WriteShard(dir, buf.Ref(2, 1, 2)).ok());
   const std::string path = ShardPath(dir, 2, 1);
@@ -148,7 +141,7 @@ TEST_CASE("Truncated shards are DATA_LOSS naming the file, wherever they end") {
 }
 
 TEST_CASE("Any flipped bit anywhere in a shard is DATA_LOSS") {
-  const std::string dir = TempDir("flipped");
+  const std::string dir = testing::FreshTempDir("flipped");
   ShardRef small;
   small.iteration = 1;
   small.rank = 0;
@@ -182,7 +175,7 @@ TEST_CASE("Any flipped bit anywhere in a shard is DATA_LOSS") {
 }
 
 TEST_CASE("A shard under another iteration's or rank's name is DATA_LOSS") {
-  const std::string dir = TempDir("moved");
+  const std::string dir = testing::FreshTempDir("moved");
   const Buffers buf;
   REQUIRE(WriteShard(dir, buf.Ref(3, 0, 2)).ok());
   std::filesystem::create_directories(dir + "/iter-00000004");
@@ -193,7 +186,7 @@ TEST_CASE("A shard under another iteration's or rank's name is DATA_LOSS") {
 }
 
 TEST_CASE("WriteShard refuses impossible shards") {
-  const std::string dir = TempDir("invalid");
+  const std::string dir = testing::FreshTempDir("invalid");
   const Buffers buf;
   CHECK(WriteShard(dir, buf.Ref(1, 2, 2)).code() == absl::StatusCode::kInvalidArgument);
   CHECK(WriteShard(dir, buf.Ref(-1, 0, 2)).code() == absl::StatusCode::kInvalidArgument);
@@ -202,7 +195,7 @@ TEST_CASE("WriteShard refuses impossible shards") {
 }
 
 TEST_CASE("LatestCompleteOnDisk: the newest iteration with every rank's shard; temporaries and strays ignored") {
-  const std::string dir = TempDir("latest");
+  const std::string dir = testing::FreshTempDir("latest");
   CHECK(*LatestCompleteOnDisk(dir, 2) == -1);  // no directory yet
   CHECK(LatestCompleteOnDisk(dir, 0).status().code() == absl::StatusCode::kInvalidArgument);
   const Buffers buf;

@@ -8,19 +8,13 @@
 #include <random>
 
 #include "runtime/data/synth.h"
+#include "src/testing/temp_dir.h"
 
 namespace dynapipe::runtime::data {
 namespace {
 
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name + "_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
 TEST_CASE("Datasets round-trip through the writer and the memory-mapped reader") {
-  const std::string dir = TempDir("roundtrip");
+  const std::string dir = testing::FreshTempDir("roundtrip");
   proto::DatasetInfo info;
   info.set_vocab(100);
   info.add_tasks("a");
@@ -58,7 +52,7 @@ TEST_CASE("Datasets round-trip through the writer and the memory-mapped reader")
 }
 
 TEST_CASE("Corrupt or truncated datasets are DATA_LOSS") {
-  const std::string dir = TempDir("corrupt");
+  const std::string dir = testing::FreshTempDir("corrupt");
   proto::DatasetInfo info;
   info.set_vocab(10);
   info.add_tasks("a");
@@ -77,7 +71,7 @@ TEST_CASE("Corrupt or truncated datasets are DATA_LOSS") {
 }
 
 TEST_CASE("Synthetic samples follow the given lengths and their task's rule") {
-  const std::string dir = TempDir("synth");
+  const std::string dir = testing::FreshTempDir("synth");
   SynthOptions o;
   o.seed = 5;
   std::vector<planner::RawLength> lengths;

@@ -1,6 +1,5 @@
 #include "runtime/executor/executor.h"
 
-#include <filesystem>
 #include <future>
 #include <map>
 
@@ -11,6 +10,7 @@
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/data/dataset.h"
 #include "runtime/executor/worker.h"
+#include "src/common/file_util.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 
@@ -33,11 +33,6 @@ class BootstrapStore final : public comm::KeyValueStore {
   rpc::PlannerClient* client_;
   std::string job_;
 };
-
-std::string Resolve(const std::string& root, const std::string& path) {
-  if (path.empty() || path[0] == '/' || root.empty()) return path;
-  return (std::filesystem::path(root) / path).string();
-}
 
 constexpr absl::Duration kPlanWait = absl::Seconds(5);  // per FetchPlan call; bounds an abort's latency
 
@@ -192,7 +187,7 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   auto status = client_->Get(job);
   if (!status.ok()) return fail(status.status());
   const proto::JobSpec spec = status->spec();
-  auto dataset = data::Dataset::Open(Resolve(options_.data_root, spec.dataset().path()));
+  auto dataset = data::Dataset::Open(ResolvePath(options_.data_root, spec.dataset().path()));
   if (!dataset.ok()) return fail(Annotate(dataset.status(), "dataset"));
 
   BootstrapStore store(client_.get(), job);
@@ -244,7 +239,7 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
                                dataset->get(), wo);
   if (!worker.ok()) return fail(worker.status());
 
-  const std::string ckpt_dir = Resolve(options_.data_root, spec.checkpoint().dir());
+  const std::string ckpt_dir = ResolvePath(options_.data_root, spec.checkpoint().dir());
   checkpoint::ShardInfo info;
   info.rank = a.rank();
   info.pp_rank = first->pp_rank();

@@ -1,13 +1,13 @@
 #include "runtime/executor/local_run.h"
 
 #include <chrono>
-#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "planner/service/job_runtime.h"
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/comm/kv_store.h"
+#include "src/common/file_util.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::runtime::executor {
@@ -15,9 +15,8 @@ namespace dynapipe::runtime::executor {
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
                                         WorkerOptions options) {
   ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
-  std::string path = spec.dataset().path();
-  if (!path.empty() && path[0] != '/') path = (std::filesystem::path(data_root) / path).string();
-  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(path));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset,
+                   data::Dataset::Open(ResolvePath(data_root, spec.dataset().path())));
   const int world = rt->world();
   const int pp = rt->planner->config().pp, dp = rt->planner->config().dp;
   LocalRunResult out;

@@ -1,14 +1,13 @@
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <filesystem>
 #include <random>
 
 #include "planner/partition/batch.h"
 #include "runtime/data/synth.h"
 #include "runtime/model/batch.h"
 #include "runtime/model/gpt.h"
+#include "src/testing/temp_dir.h"
 
 namespace dynapipe::runtime::model {
 namespace {
@@ -25,16 +24,9 @@ GptConfig TinyConfig() {
   return c;
 }
 
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name + "_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
 // A small synthetic dataset with varied lengths.
 std::unique_ptr<data::Dataset> MakeDataset(int n) {
-  const std::string dir = TempDir("gpt_ds");
+  const std::string dir = testing::FreshTempDir("gpt_ds");
   data::SynthOptions o;
   o.alphabet = 40;
   o.max_input = 40;
@@ -125,8 +117,6 @@ TEST_CASE("token batches: prompt then target, positions restart, only target pre
   CHECK(b->targets[p1] == static_cast<int32_t>(s1.target[0]));
   CHECK(b->targets[p1 - 1] == -1);
   CHECK(b->targets[len0 + len1 - 1] == -1);  // nothing follows the last token
-  planner::Sample ps{0, len0 + len1, 0};
-  (void)ps;
   CHECK(b->loss_tokens == static_cast<int64_t>(s0.target.size()) + t1);
   // Misplaced samples are rejected with the sample named.
   auto bad = BuildTokenBatch(Mb(1, 4, {{0, len0, 1, 0, 0}}), *ds, 64);

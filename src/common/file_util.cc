@@ -35,6 +35,12 @@ class Fd {
 
 }  // namespace
 
+std::string ResolvePath(absl::string_view root, absl::string_view path) {
+  const std::filesystem::path p{std::string(path)};
+  if (root.empty() || p.empty() || p.is_absolute()) return p.string();
+  return (std::filesystem::path(std::string(root)) / p).string();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoStatus(errno, "open", path);

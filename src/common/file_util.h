@@ -11,6 +11,10 @@
 
 namespace dynapipe {
 
+// `path` under `root` when it is relative and `root` is set; otherwise `path`
+// itself (how daemons resolve the paths jobs name against --data_root).
+std::string ResolvePath(absl::string_view root, absl::string_view path);
+
 // NOT_FOUND when the file does not exist; UNAVAILABLE for other I/O errors.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 

@@ -60,6 +60,13 @@ TEST_CASE("AtomicFileWriter: pieces appear only on Commit; dropped, nothing is l
   CHECK((*w)->Commit().code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("ResolvePath puts relative paths under the root and leaves the rest alone") {
+  CHECK(ResolvePath("/srv/data", "flan/ds") == "/srv/data/flan/ds");
+  CHECK(ResolvePath("/srv/data", "/abs/ds") == "/abs/ds");
+  CHECK(ResolvePath("", "rel/ds") == "rel/ds");
+  CHECK(ResolvePath("/srv/data", "") == "");
+}
+
 TEST_CASE("ReadFile of a missing file is NOT_FOUND and names the path") {
   const auto r = ReadFile("/nonexistent/dir/file.txt");
   CHECK(r.status().code() == absl::StatusCode::kNotFound);

@@ -52,6 +52,43 @@ proto::JobSpec SmallJob(int pp, int dp, int iterations, int lookahead, int layer
   return s;
 }
 
+ChildProcess::ChildProcess(std::vector<std::string> args,
+                           const std::vector<std::pair<std::string, std::string>>& env) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+void ChildProcess::Signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+bool ChildProcess::Exited(absl::Duration wait) {
+  if (pid_ <= 0) return true;
+  const absl::Time deadline = absl::Now() + wait;
+  do {
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  } while (absl::Now() < deadline);
+  return false;
+}
+
 absl::StatusOr<std::unique_ptr<PlannerProcess>> PlannerProcess::Start(int redis_port,
                                                                       const std::vector<std::string>& extra) {
   auto p = std::unique_ptr<PlannerProcess>(new PlannerProcess());
@@ -65,14 +102,7 @@ absl::StatusOr<std::unique_ptr<PlannerProcess>> PlannerProcess::Start(int redis_
                                    "--port_file=" + port_file,
                                    "--log_level=warn"};
   args.insert(args.end(), extra.begin(), extra.end());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  p->pid_ = ::fork();
-  if (p->pid_ == 0) {
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
+  p->process_ = std::make_unique<ChildProcess>(std::move(args));
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     std::ifstream in(port_file);
@@ -81,30 +111,6 @@ absl::StatusOr<std::unique_ptr<PlannerProcess>> PlannerProcess::Start(int redis_
     absl::SleepFor(absl::Milliseconds(20));
   }
   return absl::DeadlineExceededError("dynapipe-planner did not report its port");
-}
-
-void PlannerProcess::Signal(int sig) {
-  if (pid_ > 0) ::kill(pid_, sig);
-}
-
-bool PlannerProcess::Exited(absl::Duration wait) {
-  if (pid_ <= 0) return true;
-  const absl::Time deadline = absl::Now() + wait;
-  do {
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-      pid_ = -1;
-      return true;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  } while (absl::Now() < deadline);
-  return false;
-}
-
-PlannerProcess::~PlannerProcess() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
 }
 
 std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std::string& token) {

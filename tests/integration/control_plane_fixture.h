@@ -29,19 +29,36 @@ proto::JobSpec SmallJob(int pp, int dp, int iterations, int lookahead, int layer
 // The repository root inside the test's runfiles.
 std::string RunfilesRoot();
 
-// A dynapipe-planner child process.
-class PlannerProcess {
+// A child process of the test (execv of argv[0]); SIGKILLed and reaped when
+// destroyed.
+class ChildProcess {
  public:
-  static absl::StatusOr<std::unique_ptr<PlannerProcess>> Start(int redis_port, const std::vector<std::string>& extra);
-  ~PlannerProcess();
-  int port() const { return port_; }
-  int http_port() const { return http_port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // `env`: variables set in the child only.
+  explicit ChildProcess(std::vector<std::string> argv,
+                        const std::vector<std::pair<std::string, std::string>>& env = {});
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
   void Signal(int sig);  // SIGKILL / SIGTERM
+  // True once the process has exited (and is reaped), polling up to `wait`.
   bool Exited(absl::Duration wait);
 
  private:
   pid_t pid_ = -1;
+};
+
+// A dynapipe-planner child process.
+class PlannerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<PlannerProcess>> Start(int redis_port, const std::vector<std::string>& extra);
+  int port() const { return port_; }
+  int http_port() const { return http_port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  void Signal(int sig) { process_->Signal(sig); }
+  bool Exited(absl::Duration wait) { return process_->Exited(wait); }
+
+ private:
+  std::unique_ptr<ChildProcess> process_;
   int port_ = 0, http_port_ = 0;
 };
 

@@ -4,7 +4,6 @@
 // executor (the job fails naming the lost rank, nobody hangs, a resubmitted
 // job resumes from the last complete checkpoint).
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -25,57 +24,21 @@ std::string TmpDir() {
   return tmp ? tmp : "/tmp";
 }
 
-// A dynapipe-executor child process.
-class ExecutorProcess {
- public:
-  ExecutorProcess(const std::string& planner, int device) {
-    std::vector<std::string> args = {RunfilesRoot() + "/runtime/executor/dynapipe-executor",
-                                     "--planner=" + planner,
-                                     absl::StrCat("--device=", device),
-                                     "--node=itest",
-                                     "--http_port=-1",
-                                     "--comm_timeout_s=20",
-                                     "--log_level=warn",
-                                     absl::StrCat("--log_file=", TmpDir(), "/executor-", ::getpid(), "-", device,
-                                                  ".log")};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-  }
-  ~ExecutorProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  void Kill() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // SIGTERM, then true if it exits within `wait`.
-  bool Stop(absl::Duration wait) {
-    ::kill(pid_, SIGTERM);
-    const absl::Time deadline = absl::Now() + wait;
-    while (absl::Now() < deadline) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return true;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return false;
-  }
+// A dynapipe-executor child process on `planner`, with `device` as its index.
+std::unique_ptr<ChildProcess> StartExecutor(const std::string& planner, int device) {
+  return std::make_unique<ChildProcess>(
+      std::vector<std::string>{RunfilesRoot() + "/runtime/executor/dynapipe-executor", "--planner=" + planner,
+                               absl::StrCat("--device=", device), "--node=itest", "--http_port=-1",
+                               "--comm_timeout_s=20", "--log_level=warn",
+                               absl::StrCat("--log_file=", TmpDir(), "/executor-", ::getpid(), "-", device, ".log")},
+      std::vector<std::pair<std::string, std::string>>{{"OPENBLAS_NUM_THREADS", "1"}});
+}
 
- private:
-  pid_t pid_ = -1;
-};
+// SIGTERM, then true if the executor exits within `wait`.
+bool Stop(ChildProcess* executor, absl::Duration wait) {
+  executor->Signal(SIGTERM);
+  return executor->Exited(wait);
+}
 
 std::string Dataset() {
   const std::string dir = TmpDir() + "/executor_ds";
@@ -160,8 +123,8 @@ std::vector<float> Params(const std::string& dir, int64_t iteration, int rank) {
 TEST_CASE("executors train 2 x 2, checkpoint, and resume bit-identically", "[executor][integration]") {
   Stack stack = StartStack("", absl::Seconds(5));
   auto client = Client(stack.address());
-  std::vector<std::unique_ptr<ExecutorProcess>> executors;
-  for (int d = 0; d < 4; ++d) executors.push_back(std::make_unique<ExecutorProcess>(stack.address(), d));
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
 
   // Uninterrupted: 10 iterations, checkpoints after 4, 8 and the last.
   const std::string full = TmpDir() + "/ckpt-full";
@@ -191,7 +154,7 @@ TEST_CASE("executors train 2 x 2, checkpoint, and resume bit-identically", "[exe
     CHECK(Params(part, 9, r) == Params(full, 9, r));  // bit-identical to the uninterrupted run
   }
   CHECK(sc.last_loss() == sa.last_loss());
-  for (auto& e : executors) CHECK(e->Stop(absl::Seconds(15)));
+  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
 }
 
 TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; a resubmitted job resumes",
@@ -199,8 +162,8 @@ TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; 
   const absl::Duration heartbeat_timeout = absl::Seconds(3);
   Stack stack = StartStack("", heartbeat_timeout);
   auto client = Client(stack.address());
-  std::vector<std::unique_ptr<ExecutorProcess>> executors;
-  for (int d = 0; d < 4; ++d) executors.push_back(std::make_unique<ExecutorProcess>(stack.address(), d));
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
   const std::string dir = TmpDir() + "/ckpt-fault";
   auto job = client->Submit(TrainJob(400, dir, 3));
   REQUIRE(job.ok());
@@ -220,7 +183,8 @@ TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; 
   }
   REQUIRE(device >= 0);
   const absl::Time killed = absl::Now();
-  executors[device]->Kill();
+  executors[device]->Signal(SIGKILL);
+  REQUIRE(executors[device]->Exited(absl::Seconds(10)));
   const proto::JobStatus st = WaitEnded(client.get(), *job, heartbeat_timeout + absl::Seconds(5));
   const absl::Duration took = absl::Now() - killed;
   CHECK(st.state() == proto::JobState::failed);
@@ -242,7 +206,7 @@ TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; 
   auto latest = runtime::checkpoint::LatestCompleteOnDisk(dir, 4);
   REQUIRE(latest.ok());
   REQUIRE(*latest >= 2);
-  executors[device] = std::make_unique<ExecutorProcess>(stack.address(), device);
+  executors[device] = StartExecutor(stack.address(), device);
   proto::JobSpec again = TrainJob(*latest + 4, dir, 3);
   again.mutable_checkpoint()->set_resume(true);
   auto job2 = client->Submit(again);
