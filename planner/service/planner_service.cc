@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "planner/service/failures.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 
@@ -317,12 +318,14 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
                                                    before.spec().iterations() - 1, ")"));
   }
   if (!report.error().empty()) {
-    // An executor could not run its part: the job cannot go on.
-    ASSIGN_OR_RETURN(const bool changed,
-                     store_->SetJobState(report.job_id(), proto::JobState::failed, report.error(), NowMs()));
+    // An executor could not run its part: the job cannot go on. Which rank
+    // caused it may take the other ranks' reports to tell.
+    proto::IterationReport failure = report;
+    failure.set_received_unix_ms(NowMs());
+    RETURN_IF_ERROR(store_->AddFailure(failure, options_.plan_ttl));
     metrics_.Add("dynapipe_executor_failures_total", 1, "Failures executors reported");
-    if (changed) spdlog::error("job {} failed: {}", report.job_id(), report.error());
-    return absl::OkStatus();
+    spdlog::warn("job {}: {}", report.job_id(), report.error());
+    return JudgeJobFailures(report.job_id(), world, /*final=*/false);
   }
   RETURN_IF_ERROR(store_->PutReport(report, options_.plan_ttl));
   if (report.checkpoint_written()) {
@@ -353,6 +356,15 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
     RETURN_IF_ERROR(store_->SetJobState(report.job_id(), proto::JobState::succeeded, "", NowMs()).status());
     spdlog::info("job {} succeeded after {} iterations", report.job_id(), after.iterations_done());
   }
+  return absl::OkStatus();
+}
+
+absl::Status PlannerService::JudgeJobFailures(const std::string& job, int world, bool final) {
+  ASSIGN_OR_RETURN(const std::vector<proto::IterationReport> failures, store_->Failures(job));
+  const FailureVerdict verdict = JudgeFailures(failures, world, final);
+  if (!verdict.decided) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool changed, store_->SetJobState(job, proto::JobState::failed, verdict.error, NowMs()));
+  if (changed) spdlog::error("job {} failed: {}", job, verdict.error);
   return absl::OkStatus();
 }
 

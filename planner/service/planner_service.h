@@ -33,6 +33,9 @@ struct ServiceOptions {
   absl::Duration plan_ttl = absl::Hours(1);     // stored plans and reports expire
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // After a rank reports a failure, how long to wait for the other ranks'
+  // reports before judging which rank caused it (failures.h).
+  absl::Duration failure_grace = absl::Seconds(3);
   absl::Duration recheck = absl::Milliseconds(500);  // waiters re-check even without events
   Clock* clock = Clock::Real();
 };
@@ -105,6 +108,9 @@ class PlannerService {
   // Claims the next iteration some active job needs; false if none.
   bool ClaimWork(std::string* job, int64_t* iteration, std::shared_ptr<const JobRuntime>* rt);
   void PlanOne(const std::string& job, int64_t iteration, const JobRuntime& rt);
+  // Fails the job once its ranks' failure reports name a cause (`final`: the
+  // grace period is over, decide now).
+  absl::Status JudgeJobFailures(const std::string& job, int world, bool final);
   void LivenessLoop();
   void CheckLiveness();
   absl::Status MaybeAssign(proto::ExecutorRecord* rec);

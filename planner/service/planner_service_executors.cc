@@ -141,12 +141,22 @@ absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
 
 void PlannerService::CheckLiveness() {
   // Pending jobs whose ranks are all held start (also covers a claimer whose
-  // own start attempt failed).
+  // own start attempt failed); running jobs with failures are judged.
   if (auto ids = store_->ListJobs(); ids.ok()) {
     for (const auto& id : *ids) {
       auto job = store_->GetJob(id);
-      if (!job.ok() || job->state() != proto::JobState::pending) continue;
-      (void)MaybeStartJob(id, store::WorldSize(job->spec()));
+      if (!job.ok()) continue;
+      if (job->state() == proto::JobState::pending) (void)MaybeStartJob(id, store::WorldSize(job->spec()));
+      // Failures reported long enough ago are judged with what has arrived.
+      if (job->state() != proto::JobState::running) continue;
+      auto failures = store_->Failures(id);
+      if (!failures.ok() || failures->empty() ||
+          NowMs() - failures->front().received_unix_ms() < absl::ToInt64Milliseconds(options_.failure_grace)) {
+        continue;
+      }
+      if (auto s = JudgeJobFailures(id, store::WorldSize(job->spec()), /*final=*/true); !s.ok()) {
+        spdlog::warn("job {}: judging failures: {}", id, s.message());
+      }
     }
   }
   // Right after this process starts, heartbeats may be stale only because no

@@ -8,7 +8,9 @@
 #include <catch2/catch.hpp>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "planner/testing/test_specs.h"
+#include "src/common/clock.h"
 #include "src/common/file_util.h"
 #include "src/store/memory_plan_store.h"
 
@@ -136,6 +138,81 @@ TEST_CASE("A job submitted with resume starts after the latest complete checkpoi
   spec.set_iterations(10);
   spec.mutable_checkpoint()->clear_dir();
   CHECK_THAT(std::string(Submit(svc, spec).status().message()), Contains("checkpoint.dir"));
+}
+
+// Registers `n` executors; their first heartbeats take the ranks of the
+// pending job, which then runs.
+void TakeRanks(PlannerService& svc, int n) {
+  for (int d = 0; d < n; ++d) {
+    proto::RegisterExecutorRequest reg;
+    reg.set_node("n");
+    reg.set_device_index(d);
+    auto r = svc.Register(reg);
+    REQUIRE(r.ok());
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(r->executor_id());
+    REQUIRE(svc.Heartbeat(hb).ok());
+  }
+}
+
+absl::Status ReportLost(PlannerService& svc, const std::string& job, int rank, int lost_peer) {
+  proto::IterationReport r;
+  r.set_job_id(job);
+  r.set_iteration(1);
+  r.set_rank(rank);
+  r.set_error(absl::StrCat("rank ", rank, " iteration 1: recv from rank ", lost_peer, " failed"));
+  r.set_lost_peer(lost_peer);
+  return svc.ReportIteration(r);
+}
+
+proto::JobState::Value State(store::PlanStore& store, const std::string& job) { return store.GetJob(job)->state(); }
+
+TEST_CASE("A failed job names the rank its peers lost, not the bystander that reported first") {
+  store::MemoryPlanStore store;
+  PlannerService svc(&store, ServiceOptions());
+  proto::JobSpec spec = Job(10, "/ckpt/f");
+  spec.mutable_parallelism()->set_dp(2);  // ranks 0,1 | 2,3 are the pipelines
+  auto id = Submit(svc, spec);
+  REQUIRE(id.ok());
+  TakeRanks(svc, 4);
+  REQUIRE(State(store, *id) == proto::JobState::running);
+  // Rank 1 died. Rank 3 lost it and aborted, so rank 2 lost rank 3 and reported first.
+  REQUIRE(ReportLost(svc, *id, 2, 3).ok());
+  CHECK(State(store, *id) == proto::JobState::running);  // rank 3 may be the cause: wait
+  REQUIRE(ReportLost(svc, *id, 3, 1).ok());
+  CHECK(State(store, *id) == proto::JobState::running);  // rank 0 has not spoken
+  REQUIRE(ReportLost(svc, *id, 0, 1).ok());
+  auto st = store.GetJob(*id);
+  CHECK(st->state() == proto::JobState::failed);
+  CHECK(st->error() == "rank 1 failed (ranks 0, 3 lost it): rank 3 iteration 1: recv from rank 1 failed");
+}
+
+TEST_CASE("Failure reports still incomplete after the grace period are judged with what arrived") {
+  store::MemoryPlanStore store;
+  FakeClock clock;
+  ServiceOptions options;
+  options.clock = &clock;
+  options.heartbeat_timeout = absl::Milliseconds(400);  // checks every 100 ms
+  options.failure_grace = absl::Milliseconds(200);
+  PlannerService svc(&store, options);
+  proto::JobSpec spec = Job(10, "/ckpt/g");
+  spec.mutable_parallelism()->set_dp(2);
+  auto id = Submit(svc, spec);
+  REQUIRE(id.ok());
+  TakeRanks(svc, 4);
+  REQUIRE(ReportLost(svc, *id, 2, 3).ok());
+  svc.Start();
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(State(store, *id) == proto::JobState::running);  // the grace has not passed
+  clock.Advance(absl::Milliseconds(250));                 // heartbeats are still fresh
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (State(store, *id) == proto::JobState::running && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  svc.Stop();
+  auto st = store.GetJob(*id);
+  CHECK(st->state() == proto::JobState::failed);
+  CHECK(st->error() == "rank 3 failed (rank 2 lost it): rank 2 iteration 1: recv from rank 3 failed");
 }
 
 }  // namespace

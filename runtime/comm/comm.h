@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +24,13 @@
 #include "absl/types/span.h"
 
 namespace dynapipe::runtime::comm {
+
+// A failure caused by losing one peer (its connection failed, or a wait on it
+// ran out) carries that peer's rank. Losing a peer is not proof it died: a
+// peer that aborted after its own loss looks the same. Whoever collects a
+// job's failures tells the two apart (planner/service/failures.h).
+absl::Status WithLostPeer(absl::Status status, int peer);
+std::optional<int> LostPeer(const absl::Status& status);  // nullopt if none
 
 // Rendezvous: where ranks publish and look up each other's addresses.
 class KeyValueStore {

@@ -99,7 +99,10 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Closes every connection (resetting them, so peers notice at once), then
   // interrupts the registered transfers. Idempotent; returns once closed.
-  void Abort(absl::string_view reason);
+  void Abort(absl::string_view reason) { Abort(absl::AbortedError(reason)); }
+  // As above; a cause that lost a peer (LostPeer) passes that peer on to
+  // every transfer the abort fails.
+  void Abort(const absl::Status& cause);
   // For the communicator's destructor: aborts if transfers are in flight, then
   // drops the meshes, which closes their sockets gracefully (queued bytes are
   // still delivered) unless Abort reset them.
@@ -116,7 +119,11 @@ class Core : public std::enable_shared_from_this<Core> {
   // ABORTED: "<what>: communicator aborted: <reason>".
   absl::Status AbortedError(absl::string_view what) {
     MutexLock lock(&mu_);
-    return absl::AbortedError(absl::StrCat(what, ": communicator aborted: ", abort_reason_));
+    return AbortedErrorLocked(what);
+  }
+  absl::Status AbortedErrorLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status error = absl::AbortedError(absl::StrCat(what, ": communicator aborted: ", abort_reason_));
+    return abort_lost_peer_.has_value() ? WithLostPeer(std::move(error), *abort_lost_peer_) : error;
   }
 
  private:
@@ -156,6 +163,7 @@ class Core : public std::enable_shared_from_this<Core> {
   bool aborting_ ABSL_GUARDED_BY(mu_) = false;  // Abort has begun
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;   // ... and closed every connection
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  std::optional<int> abort_lost_peer_ ABSL_GUARDED_BY(mu_);  // the cause lost this peer
   std::vector<std::shared_ptr<gloo::Context>> contexts_ ABSL_GUARDED_BY(mu_);  // world + groups
   std::map<std::vector<int>, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   // Started transfers that have not completed.
@@ -203,15 +211,16 @@ absl::Status Transfer::Wait(absl::Time deadline) {
     status = core_->AbortedError(Describe());
   } else if (absl::StrContains(error, "Timed out waiting")) {
     // Before throwing, Gloo has closed every connection of this mesh.
-    status = absl::DeadlineExceededError(absl::StrCat(Describe(), " did not complete within ",
-                                                      absl::FormatDuration(absl::Now() - start)));
+    status = WithLostPeer(absl::DeadlineExceededError(absl::StrCat(Describe(), " did not complete within ",
+                                                                   absl::FormatDuration(absl::Now() - start))),
+                          peer_);
   } else if (!error.empty()) {
-    status = absl::UnavailableError(
-        absl::StrCat(Describe(), ": connection to rank ", peer_, " failed: ", error));
+    status = WithLostPeer(
+        absl::UnavailableError(absl::StrCat(Describe(), ": connection to rank ", peer_, " failed: ", error)), peer_);
   } else {
     status = absl::InternalError(absl::StrCat(Describe(), ": wait interrupted without an abort"));
   }
-  if (!status.ok() && !absl::IsAborted(status)) core_->Abort(status.message());
+  if (!status.ok() && !absl::IsAborted(status)) core_->Abort(status);
   return *(result_ = status);
 }
 
@@ -227,16 +236,13 @@ absl::StatusOr<std::unique_ptr<Transfer>> Core::Start(const std::shared_ptr<gloo
   gloo::transport::UnboundBuffer* const raw = buffer.get();
   {
     MutexLock lock(&mu_);
-    if (aborting_) {
-      return absl::AbortedError(
-          absl::StrCat(transfer->Describe(), ": communicator aborted: ", abort_reason_));
-    }
+    if (aborting_) return AbortedErrorLocked(transfer->Describe());
     transfer->buffer_ = std::move(buffer);
     live_.insert(transfer.get());
   }
   // Outside mu_: an Abort meanwhile closes the pair first, so this throws or
   // the wait sees the abort.
-  const absl::Status status =
+  absl::Status status =
       CatchGloo(absl::StrCat(transfer->Describe(), ": connection to rank ", peer, " failed"), [&] {
         if (direction == Direction::kSend) {
           raw->send(context_peer, slot, 0, bytes);
@@ -246,7 +252,8 @@ absl::StatusOr<std::unique_ptr<Transfer>> Core::Start(const std::shared_ptr<gloo
       });
   if (!status.ok()) {
     if (aborting()) return AbortedError(transfer->Describe());
-    Abort(status.message());
+    status = WithLostPeer(std::move(status), peer);
+    Abort(status);
     return status;  // the transfer is destroyed after the abort closed its pair
   }
   return transfer;
@@ -271,7 +278,8 @@ absl::StatusOr<std::unique_ptr<Request>> Core::StartP2P(Direction direction, int
   return std::unique_ptr<Request>(std::move(transfer));
 }
 
-void Core::Abort(absl::string_view reason) {
+void Core::Abort(const absl::Status& cause) {
+  const absl::string_view reason = cause.message();
   std::vector<std::shared_ptr<gloo::Context>> contexts;
   {
     MutexLock lock(&mu_);
@@ -281,6 +289,7 @@ void Core::Abort(absl::string_view reason) {
     }
     aborting_ = true;
     abort_reason_ = std::string(reason);
+    abort_lost_peer_ = LostPeer(cause);
     contexts = contexts_;
   }
   spdlog::warn("rank {}: aborting communicator: {}", rank_, reason);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -429,6 +430,12 @@ TEST_CASE("A peer that goes away fails the waits on it well before their deadlin
   CHECK(absl::IsUnavailable(status));
   CHECK(Contains(status, "recv of 256 bytes from rank 1 (tag 4): connection to rank 1 failed"));
   CHECK(elapsed < absl::Seconds(3));
+  // The failure names the lost peer, and so does every later one it aborted.
+  CHECK(LostPeer(status) == std::optional<int>(1));
+  const absl::Status later = comms[0]->Recv(2, 5, buffer, sizeof(buffer)).status();
+  INFO(later);
+  CHECK(absl::IsAborted(later));
+  CHECK(LostPeer(later) == std::optional<int>(1));
 }
 
 TEST_CASE(
@@ -455,6 +462,7 @@ TEST_CASE(
     CHECK(!absl::IsDeadlineExceeded(statuses[r]));
     CHECK(Contains(statuses[r], "all-reduce of 1000 floats over ranks {0,1,2}"));
     CHECK(elapsed[r] < absl::Seconds(3));
+    CHECK(LostPeer(statuses[r]).has_value());  // rank 2, or a member that aborted on losing it
   }
 }
 
@@ -470,6 +478,7 @@ TEST_CASE("Destroying an unfinished Request aborts the communicator, naming the 
   INFO(later);
   CHECK(absl::IsAborted(later));
   CHECK(Contains(later, "recv of 32 bytes from rank 1 (tag 2) was destroyed before it completed"));
+  CHECK_FALSE(LostPeer(later).has_value());  // a local mistake, not a lost peer
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 #include "runtime/executor/executor.h"
 
 #include <future>
+#include <optional>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/comm.h"
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/data/dataset.h"
 #include "runtime/executor/worker.h"
@@ -178,6 +180,7 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     r.set_iteration(iteration);
     r.set_rank(a.rank());
     r.set_error(std::string(s.message()));
+    if (const std::optional<int> peer = comm::LostPeer(s); peer.has_value()) r.set_lost_peer(*peer);
     if (auto rs = client_->ReportIteration(r); !rs.ok()) spdlog::error("reporting the failure: {}", rs.message());
   };
   auto fail = [&](absl::Status s) {

@@ -132,8 +132,8 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
     if (!s.ok()) {
       // Peers blocked on us must fail fast rather than wait out their deadline.
       comm_->Abort();
-      return absl::Status(s.code(), absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " instruction ", i,
-                                                 " (", OpName(plan.instructions(i)), "): ", s.message()));
+      return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " instruction ", i, " (",
+                                      OpName(plan.instructions(i)), ")"));
     }
     proto::InstructionTiming t;
     t.set_index(i);

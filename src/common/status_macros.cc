@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -11,7 +12,10 @@ namespace dynapipe {
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  absl::Status annotated(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { annotated.SetPayload(url, payload); });
+  return annotated;
 }
 
 void CheckFailed(const char* file, int line, const char* condition, absl::string_view message) {

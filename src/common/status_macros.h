@@ -37,7 +37,7 @@ const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
   return s.status();
 }
 
-// Same code, message prefixed with `context` ("loading job.pbtxt: ...").
+// Same code and payloads, message prefixed with `context` ("loading job.pbtxt: ...").
 absl::Status Annotate(const absl::Status& status, absl::string_view context);
 
 // Aborts with file, line and message. For broken invariants only (bugs), never

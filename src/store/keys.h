@@ -17,6 +17,7 @@
 //                              for every rank when the job is created)
 //   {p}job:J:rank:R            executor id holding rank R
 //   {p}job:J:metrics:I:R       IterationReport (binary proto; PX ttl)
+//   {p}job:J:failures          LIST of IterationReports with `error`, in arrival order (PX ttl)
 //   {p}job:J:bootstrap:K       bytes published for the job's communicator
 //   {p}job:J:checkpoint:I      SET of ranks whose checkpoint shard of iteration I is written (no TTL)
 //   {p}checkpoint:latest:D     latest iteration whose shards are complete in checkpoint dir D (only
@@ -47,6 +48,7 @@ class Keys {
   std::string Progress(const std::string& j) const { return absl::StrCat(p_, "job:", j, ":progress"); }
   std::string Rank(const std::string& j, int r) const { return absl::StrCat(p_, "job:", j, ":rank:", r); }
   std::string Metrics(const std::string& j, int64_t i, int r) const { return absl::StrCat(p_, "job:", j, ":metrics:", i, ":", r); }
+  std::string Failures(const std::string& j) const { return absl::StrCat(p_, "job:", j, ":failures"); }
   std::string Bootstrap(const std::string& j, const std::string& k) const { return absl::StrCat(p_, "job:", j, ":bootstrap:", k); }
   std::string CheckpointRanks(const std::string& j, int64_t i) const { return absl::StrCat(p_, "job:", j, ":checkpoint:", i); }
   std::string LatestCheckpoint(const std::string& dir) const { return absl::StrCat(p_, "checkpoint:latest:", dir); }

@@ -150,6 +150,22 @@ absl::Status MemoryPlanStore::PutReport(const proto::IterationReport& report, ab
   return absl::OkStatus();
 }
 
+absl::Status MemoryPlanStore::AddFailure(const proto::IterationReport& report, absl::Duration) {
+  {
+    MutexLock lock(&mu_);
+    jobs_[report.job_id()].failures.push_back(report);
+  }
+  Notify("job " + report.job_id());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<proto::IterationReport>> MemoryPlanStore::Failures(const std::string& job) {
+  MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return std::vector<proto::IterationReport>{};
+  return it->second.failures;
+}
+
 absl::StatusOr<std::vector<int64_t>> MemoryPlanStore::DoneByRank(const std::string& job, int world) {
   MutexLock lock(&mu_);
   std::vector<int64_t> out(world, -1);

@@ -61,6 +61,11 @@ class PlanStore {
   // Last completed iteration per rank (-1: none), for ranks 0..world-1.
   virtual absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) = 0;
   virtual absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) = 0;
+  // Failures executors reported (reports with `error`), kept per job in
+  // arrival order: the planner judges from all of them which rank caused the
+  // failure (planner/service/failures.h).
+  virtual absl::Status AddFailure(const proto::IterationReport& report, absl::Duration ttl) = 0;
+  virtual absl::StatusOr<std::vector<proto::IterationReport>> Failures(const std::string& job) = 0;
 
   // Checkpoints. Adds `rank` to the ranks whose shard of `iteration` is
   // written; the call that completes the set (all `world` ranks) raises the

@@ -112,6 +112,26 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(store.GetJob(*id)->iterations_done() == 3);
   CHECK(store.GetReport(*id, 2, 1)->iteration() == 2);
 
+  // Failures keep their arrival order and do not count as progress.
+  CHECK(store.Failures(*id)->empty());
+  proto::IterationReport f = r;
+  f.set_iteration(4);
+  f.set_error("recv from rank 0 failed");
+  f.set_lost_peer(0);
+  REQUIRE(store.AddFailure(f, absl::Minutes(5)).ok());
+  f.set_rank(0);
+  f.set_error("own failure");
+  f.clear_lost_peer();
+  REQUIRE(store.AddFailure(f, absl::Minutes(5)).ok());
+  auto failures = store.Failures(*id);
+  REQUIRE(failures.ok());
+  REQUIRE(failures->size() == 2);
+  CHECK((*failures)[0].rank() == 1);
+  CHECK((*failures)[0].lost_peer() == 0);
+  CHECK((*failures)[1].error() == "own failure");
+  CHECK_FALSE((*failures)[1].has_lost_peer());
+  CHECK(store.GetJob(*id)->iterations_done() == 3);
+
   // Terminal states stick.
   CHECK(*store.SetJobState(*id, proto::JobState::running, "", 2000));
   CHECK(*store.SetJobState(*id, proto::JobState::failed, "rank 1 lost", 3000));

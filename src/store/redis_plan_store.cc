@@ -241,6 +241,24 @@ absl::StatusOr<proto::IterationReport> RedisPlanStore::GetReport(const std::stri
   return report;
 }
 
+absl::Status RedisPlanStore::AddFailure(const proto::IterationReport& report, absl::Duration ttl) {
+  const std::string key = keys_.Failures(report.job_id());
+  RETURN_IF_ERROR(client_.Command({"RPUSH", key, report.SerializeAsString()}).status());
+  RETURN_IF_ERROR(client_.Command({"PEXPIRE", key, Ms(ttl)}).status());
+  return client_.Command({"PUBLISH", keys_.Events(), "job " + report.job_id()}).status();
+}
+
+absl::StatusOr<std::vector<proto::IterationReport>> RedisPlanStore::Failures(const std::string& job) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"LRANGE", keys_.Failures(job), "0", "-1"}));
+  std::vector<proto::IterationReport> out;
+  for (const RedisReply& e : r.elements) {
+    if (!out.emplace_back().ParseFromString(e.str)) {
+      return absl::DataLossError(absl::StrCat("corrupt failure report of job ", job));
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<bool> RedisPlanStore::MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir,
                                                          int64_t iteration, int rank, int world) {
   RETURN_IF_ERROR(CheckShardMark(checkpoint_dir, iteration, rank, world));

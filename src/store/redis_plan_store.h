@@ -37,6 +37,8 @@ class RedisPlanStore : public PlanStore {
   absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
   absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
+  absl::Status AddFailure(const proto::IterationReport& report, absl::Duration ttl) override;
+  absl::StatusOr<std::vector<proto::IterationReport>> Failures(const std::string& job) override;
   absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir, int64_t iteration,
                                            int rank, int world) override;
   absl::StatusOr<int64_t> LatestCheckpoint(const std::string& checkpoint_dir) override;
