@@ -59,6 +59,8 @@ absl::StatusOr<std::unique_ptr<ProfileCostModel>> ProfileCostModel::Create(const
   model->hidden_ = profile.hidden();
   model->bytes_per_element_ = bytes_per_element;
   if (profile.hidden() <= 0) return absl::InvalidArgumentError("hidden: must be positive");
+  if (profile.max_tokens() < 0) return absl::InvalidArgumentError("max_tokens: negative");
+  model->max_tokens_ = profile.max_tokens();
   for (int li = 0; li < profile.layers_size(); ++li) {
     const auto& layer = profile.layers(li);
     const std::string where = absl::StrCat("layers[", li, "]");
@@ -74,13 +76,9 @@ absl::StatusOr<std::unique_ptr<ProfileCostModel>> ProfileCostModel::Create(const
     g.seq = Axis(layer, &proto::CostPoint::seq);
     g.dec = Axis(layer, &proto::CostPoint::dec_seq);
     const size_t cells = g.mbs.size() * g.seq.size() * g.dec.size();
-    if (cells != static_cast<size_t>(layer.points_size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ".points: not a complete grid (", layer.points_size(), " points for ", g.mbs.size(), " mbs x ",
-          g.seq.size(), " seq x ", g.dec.size(), " dec_seq values)"));
-    }
     g.values.assign(cells, LayerCost{});
-    std::vector<bool> seen(cells, false);
+    std::vector<bool>& seen = g.measured;
+    seen.assign(cells, false);
     for (int pi = 0; pi < layer.points_size(); ++pi) {
       const auto& p = layer.points(pi);
       const std::string pw = absl::StrCat(where, ".points[", pi, "]");
@@ -101,6 +99,20 @@ absl::StatusOr<std::unique_ptr<ProfileCostModel>> ProfileCostModel::Create(const
       }
       seen[cell] = true;
       g.values[cell] = {p.fw_ms(), p.bw_ms(), p.stored_activation_mb(), p.peak_activation_mb()};
+    }
+    for (size_t mi = 0; mi < g.mbs.size(); ++mi) {
+      for (size_t si = 0; si < g.seq.size(); ++si) {
+        for (size_t di = 0; di < g.dec.size(); ++di) {
+          if (seen[(mi * g.seq.size() + si) * g.dec.size() + di]) continue;
+          const int64_t tokens = static_cast<int64_t>(g.mbs[mi]) * (g.seq[si] + g.dec[di]);
+          if (model->max_tokens_ > 0 && tokens > model->max_tokens_) continue;
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ".points: not a complete grid: no point at mbs ", g.mbs[mi], ", seq ", g.seq[si],
+              g.dec.size() > 1 ? absl::StrCat(", dec_seq ", g.dec[di]) : "",
+              model->max_tokens_ > 0 ? absl::StrCat(" (", tokens, " tokens, within max_tokens ", model->max_tokens_, ")")
+                                     : ""));
+        }
+      }
     }
   }
   return model;
@@ -131,7 +143,14 @@ absl::StatusOr<LayerCost> ProfileCostModel::Cost(LayerKind kind, const Shape& sh
       for (int c = 0; c < 2; ++c) {
         const double wc = c ? dw : 1 - dw;
         if (wc == 0) continue;
-        const LayerCost& v = g.values[((mi + a) * ns + (si + b)) * nd + (di + c)];
+        const size_t cell = ((mi + a) * ns + (si + b)) * nd + (di + c);
+        if (!g.measured[cell]) {
+          return absl::OutOfRangeError(absl::StrCat(
+              "out of profile: ", LayerKindName(kind), " layer at mbs ", shape.mbs, ", seq ", shape.seq,
+              " needs the point at mbs ", g.mbs[mi + a], ", seq ", g.seq[si + b],
+              ", above the profile's max_tokens ", max_tokens_));
+        }
+        const LayerCost& v = g.values[cell];
         const double w = wa * wb * wc;
         out.fw_ms += w * v.fw_ms;
         out.bw_ms += w * v.bw_ms;

@@ -2,7 +2,8 @@
 
 // Cost model from a measured CostProfile: multilinear interpolation over the
 // profiled (mbs, seq[, dec_seq]) grid of each layer kind. A query outside the
-// grid is OUT_OF_RANGE (never extrapolated).
+// grid, or needing a point left out above the profile's max_tokens, is
+// OUT_OF_RANGE (never extrapolated).
 
 #include <array>
 #include <memory>
@@ -34,6 +35,7 @@ class ProfileCostModel : public LayerCostModel {
     double params_millions = 0;
     std::vector<int> mbs, seq, dec;  // sorted axes; dec = {0} when not profiled
     std::vector<LayerCost> values;   // [mbs][seq][dec] row-major
+    std::vector<bool> measured;      // same layout; false only above max_tokens
   };
   ProfileCostModel() = default;
   const Grid& GridFor(LayerKind kind) const { return grids_[static_cast<int>(kind)]; }
@@ -42,6 +44,7 @@ class ProfileCostModel : public LayerCostModel {
   std::string device_;
   int hidden_ = 0;
   int bytes_per_element_ = 2;
+  int64_t max_tokens_ = 0;  // 0: complete grids
 };
 
 }  // namespace dynapipe::planner

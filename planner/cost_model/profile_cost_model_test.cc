@@ -48,6 +48,26 @@ TEST_CASE("A query outside the profile is OUT_OF_RANGE with the profiled range, 
         absl::StatusCode::kOutOfRange);
 }
 
+TEST_CASE("A profile with max_tokens may leave out larger points; queries needing them are OUT_OF_RANGE") {
+  proto::CostProfile p = Grid();
+  p.mutable_layers(0)->mutable_points()->RemoveLast();  // mbs 4, seq 1024: 4096 tokens
+  p.set_max_tokens(4096);
+  CHECK_THAT(std::string(ProfileCostModel::Create(p).status().message()),
+             Contains("no point at mbs 4, seq 1024 (4096 tokens, within max_tokens 4096)"));
+  p.set_max_tokens(2048);
+  auto m = ProfileCostModel::Create(p);
+  REQUIRE(m.ok());
+  auto at = [&](int mbs, int seq) { return (*m)->Cost(LayerKind::kEncoder, Shape{mbs, seq, 0}, Recompute::kNone); };
+  CHECK(at(1, 768)->fw_ms == Approx(7.68));  // its corners are measured
+  CHECK(at(4, 512)->fw_ms == Approx(20.48));
+  for (const auto& [mbs, seq] : {std::pair{4, 1024}, std::pair{2, 768}}) {
+    auto c = at(mbs, seq);
+    CHECK(c.status().code() == absl::StatusCode::kOutOfRange);
+    CHECK_THAT(std::string(c.status().message()), Contains("needs the point at mbs 4, seq 1024") &&
+                                                      Contains("max_tokens 2048"));
+  }
+}
+
 TEST_CASE("Full recomputation keeps only the layer input and re-runs the forward") {
   auto m = ProfileCostModel::Create(Grid());
   REQUIRE(m.ok());

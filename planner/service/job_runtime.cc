@@ -24,10 +24,21 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   config.job_id = job_id;
   std::shared_ptr<const LayerCostModel> cost;
   if (!spec.cost_profile_path().empty()) {
+    // Relative paths resolve under data_root, like the dataset's.
+    const std::string path = ResolvePath(data_root, spec.cost_profile_path());
     proto::CostProfile profile;
-    RETURN_IF_ERROR(Annotate(LoadProtoFile(spec.cost_profile_path(), &profile), "cost_profile_path"));
-    ASSIGN_OR_RETURN(auto model, ProfileCostModel::Create(profile, spec.model().dtype() == proto::DType::fp32 ? 4 : 2));
-    cost = std::move(model);
+    RETURN_IF_ERROR(Annotate(LoadProtoFile(path, &profile), "cost_profile_path"));
+    const int64_t ffn = spec.model().ffn() > 0 ? spec.model().ffn() : 4 * int64_t{spec.model().hidden()};
+    if (profile.hidden() != spec.model().hidden() || (profile.heads() > 0 && profile.heads() != spec.model().heads()) ||
+        (profile.ffn() > 0 && profile.ffn() != ffn)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cost_profile_path: ", path, " profiles hidden ", profile.hidden(), ", heads ", profile.heads(), ", ffn ",
+          profile.ffn(), "; the model has hidden ", spec.model().hidden(), ", heads ", spec.model().heads(), ", ffn ",
+          ffn));
+    }
+    auto model = ProfileCostModel::Create(profile, spec.model().dtype() == proto::DType::fp32 ? 4 : 2);
+    if (!model.ok()) return Annotate(model.status(), absl::StrCat("cost_profile_path: ", path));
+    cost = std::move(*model);
   } else {
     ASSIGN_OR_RETURN(auto model, AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {}));
     cost = std::move(model);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -138,6 +139,34 @@ TEST_CASE("A job submitted with resume starts after the latest complete checkpoi
   spec.set_iterations(10);
   spec.mutable_checkpoint()->clear_dir();
   CHECK_THAT(std::string(Submit(svc, spec).status().message()), Contains("checkpoint.dir"));
+}
+
+TEST_CASE("A job's cost profile resolves under data_root and must describe the job's model") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string root = std::string(tmp ? tmp : "/tmp") + "/profile-root-" + std::to_string(::getpid());
+  std::filesystem::create_directories(root);
+  proto::JobSpec spec = Job(10, "/ckpt/p");
+  const int hidden = spec.model().hidden();
+  auto profile = [&](int h) {
+    return absl::StrCat(R"({"device": "cpu", "model_kind": "gpt", "hidden": )", h, R"(, "layers": [)",
+                        R"({"kind": "encoder", "param_mb": 1, "points": [{"mbs": 1, "seq": 8, "fw_ms": 1, "bw_ms": 2}]},)",
+                        R"({"kind": "postprocess", "param_mb": 1, "points": [{"mbs": 1, "seq": 8, "fw_ms": 1, "bw_ms": 2}]}]})");
+  };
+  REQUIRE(WriteFileAtomic(root + "/good.json", profile(hidden)).ok());
+  REQUIRE(WriteFileAtomic(root + "/other.json", profile(hidden / 2)).ok());
+  store::MemoryPlanStore store;
+  ServiceOptions options;
+  options.data_root = root;
+  PlannerService svc(&store, options);
+  spec.set_cost_profile_path("good.json");
+  CHECK(Submit(svc, spec).ok());
+  spec.set_cost_profile_path("other.json");
+  const absl::Status wrong = Submit(svc, spec).status();
+  CHECK(wrong.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(wrong.message()),
+             Contains("cost_profile_path: " + root + "/other.json profiles hidden " + std::to_string(hidden / 2)));
+  spec.set_cost_profile_path("missing.json");
+  CHECK_THAT(std::string(Submit(svc, spec).status().message()), Contains("cost_profile_path"));
 }
 
 // Registers `n` executors; their first heartbeats take the ranks of the

@@ -19,6 +19,8 @@ ABSL_FLAG(int, pp, 0, "override parallelism.pp");
 ABSL_FLAG(int, dp, 0, "override parallelism.dp");
 ABSL_FLAG(double, lr, 0, "override optimizer.lr");
 ABSL_FLAG(int, curve, 0, "also print the loss every N iterations");
+ABSL_FLAG(std::string, cost_profile, "",
+          "override cost_profile_path: a `dynapipe profile` output, relative paths under --data_root");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -31,10 +33,11 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_pp) > 0) spec.mutable_parallelism()->set_pp(absl::GetFlag(FLAGS_pp));
   if (absl::GetFlag(FLAGS_dp) > 0) spec.mutable_parallelism()->set_dp(absl::GetFlag(FLAGS_dp));
   if (absl::GetFlag(FLAGS_lr) > 0) spec.mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));
+  if (!absl::GetFlag(FLAGS_cost_profile).empty()) spec.set_cost_profile_path(absl::GetFlag(FLAGS_cost_profile));
   const int n = absl::GetFlag(FLAGS_iterations);
   spec.set_iterations(std::max<int64_t>(spec.iterations(), n));
-  std::printf("%-8s %12s %14s %14s %10s %10s\n", "method", "tokens/s", "measured ms", "predicted ms", "loss[0]",
-              "loss[-1]");
+  std::printf("%-8s %12s %14s %14s %8s %8s %10s %10s\n", "method", "tokens/s", "measured ms", "predicted ms",
+              "mb/iter", "padding", "loss[0]", "loss[-1]");
   for (const std::string& m : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_methods), ','))) {
     proto::BatchingSpec::Method method;
     if (!proto::BatchingSpec::Method_Parse(m, &method)) {
@@ -50,7 +53,7 @@ int main(int argc, char** argv) {
     // Tokens of the whole iteration: the first pipeline stage of every group.
     const int pp = std::max(1, spec.parallelism().pp());
     int64_t tokens = 0;
-    double measured = 0, predicted = 0;
+    double measured = 0, predicted = 0, micro_batches = 0, efficiency = 0;
     for (size_t r = 0; r < run->per_rank.size(); r += pp) {
       for (const auto& it : run->per_rank[r]) tokens += it.tokens;
     }
@@ -59,12 +62,15 @@ int main(int argc, char** argv) {
       for (const auto& rank : run->per_rank) slowest = std::max(slowest, rank[i].iteration_ms);
       measured += slowest;
       predicted += run->predicted_ms[i];
+      micro_batches += run->micro_batches[i];
+      efficiency += run->padding_efficiency[i];
     }
     if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
       for (int i = 0; i < n; i += every) std::printf("  %s iteration %d loss %.4f\n", m.c_str(), i, run->per_rank[0][i].loss);
     }
-    std::printf("%-8s %12.0f %14.1f %14.1f %10.4f %10.4f\n", m.c_str(), tokens / run->wall_s, measured / n,
-                predicted / n, run->per_rank[0].front().loss, run->per_rank[0].back().loss);
+    std::printf("%-8s %12.0f %14.1f %14.1f %8.1f %7.0f%% %10.4f %10.4f\n", m.c_str(), tokens / run->wall_s,
+                measured / n, predicted / n, micro_batches / n, 100 * (1 - efficiency / n),
+                run->per_rank[0].front().loss, run->per_rank[0].back().loss);
     std::fflush(stdout);
   }
   return 0;

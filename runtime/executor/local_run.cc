@@ -24,6 +24,10 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   for (int64_t i = 0; i < count; ++i) {
     ASSIGN_OR_RETURN(planner::IterationPlan p, rt->planner->Plan(rt->batch(i), i));
     out.predicted_ms.push_back(p.predicted_ms);
+    int micro_batches = 0;
+    for (const auto& g : p.groups) micro_batches += static_cast<int>(g.size());
+    out.micro_batches.push_back(micro_batches);
+    out.padding_efficiency.push_back(p.padding_efficiency);
     plans.push_back(std::move(p.plans));
   }
   comm::MemoryKeyValueStore kv;

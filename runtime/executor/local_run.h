@@ -18,6 +18,8 @@ namespace dynapipe::runtime::executor {
 struct LocalRunResult {
   std::vector<std::vector<IterationResult>> per_rank;  // [rank][iteration]
   std::vector<double> predicted_ms;                    // per iteration
+  std::vector<int> micro_batches;                      // per iteration, all dp groups together
+  std::vector<double> padding_efficiency;              // per iteration: real / computed tokens
   std::vector<std::vector<float>> final_params;        // per rank, chunks concatenated
   double wall_s = 0;                                   // iterations only (no planning, no setup)
 };
