@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/memory/buffer_pool.h"
+#include "src/common/stats.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::runtime::model {
@@ -15,12 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // `rows` full rows of `seq` random tokens, every next token scored.

@@ -14,6 +14,7 @@
 #include "src/cli/plan_setup.h"
 #include "src/common/file_util.h"
 #include "src/common/proto_io.h"
+#include "src/common/stats.h"
 #include "src/common/thread_pool.h"
 
 namespace dynapipe::cli {
@@ -21,18 +22,6 @@ namespace {
 
 using planner::Batching;
 using planner::IterationPlan;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
-}
 
 std::string IterationJson(const IterationPlan& p, size_t samples) {
   std::vector<std::string> mbs, peaks;
