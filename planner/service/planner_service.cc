@@ -325,7 +325,8 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
     RETURN_IF_ERROR(store_->AddFailure(failure, options_.plan_ttl));
     metrics_.Add("dynapipe_executor_failures_total", 1, "Failures executors reported");
     spdlog::warn("job {}: {}", report.job_id(), report.error());
-    return JudgeJobFailures(report.job_id(), world, /*final=*/false);
+    ASSIGN_OR_RETURN(const std::vector<proto::IterationReport> failures, store_->Failures(report.job_id()));
+    return JudgeJobFailures(report.job_id(), failures, world, /*final=*/false);
   }
   RETURN_IF_ERROR(store_->PutReport(report, options_.plan_ttl));
   if (report.checkpoint_written()) {
@@ -359,8 +360,9 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
   return absl::OkStatus();
 }
 
-absl::Status PlannerService::JudgeJobFailures(const std::string& job, int world, bool final) {
-  ASSIGN_OR_RETURN(const std::vector<proto::IterationReport> failures, store_->Failures(job));
+absl::Status PlannerService::JudgeJobFailures(const std::string& job,
+                                              const std::vector<proto::IterationReport>& failures, int world,
+                                              bool final) {
   const FailureVerdict verdict = JudgeFailures(failures, world, final);
   if (!verdict.decided) return absl::OkStatus();
   ASSIGN_OR_RETURN(const bool changed, store_->SetJobState(job, proto::JobState::failed, verdict.error, NowMs()));

@@ -108,9 +108,10 @@ class PlannerService {
   // Claims the next iteration some active job needs; false if none.
   bool ClaimWork(std::string* job, int64_t* iteration, std::shared_ptr<const JobRuntime>* rt);
   void PlanOne(const std::string& job, int64_t iteration, const JobRuntime& rt);
-  // Fails the job once its ranks' failure reports name a cause (`final`: the
-  // grace period is over, decide now).
-  absl::Status JudgeJobFailures(const std::string& job, int world, bool final);
+  // Fails the job once its ranks' failure reports (store_->Failures) name a
+  // cause (`final`: the grace period is over, decide now).
+  absl::Status JudgeJobFailures(const std::string& job, const std::vector<proto::IterationReport>& failures,
+                                int world, bool final);
   void LivenessLoop();
   void CheckLiveness();
   absl::Status MaybeAssign(proto::ExecutorRecord* rec);

@@ -154,7 +154,7 @@ void PlannerService::CheckLiveness() {
           NowMs() - failures->front().received_unix_ms() < absl::ToInt64Milliseconds(options_.failure_grace)) {
         continue;
       }
-      if (auto s = JudgeJobFailures(id, store::WorldSize(job->spec()), /*final=*/true); !s.ok()) {
+      if (auto s = JudgeJobFailures(id, *failures, store::WorldSize(job->spec()), /*final=*/true); !s.ok()) {
         spdlog::warn("job {}: judging failures: {}", id, s.message());
       }
     }
