@@ -3,18 +3,26 @@
 // prints real tokens/s, measured vs predicted iteration time and losses for
 // each, side by side in one run:
 //   cpu_throughput --job configs/jobs/quickstart.pbtxt --data_root . --iterations 20
+// With --rounds N every (attention kernel, method) pair runs once per round,
+// rounds interleaved, and a summary gives the medians and the median of the
+// per-round ratios to packing (neighbours in time share the machine's load).
 #include <cstdio>
+#include <map>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "runtime/executor/local_run.h"
 #include "src/common/proto_io.h"
+#include "src/common/stats.h"
 
 ABSL_FLAG(std::string, job, "configs/jobs/quickstart.pbtxt", "JobSpec file");
 ABSL_FLAG(std::string, data_root, ".", "relative dataset paths resolve here");
 ABSL_FLAG(int, iterations, 20, "iterations per method");
 ABSL_FLAG(std::string, methods, "dynamic,packing,padding", "batching methods to compare");
+ABSL_FLAG(std::string, attention, "",
+          "attention kernels to compare (varlen,materialized); empty: the job's model.attention");
+ABSL_FLAG(int, rounds, 1, "interleaved repetitions of every kernel x method");
 ABSL_FLAG(int, pp, 0, "override parallelism.pp");
 ABSL_FLAG(int, dp, 0, "override parallelism.dp");
 ABSL_FLAG(double, lr, 0, "override optimizer.lr");
@@ -22,9 +30,39 @@ ABSL_FLAG(int, curve, 0, "also print the loss every N iterations");
 ABSL_FLAG(std::string, cost_profile, "",
           "override cost_profile_path: a `dynapipe profile` output, relative paths under --data_root");
 
+namespace {
+
+using namespace dynapipe;
+
+struct Row {
+  double tokens_per_s = 0, measured_ms = 0, predicted_ms = 0, micro_batches = 0, padding = 0;
+};
+
+Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n) {
+  // Tokens of the whole iteration: the first pipeline stage of every group.
+  int64_t tokens = 0;
+  for (size_t r = 0; r < run.per_rank.size(); r += pp) {
+    for (const auto& it : run.per_rank[r]) tokens += it.tokens;
+  }
+  Row row;
+  double efficiency = 0;
+  for (int i = 0; i < n; ++i) {
+    double slowest = 0;
+    for (const auto& rank : run.per_rank) slowest = std::max(slowest, rank[i].iteration_ms);
+    row.measured_ms += slowest / n;
+    row.predicted_ms += run.predicted_ms[i] / n;
+    row.micro_batches += static_cast<double>(run.micro_batches[i]) / n;
+    efficiency += run.padding_efficiency[i] / n;
+  }
+  row.tokens_per_s = tokens / run.wall_s;
+  row.padding = 1 - efficiency;
+  return row;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  using namespace dynapipe;
   proto::JobSpec spec;
   if (auto s = LoadProtoFile(absl::GetFlag(FLAGS_job), &spec); !s.ok()) {
     std::fprintf(stderr, "cpu_throughput: %s\n", std::string(s.message()).c_str());
@@ -35,43 +73,86 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_lr) > 0) spec.mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));
   if (!absl::GetFlag(FLAGS_cost_profile).empty()) spec.set_cost_profile_path(absl::GetFlag(FLAGS_cost_profile));
   const int n = absl::GetFlag(FLAGS_iterations);
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   spec.set_iterations(std::max<int64_t>(spec.iterations(), n));
-  std::printf("%-8s %12s %14s %14s %8s %8s %10s %10s\n", "method", "tokens/s", "measured ms", "predicted ms",
-              "mb/iter", "padding", "loss[0]", "loss[-1]");
-  for (const std::string& m : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_methods), ','))) {
-    proto::BatchingSpec::Method method;
-    if (!proto::BatchingSpec::Method_Parse(m, &method)) {
-      std::fprintf(stderr, "cpu_throughput: --methods: unknown method \"%s\"\n", m.c_str());
+  const int pp = std::max(1, spec.parallelism().pp());
+
+  std::vector<proto::AttentionKernel::Value> kernels;
+  if (absl::GetFlag(FLAGS_attention).empty()) kernels.push_back(spec.model().attention());
+  for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_attention), ',', absl::SkipEmpty())) {
+    proto::AttentionKernel::Value kernel;
+    if (!proto::AttentionKernel::Value_Parse(std::string(k), &kernel) || kernel == proto::AttentionKernel::unspecified) {
+      std::fprintf(stderr, "cpu_throughput: --attention: unknown kernel \"%s\" (varlen, materialized)\n",
+                   std::string(k).c_str());
       return 2;
     }
-    spec.mutable_batching()->set_method(method);
-    auto run = runtime::executor::RunLocal(spec, absl::GetFlag(FLAGS_data_root), n);
-    if (!run.ok()) {
-      std::fprintf(stderr, "cpu_throughput: %s: %s\n", m.c_str(), std::string(run.status().message()).c_str());
-      return 1;
+    kernels.push_back(kernel);
+  }
+  std::vector<proto::BatchingSpec::Method> methods;
+  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_methods), ',', absl::SkipEmpty())) {
+    proto::BatchingSpec::Method method;
+    if (!proto::BatchingSpec::Method_Parse(std::string(m), &method)) {
+      std::fprintf(stderr, "cpu_throughput: --methods: unknown method \"%s\"\n", std::string(m).c_str());
+      return 2;
     }
-    // Tokens of the whole iteration: the first pipeline stage of every group.
-    const int pp = std::max(1, spec.parallelism().pp());
-    int64_t tokens = 0;
-    double measured = 0, predicted = 0, micro_batches = 0, efficiency = 0;
-    for (size_t r = 0; r < run->per_rank.size(); r += pp) {
-      for (const auto& it : run->per_rank[r]) tokens += it.tokens;
+    methods.push_back(method);
+  }
+  auto kernel_name = [](proto::AttentionKernel::Value k) {
+    return k == proto::AttentionKernel::materialized ? "materialized" : "varlen";
+  };
+
+  // [kernel][method] -> one Row per round.
+  std::map<std::pair<int, int>, std::vector<Row>> rows;
+  std::printf("%-5s %-12s %-8s %12s %12s %12s %8s %8s %9s %9s\n", "round", "attention", "method", "tokens/s",
+              "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]");
+  for (int round = 0; round < rounds; ++round) {
+    for (const auto kernel : kernels) {
+      spec.mutable_model()->set_attention(kernel);
+      for (const auto method : methods) {
+        spec.mutable_batching()->set_method(method);
+        const std::string& m = proto::BatchingSpec::Method_Name(method);
+        auto run = runtime::executor::RunLocal(spec, absl::GetFlag(FLAGS_data_root), n);
+        if (!run.ok()) {
+          std::fprintf(stderr, "cpu_throughput: %s: %s\n", m.c_str(), std::string(run.status().message()).c_str());
+          return 1;
+        }
+        const Row row = Summarize(*run, pp, n);
+        rows[{kernel, method}].push_back(row);
+        if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
+          for (int i = 0; i < n; i += every) {
+            std::printf("  %s iteration %d loss %.4f\n", m.c_str(), i, run->per_rank[0][i].loss);
+          }
+        }
+        std::printf("%-5d %-12s %-8s %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f\n", round, kernel_name(kernel),
+                    m.c_str(), row.tokens_per_s, row.measured_ms, row.predicted_ms, row.micro_batches,
+                    100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss);
+        std::fflush(stdout);
+      }
     }
-    for (int i = 0; i < n; ++i) {
-      double slowest = 0;
-      for (const auto& rank : run->per_rank) slowest = std::max(slowest, rank[i].iteration_ms);
-      measured += slowest;
-      predicted += run->predicted_ms[i];
-      micro_batches += run->micro_batches[i];
-      efficiency += run->padding_efficiency[i];
+  }
+
+  std::printf("\nmedians over %d round(s); vs packing = median of the per-round ratios\n", rounds);
+  std::printf("%-12s %-8s %12s %12s %12s %12s\n", "attention", "method", "tokens/s", "measured ms", "predicted ms",
+              "vs packing");
+  for (const auto kernel : kernels) {
+    const auto packing = rows.find({kernel, proto::BatchingSpec::packing});
+    for (const auto method : methods) {
+      const std::vector<Row>& r = rows[{kernel, method}];
+      std::vector<double> tps, measured, predicted, ratio;
+      for (size_t i = 0; i < r.size(); ++i) {
+        tps.push_back(r[i].tokens_per_s);
+        measured.push_back(r[i].measured_ms);
+        predicted.push_back(r[i].predicted_ms);
+        if (packing != rows.end()) ratio.push_back(r[i].tokens_per_s / packing->second[i].tokens_per_s);
+      }
+      std::printf("%-12s %-8s %12.0f %12.1f %12.1f", kernel_name(kernel),
+                  proto::BatchingSpec::Method_Name(method).c_str(), Median(tps), Median(measured), Median(predicted));
+      if (ratio.empty()) {
+        std::printf(" %12s\n", "-");
+      } else {
+        std::printf(" %11.2fx\n", Median(ratio));
+      }
     }
-    if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
-      for (int i = 0; i < n; i += every) std::printf("  %s iteration %d loss %.4f\n", m.c_str(), i, run->per_rank[0][i].loss);
-    }
-    std::printf("%-8s %12.0f %14.1f %14.1f %8.1f %7.0f%% %10.4f %10.4f\n", m.c_str(), tokens / run->wall_s,
-                measured / n, predicted / n, micro_batches / n, 100 * (1 - efficiency / n),
-                run->per_rank[0].front().loss, run->per_rank[0].back().loss);
-    std::fflush(stdout);
   }
   return 0;
 }

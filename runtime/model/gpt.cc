@@ -25,6 +25,8 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   c.vocab = spec.vocab();
   c.max_positions = spec.max_positions();
   c.tie_embeddings = spec.tie_embeddings();
+  c.attention = spec.attention() == proto::AttentionKernel::materialized ? cpu::AttentionKernel::kMaterialized
+                                                                         : cpu::AttentionKernel::kVarlen;
   auto positive = [](int v, const char* field) -> absl::Status {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be positive, got ", v));
@@ -220,7 +222,7 @@ absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const 
     cpu::MatmulForward(a.qkv.as<float>(), a.ln1.as<float>(), P(l.qkv_w), P(l.qkv_b), N, C, 3 * C);
     a.atty = get(N * C), a.att = get(B * NH * T * T);
     cpu::AttentionForward(a.atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), batch.segments.data(), B, T, C,
-                          NH);
+                          NH, config_.attention);
     a.x2 = get(N * C);
     float* x2 = a.x2.as<float>();
     cpu::MatmulForward(x2, a.atty.as<float>(), P(l.proj_w), P(l.proj_b), N, C, C);
@@ -334,7 +336,7 @@ absl::Status GptStage::Backward(int mb, const float* dhidden_out, float* dhidden
                         C);
     zero(dqkv);
     cpu::AttentionBackward(dqkv.as<float>(), datty.as<const float>(), a.qkv.as<const float>(), a.att.as<const float>(),
-                           s->segments.data(), B, T, C, NH);
+                           s->segments.data(), B, T, C, NH, config_.attention);
     zero(dln);
     cpu::MatmulBackward(dln.as<float>(), G(l.qkv_w), G(l.qkv_b), dqkv.as<const float>(), a.ln1.as<const float>(),
                         P(l.qkv_w), N, C, 3 * C);

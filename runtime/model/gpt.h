@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/model.pb.h"
+#include "runtime/backend/cpu/ops.h"
 #include "runtime/memory/buffer_pool.h"
 
 namespace dynapipe::runtime::model {
@@ -36,6 +37,7 @@ struct GptConfig {
   int vocab = 0;
   int max_positions = 0;
   bool tie_embeddings = true;
+  cpu::AttentionKernel attention = cpu::AttentionKernel::kVarlen;
 
   // INVALID_ARGUMENT naming the field for a spec this model cannot run.
   static absl::StatusOr<GptConfig> FromSpec(const proto::ModelSpec& spec);

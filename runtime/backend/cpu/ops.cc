@@ -105,8 +105,49 @@ void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
   }
 }
 
-template <typename T>
-void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+namespace {
+
+// One query row of attention. Varlen computes only the pairs the query may
+// see; materialized computes every causal pair and masks afterwards, so a
+// padding query still costs a full row (its output is then discarded).
+template <bool kMaterialized, typename T>
+void AttendRow(T* o, T* a, const T* qkv, const int32_t* sg, int64_t b, int64_t i, int64_t h, int64_t Tn, int64_t C,
+               int64_t hs, T scale) {
+  const bool pad_query = sg[i] < 0;
+  auto visible = [&](int64_t j) { return pad_query || sg[j] == sg[i]; };
+  const T* q = qkv + (b * Tn + i) * 3 * C + h * hs;
+  T mx = -INFINITY;
+  for (int64_t j = 0; j <= i; ++j) {
+    const bool keep = visible(j);
+    if (!kMaterialized && !keep) continue;
+    const T* k = qkv + (b * Tn + j) * 3 * C + C + h * hs;
+    T dot = 0;
+    for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
+    a[j] = keep ? dot * scale : -INFINITY;
+    mx = std::max(mx, a[j]);
+  }
+  T sum = 0;
+  for (int64_t j = 0; j <= i; ++j) {
+    const bool keep = visible(j);
+    if (!kMaterialized && !keep) continue;
+    a[j] = keep ? std::exp(a[j] - mx) : T(0);
+    sum += a[j];
+  }
+  for (int64_t j = 0; j <= i; ++j) {
+    if (!kMaterialized && !visible(j)) continue;
+    a[j] /= sum;
+    const T* v = qkv + (b * Tn + j) * 3 * C + 2 * C + h * hs;
+    for (int64_t d = 0; d < hs; ++d) o[d] += a[j] * v[d];
+  }
+  if (pad_query) {  // computed only to pay what a materialised kernel pays
+    std::fill(o, o + hs, T(0));
+    std::fill(a, a + i + 1, T(0));
+  }
+}
+
+template <bool kMaterialized, typename T>
+void AttentionForwardImpl(T* out, T* att, const T* qkv, const int32_t* seg, int64_t B, int64_t Tn, int64_t C,
+                          int64_t NH) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
   std::fill(out, out + B * Tn * C, T(0));
@@ -115,39 +156,19 @@ void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t 
     const int32_t* sg = seg + b * Tn;
     for (int64_t h = 0; h < NH; ++h) {
       for (int64_t i = 0; i < Tn; ++i) {
-        if (sg[i] < 0) continue;
-        const T* q = qkv + (b * Tn + i) * 3 * C + h * hs;
-        T* a = att + ((b * NH + h) * Tn + i) * Tn;
-        T mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          if (sg[j] != sg[i]) continue;
-          const T* k = qkv + (b * Tn + j) * 3 * C + C + h * hs;
-          T dot = 0;
-          for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
-          a[j] = dot * scale;
-          mx = std::max(mx, a[j]);
-        }
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          if (sg[j] != sg[i]) continue;
-          a[j] = std::exp(a[j] - mx);
-          sum += a[j];
-        }
-        T* o = out + (b * Tn + i) * C + h * hs;
-        for (int64_t j = 0; j <= i; ++j) {
-          if (sg[j] != sg[i]) continue;
-          a[j] /= sum;
-          const T* v = qkv + (b * Tn + j) * 3 * C + 2 * C + h * hs;
-          for (int64_t d = 0; d < hs; ++d) o[d] += a[j] * v[d];
-        }
+        if (!kMaterialized && sg[i] < 0) continue;
+        AttendRow<kMaterialized>(out + (b * Tn + i) * C + h * hs, att + ((b * NH + h) * Tn + i) * Tn, qkv, sg, b, i,
+                                 h, Tn, C, hs, scale);
       }
     }
   }
 }
 
-template <typename T>
-void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn,
-                       int64_t C, int64_t NH) {
+// Masked pairs have probability exactly 0, so visiting them (materialized)
+// adds exact zeros and leaves every gradient bit-identical to varlen.
+template <bool kMaterialized, typename T>
+void AttentionBackwardImpl(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* seg, int64_t B,
+                           int64_t Tn, int64_t C, int64_t NH) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
   std::vector<T> datt(Tn);
@@ -155,14 +176,15 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
     const int32_t* sg = seg + b * Tn;
     for (int64_t h = 0; h < NH; ++h) {
       for (int64_t i = 0; i < Tn; ++i) {
-        if (sg[i] < 0) continue;
+        if (!kMaterialized && sg[i] < 0) continue;
+        auto skip = [&](int64_t j) { return !kMaterialized && sg[j] != sg[i]; };
         const T* a = att + ((b * NH + h) * Tn + i) * Tn;
         const T* dy = dout + (b * Tn + i) * C + h * hs;
         // out_i = sum_j a_ij v_j
         T dot_sum = 0;
         for (int64_t j = 0; j <= i; ++j) {
           datt[j] = 0;
-          if (sg[j] != sg[i]) continue;
+          if (skip(j)) continue;
           const T* v = qkv + (b * Tn + j) * 3 * C + 2 * C + h * hs;
           T* dv = dqkv + (b * Tn + j) * 3 * C + 2 * C + h * hs;
           for (int64_t d = 0; d < hs; ++d) {
@@ -175,7 +197,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
         const T* q = qkv + (b * Tn + i) * 3 * C + h * hs;
         T* dq = dqkv + (b * Tn + i) * 3 * C + h * hs;
         for (int64_t j = 0; j <= i; ++j) {
-          if (sg[j] != sg[i]) continue;
+          if (skip(j)) continue;
           const T dpre = a[j] * (datt[j] - dot_sum) * scale;
           const T* k = qkv + (b * Tn + j) * 3 * C + C + h * hs;
           T* dk = dqkv + (b * Tn + j) * 3 * C + C + h * hs;
@@ -186,6 +208,28 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
         }
       }
     }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                      AttentionKernel kernel) {
+  if (kernel == AttentionKernel::kMaterialized) {
+    AttentionForwardImpl<true>(out, att, qkv, seg, B, Tn, C, NH);
+  } else {
+    AttentionForwardImpl<false>(out, att, qkv, seg, B, Tn, C, NH);
+  }
+}
+
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn,
+                       int64_t C, int64_t NH, AttentionKernel kernel) {
+  if (kernel == AttentionKernel::kMaterialized) {
+    AttentionBackwardImpl<true>(dqkv, dout, qkv, att, seg, B, Tn, C, NH);
+  } else {
+    AttentionBackwardImpl<false>(dqkv, dout, qkv, att, seg, B, Tn, C, NH);
   }
 }
 
@@ -243,9 +287,10 @@ void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T 
                                      int64_t);                                                                  \
   template void GeluForward<T>(T*, const T*, int64_t);                                                          \
   template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                               \
-  template void AttentionForward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);      \
+  template void AttentionForward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,       \
+                                    AttentionKernel);                                                           \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                     int64_t);                                                                  \
+                                     int64_t, AttentionKernel);                                                 \
   template void EmbeddingForward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int64_t, int64_t);  \
   template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t);       \
   template T CrossEntropyForward<T>(T*, const T*, const int32_t*, T, int64_t, int64_t);                         \

@@ -45,6 +45,18 @@ void GeluForward(T* out, const T* inp, int64_t n);
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
 
+// How the attention kernels treat masked pairs. Both give bit-identical
+// results (masked pairs get probability exactly 0); they differ in cost.
+enum class AttentionKernel {
+  // Only pairs inside one sample are computed: padding and pairs across the
+  // samples of a packed row cost nothing (FlashAttention's varlen kernels).
+  kVarlen,
+  // Every causal pair of the row is computed, then masked (Megatron-LM's
+  // materialised scores with an attention mask): a row of length T costs
+  // ~T^2/2 pairs whatever it holds, padding and other samples included.
+  kMaterialized,
+};
+
 // Multi-head causal self-attention over qkv = [q | k | v] per token. Token i
 // of row b attends to token j iff j <= i and both belong to the same segment
 // (seg >= 0); padding (seg < 0) produces zeros and receives no gradient. With
@@ -55,13 +67,14 @@ void AttentionForward(T* out,          // (B, T, C)
                       T* att,          // (B, NH, T, T) softmax probabilities, kept for backward
                       const T* qkv,    // (B, T, 3C)
                       const int32_t* seg,  // (B, T)
-                      int64_t B, int64_t Tn, int64_t C, int64_t NH);
+                      int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                      AttentionKernel kernel = AttentionKernel::kVarlen);
 
 template <typename T>
 void AttentionBackward(T* dqkv,        // (B, T, 3C)
                        const T* dout,  // (B, T, C)
                        const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn, int64_t C,
-                       int64_t NH);
+                       int64_t NH, AttentionKernel kernel = AttentionKernel::kVarlen);
 
 // Token + position embedding: out[b,t] = wte[tok] + wpe[pos].
 template <typename T>

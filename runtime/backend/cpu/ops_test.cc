@@ -95,18 +95,20 @@ TEST_CASE("GELU backward matches finite differences") {
 }
 
 TEST_CASE("Attention backward matches finite differences with padding and packed segments") {
+  const AttentionKernel kernel = GENERATE(AttentionKernel::kVarlen, AttentionKernel::kMaterialized);
+  INFO("materialized: " << (kernel == AttentionKernel::kMaterialized));
   std::mt19937 rng(4);
   const int B = 2, T = 5, C = 4, NH = 2;
   // Row 0: one sample of 3 tokens then padding; row 1: two packed samples.
   const std::vector<int32_t> seg = {0, 0, 0, -1, -1, 0, 0, 1, 1, 1};
   Vec qkv = Random(B * T * 3 * C, rng), r = Random(B * T * C, rng), out(B * T * C), att(B * NH * T * T);
   auto loss = [&] {
-    AttentionForward(out.data(), att.data(), qkv.data(), seg.data(), B, T, C, NH);
+    AttentionForward(out.data(), att.data(), qkv.data(), seg.data(), B, T, C, NH, kernel);
     return Dot(out, r);
   };
   loss();
   Vec dqkv(qkv.size(), 0);
-  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), seg.data(), B, T, C, NH);
+  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), seg.data(), B, T, C, NH, kernel);
   CheckGradient("dqkv", qkv, dqkv, loss);
   // Padding tokens get no gradient.
   for (int t : {3, 4}) {
@@ -140,6 +142,35 @@ TEST_CASE("Attention: padding never changes a real token; packed samples never s
   for (int t = 0; t < 3; ++t) {
     for (int c = 0; c < C; ++c) CHECK(out2[t * C + c] == Approx(out[(t + 2) * C + c]).epsilon(1e-12));
   }
+}
+
+TEST_CASE("Materialized and varlen attention are bit-identical, forward and backward") {
+  // fp32, the training type: masked pairs must contribute exact zeros.
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const int B = 3, T = 7, C = 8, NH = 2;
+  // A padded row, a packed row ending in padding, and a row of padding only.
+  const std::vector<int32_t> seg = {0, 0, 0, 0, -1, -1, -1, 0, 0, 1, 1, 1, 2, -1, -1, -1, -1, -1, -1, -1, -1};
+  std::vector<float> qkv(B * T * 3 * C), dout(B * T * C);
+  for (auto& x : qkv) x = d(rng);
+  for (auto& x : dout) x = d(rng);
+  struct Result {
+    std::vector<float> out, att, dqkv;
+  };
+  auto run = [&](AttentionKernel kernel) {
+    Result r{std::vector<float>(B * T * C), std::vector<float>(B * NH * T * T), std::vector<float>(qkv.size(), 0.f)};
+    AttentionForward(r.out.data(), r.att.data(), qkv.data(), seg.data(), B, T, C, NH, kernel);
+    AttentionBackward(r.dqkv.data(), dout.data(), qkv.data(), r.att.data(), seg.data(), B, T, C, NH, kernel);
+    return r;
+  };
+  const Result varlen = run(AttentionKernel::kVarlen);
+  const Result materialized = run(AttentionKernel::kMaterialized);
+  CHECK(materialized.out == varlen.out);
+  CHECK(materialized.att == varlen.att);
+  CHECK(materialized.dqkv == varlen.dqkv);
+  // Not vacuous: real tokens have non-zero outputs and gradients.
+  CHECK(varlen.out[0] != 0.0f);
+  CHECK(varlen.dqkv[10 * 3 * C] != 0.0f);  // q of the packed row's second sample, second token
 }
 
 TEST_CASE("Embedding backward matches finite differences") {
