@@ -78,7 +78,10 @@ int main(int argc, char** argv) {
   const int pp = std::max(1, spec.parallelism().pp());
 
   std::vector<proto::AttentionKernel::Value> kernels;
-  if (absl::GetFlag(FLAGS_attention).empty()) kernels.push_back(spec.model().attention());
+  if (absl::GetFlag(FLAGS_attention).empty()) {
+    const auto job_kernel = spec.model().attention();
+    kernels.push_back(job_kernel == proto::AttentionKernel::unspecified ? proto::AttentionKernel::varlen : job_kernel);
+  }
   for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_attention), ',', absl::SkipEmpty())) {
     proto::AttentionKernel::Value kernel;
     if (!proto::AttentionKernel::Value_Parse(std::string(k), &kernel) || kernel == proto::AttentionKernel::unspecified) {
@@ -97,9 +100,7 @@ int main(int argc, char** argv) {
     }
     methods.push_back(method);
   }
-  auto kernel_name = [](proto::AttentionKernel::Value k) {
-    return k == proto::AttentionKernel::materialized ? "materialized" : "varlen";
-  };
+  auto kernel_name = [](proto::AttentionKernel::Value k) { return proto::AttentionKernel::Value_Name(k).c_str(); };
 
   // [kernel][method] -> one Row per round.
   std::map<std::pair<int, int>, std::vector<Row>> rows;
