@@ -29,6 +29,7 @@ packages=(
   libcpp-httplib-dev       # status endpoint
   python3                  # test-summary helper
   curl                     # deploy/local-cluster.sh health checks
+  patchelf                 # deploy/bundle.sh: relocatable binaries
 )
 
 missing=()

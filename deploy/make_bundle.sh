@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Makes a relocatable tarball of DynaPipe binaries (called by the Bazel
+# genrules in deploy/BUILD; deploy/bundle.sh is the user-facing command).
+#
+#   make_bundle.sh OUT.tar.gz NAME BINARY...
+#
+# Layout inside the tarball (top folder NAME):
+#   bin/       the binaries, RUNPATH $ORIGIN/../lib:/usr/local/cuda/lib64
+#   lib/       every shared library they need that is not part of the C
+#              runtime (glibc, libstdc++, libgcc_s) or of the CUDA stack;
+#              each with RUNPATH $ORIGIN
+#   bin/dynapipe-env   runs a command with the target's CUDA libraries found
+#   MANIFEST   what was bundled, and the newest glibc / libstdc++ symbol
+#              versions the bundle needs from the target machine
+#
+# CUDA, cuBLAS and NCCL are never bundled: they come from the target machine
+# (its driver decides which runtime works), found by bin/dynapipe-env.
+set -euo pipefail
+
+out="$1"
+name="$2"
+shift 2
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+root="$work/$name"
+mkdir -p "$root/bin" "$root/lib"
+
+# Provided by every Linux target: the C runtime and the C++ runtime (newer
+# versions stay compatible with older builds); and the CUDA stack, which must
+# match the target's driver.
+is_target_provided() {
+  case "$1" in
+    linux-vdso.so.*|ld-linux*.so.*|libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*) return 0 ;;
+    libresolv.so.*|libutil.so.*|libanl.so.*|libstdc++.so.*|libgcc_s.so.*) return 0 ;;
+    libcuda.so.*|libcudart.so.*|libcublas.so.*|libcublasLt.so.*|libnccl.so.*|libcudnn*.so.*) return 0 ;;
+    libnvidia-*.so.*|libnvrtc*.so.*|libnvJitLink.so.*) return 0 ;;
+  esac
+  return 1
+}
+
+needed_libs() {  # prints "soname path" for every library ldd resolves
+  ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
+  ldd "$1" | awk '$2 == "=>" && $3 == "not" { print "MISSING", $1 }'
+}
+
+declare -A bundled=()
+for bin in "$@"; do
+  base="$(basename "$bin")"
+  cp -L "$bin" "$root/bin/$base"
+  chmod u+w "$root/bin/$base"
+  while read -r soname path; do
+    if [ "$soname" = MISSING ]; then
+      echo "make_bundle: $base needs $path, which is not installed" >&2
+      exit 1
+    fi
+    is_target_provided "$soname" && continue
+    [ -n "${bundled[$soname]:-}" ] && continue
+    cp -L "$path" "$root/lib/$soname"
+    chmod u+w "$root/lib/$soname"
+    bundled[$soname]="$path"
+  done < <(needed_libs "$bin")
+done
+
+for f in "$root"/bin/*; do
+  patchelf --set-rpath '$ORIGIN/../lib:/usr/local/cuda/lib64' "$f"
+done
+for f in "$root"/lib/*; do
+  patchelf --set-rpath '$ORIGIN' "$f"
+done
+
+# Newest symbol versions required from the target's glibc and libstdc++.
+max_version() {  # prefix
+  objdump -T "$root"/bin/* "$root"/lib/* 2>/dev/null | grep -o "$1[0-9.]*" | sort -uV | tail -1
+}
+
+cat > "$root/bin/dynapipe-env" <<'SCRIPT'
+#!/usr/bin/env bash
+# Runs a command of this bundle with the target machine's CUDA libraries
+# (runtime, cuBLAS, NCCL) on the library path: CUDA_HOME or /usr/local/cuda,
+# then NCCL / cuBLAS from Python's nvidia-* packages when the toolkit lacks
+# them. Usage: bin/dynapipe-env bin/dynapipe-executor --backend cuda ...
+set -euo pipefail
+dirs=()
+cuda="${CUDA_HOME:-/usr/local/cuda}"
+[ -d "$cuda/lib64" ] && dirs+=("$cuda/lib64")
+find_lib() {  # soname -> a directory holding it, searched where pip puts CUDA
+  for d in "${dirs[@]}"; do [ -e "$d/$1" ] && return 0; done
+  ldconfig -p 2>/dev/null | grep -q " $1 " && return 0
+  local hit
+  hit="$(find /usr /opt /root -path '*nvidia*' -name "$1" 2>/dev/null | head -1 || true)"
+  [ -n "$hit" ] && dirs+=("$(dirname "$hit")")
+  return 0
+}
+find_lib libcudart.so.13
+find_lib libcublasLt.so.13
+find_lib libcublas.so.13
+find_lib libnccl.so.2
+path="$(IFS=:; echo "${dirs[*]:-}")"
+export LD_LIBRARY_PATH="${path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+exec "$@"
+SCRIPT
+chmod +x "$root/bin/dynapipe-env"
+
+{
+  echo "bundle: $name"
+  echo "needs from the target: glibc >= $(max_version GLIBC_ | sed 's/GLIBC_//'), libstdc++ >= $(max_version GLIBCXX_ | sed 's/GLIBCXX_//')"
+  echo "binaries:"
+  for f in "$root"/bin/*; do echo "  $(basename "$f")"; done
+  echo "libraries (copied from):"
+  for soname in $(printf '%s\n' "${!bundled[@]}" | sort); do echo "  $soname  ${bundled[$soname]}"; done
+} > "$root/MANIFEST"
+
+# Reproducible archive: fixed order, owner and times.
+tar --sort=name --owner=0 --group=0 --numeric-owner --mtime='2000-01-01 00:00Z' \
+  -C "$work" -czf "$out" "$name"
