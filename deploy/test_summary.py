@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlparse
 ALL_PASSED = re.compile(r"All tests passed \((\d+) assertions? in (\d+) test cases?\)")
 MIXED = re.compile(r"test cases:\s+(\d+)\s+\|\s+(\d+) passed\s+\|\s+(\d+) failed")
 ALL_FAILED = re.compile(r"test cases:\s+(\d+)\s+\|\s+(\d+) failed")
+NONE_RAN = re.compile(r"^No tests ran$", re.M)
 SKIPPED = re.compile(r"^skipped: (\d+) \[gpu\] test cases", re.M)
 
 
@@ -28,6 +29,8 @@ def count_log(text):
     m = ALL_FAILED.search(text)
     if m:
         return 0, int(m.group(2)), skipped
+    if skipped and NONE_RAN.search(text):
+        return 0, 0, skipped  # every case of the binary needs a GPU
     return None
 
 

@@ -297,6 +297,8 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     r.set_iteration_ms(result->iteration_ms);
     r.set_predicted_iteration_ms(plan->predicted_iteration_ms());
     r.set_peak_memory_mb(result->peak_memory_mb);
+    r.set_peak_reserved_mb(result->peak_reserved_mb);
+    r.set_memory_fragmentation(result->memory_fragmentation);
     r.set_loss(result->loss);
     r.set_tokens(result->tokens);
     for (auto& t : result->timings) *r.add_timings() = std::move(t);
@@ -325,6 +327,10 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     metrics_.Add("dynapipe_executor_iterations_total", 1, "Iterations this executor completed");
     metrics_.Add("dynapipe_executor_tokens_total", static_cast<double>(result->tokens), "Real tokens processed");
     metrics_.Set("dynapipe_executor_peak_memory_mb", result->peak_memory_mb, "Peak memory of the last iteration");
+    metrics_.Set("dynapipe_executor_peak_reserved_mb", result->peak_reserved_mb,
+                 "Peak memory the buffer pool held in the last iteration");
+    metrics_.Set("dynapipe_executor_memory_fragmentation", result->memory_fragmentation,
+                 "Share of the pool's peak reservation never requested");
     metrics_.Observe("dynapipe_executor_iteration_ms", result->iteration_ms, {10, 50, 100, 500, 1000, 5000, 30000},
                      "Measured iteration time");
     const std::string line = absl::StrFormat(

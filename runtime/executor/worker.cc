@@ -155,7 +155,10 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   it.slots.clear();
   size_t state_bytes = 0;
   for (const auto& c : chunks_) state_bytes += c->param_data().size() * 4 * sizeof(float);  // params, grads, m, v
-  it.result.peak_memory_mb = static_cast<double>(pool_.stats().peak_in_use_bytes + state_bytes) / (1 << 20);
+  const PoolStats pool = pool_.stats();
+  it.result.peak_memory_mb = static_cast<double>(pool.peak_in_use_bytes + state_bytes) / (1 << 20);
+  it.result.peak_reserved_mb = static_cast<double>(pool.peak_reserved_bytes + state_bytes) / (1 << 20);
+  it.result.memory_fragmentation = pool.Fragmentation();
   it.result.iteration_ms = MsBetween(it.start, Clock::now());
   return std::move(it.result);
 }

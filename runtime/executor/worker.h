@@ -40,7 +40,9 @@ struct IterationResult {
   double lr = 0;
   int64_t tokens = 0;     // real tokens this rank processed
   double iteration_ms = 0;
-  double peak_memory_mb = 0;
+  double peak_memory_mb = 0;      // requested activation/buffer peak + model and optimizer state
+  double peak_reserved_mb = 0;    // the same, with the pool's reservation instead of its requests
+  double memory_fragmentation = 0;  // of the pool's peak reservation (PoolStats::Fragmentation)
   std::vector<proto::InstructionTiming> timings;
 };
 

@@ -77,6 +77,11 @@ TEST_CASE("pipeline equivalence: pp=1, 2, 4 and 2x2 give the same losses for 5 i
         // Every rank learns the same global loss.
         CHECK(run->per_rank[r][i].loss == run->per_rank[0][i].loss);
         CHECK(std::abs(run->per_rank[r][i].loss - want[i]) <= 1e-4 * want[i]);
+        // The pool reserves at least what was requested; its slack is a share.
+        const auto& res = run->per_rank[r][i];
+        CHECK(res.peak_reserved_mb >= res.peak_memory_mb);
+        CHECK(res.memory_fragmentation >= 0.0);
+        CHECK(res.memory_fragmentation < 1.0);
       }
     }
     if (dp > 1) {

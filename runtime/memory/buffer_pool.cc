@@ -32,15 +32,26 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     block_ = std::exchange(other.block_, 0);
+    stream_ = std::exchange(other.stream_, 0);
+    other_streams_ = std::exchange(other.other_streams_, {});
   }
   return *this;
 }
 
+void Buffer::RecordUse(StreamHandle other) {
+  if (data_ == nullptr || other == stream_) return;
+  if (std::find(other_streams_.begin(), other_streams_.end(), other) == other_streams_.end()) {
+    other_streams_.push_back(other);
+  }
+}
+
 void Buffer::Release() {
-  if (data_ != nullptr) pool_->Put(data_, bytes_, block_);
+  if (data_ != nullptr) pool_->Put(this);
   pool_ = nullptr;
   data_ = nullptr;
   bytes_ = block_ = 0;
+  stream_ = 0;
+  other_streams_.clear();
 }
 
 size_t BufferPool::SizeClass(size_t bytes) {
@@ -52,19 +63,20 @@ size_t BufferPool::SizeClass(size_t bytes) {
 }
 
 BufferPool::~BufferPool() {
-  Trim();
+  Trim(/*wait_pending=*/true);
   MutexLock l(&mu_);
   if (stats_.in_use_bytes != 0) spdlog::error("buffer pool destroyed with {} bytes still in use", stats_.in_use_bytes);
 }
 
-Buffer BufferPool::Get(size_t bytes) {
+Buffer BufferPool::Get(size_t bytes, StreamHandle stream) {
   Buffer b;
   if (bytes == 0) return b;
   const size_t block = SizeClass(bytes);
   void* data = nullptr;
   {
     MutexLock l(&mu_);
-    auto it = cache_.find(block);
+    if (!pending_.empty()) CollectPassed();
+    auto it = cache_.find({stream, block});
     if (it != cache_.end() && !it->second.empty()) {
       data = it->second.back();
       it->second.pop_back();
@@ -75,27 +87,57 @@ Buffer BufferPool::Get(size_t bytes) {
       stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
     }
     stats_.in_use_bytes += bytes;
+    stats_.block_bytes += block;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   }
   if (data == nullptr) {
     data = allocator_->Allocate(block);
     if (data == nullptr) {
-      Trim();  // cached blocks of other classes may make room
+      Trim(/*wait_pending=*/true);  // cached blocks of other classes or streams may make room
       data = allocator_->Allocate(block);
     }
-    DP_CHECK_MSG(data != nullptr, "out of memory allocating a pool block");
+    if (data == nullptr) {
+      const PoolStats s = stats();
+      CheckFailed(__FILE__, __LINE__, "data != nullptr", fmt::format("out of memory allocating a pool block of {} bytes ({} bytes requested; {} in use, "
+                                      "{} reserved after returning the cache)",
+                                      block, bytes, s.in_use_bytes, s.reserved_bytes - block));
+    }
   }
   b.pool_ = this;
   b.data_ = data;
   b.bytes_ = bytes;
   b.block_ = block;
+  b.stream_ = stream;
   return b;
 }
 
-void BufferPool::Put(void* data, size_t requested, size_t block) {
+void BufferPool::Put(Buffer* b) {
   MutexLock l(&mu_);
-  stats_.in_use_bytes -= requested;
-  cache_[block].push_back(data);
+  stats_.in_use_bytes -= b->bytes_;
+  stats_.block_bytes -= b->block_;
+  if (b->other_streams_.empty() || fences_ == nullptr) {
+    // Later work on the same stream is ordered after this buffer's last use.
+    cache_[{b->stream_, b->block_}].push_back(b->data_);
+    return;
+  }
+  Pending p{b->data_, b->block_, b->stream_, {}};
+  p.fences.reserve(b->other_streams_.size());
+  for (StreamHandle s : b->other_streams_) p.fences.push_back(fences_->Record(s));
+  stats_.pending_bytes += b->block_;
+  pending_.push_back(std::move(p));
+}
+
+void BufferPool::CollectPassed() {
+  auto passed = [this](Pending& p) {
+    for (StreamFences::Fence f : p.fences) {
+      if (!fences_->Passed(f)) return false;
+    }
+    for (StreamFences::Fence f : p.fences) fences_->Release(f);
+    cache_[{p.stream, p.block}].push_back(p.data);
+    stats_.pending_bytes -= p.block;
+    return true;
+  };
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), passed), pending_.end());
 }
 
 PoolStats BufferPool::stats() const {
@@ -109,16 +151,32 @@ void BufferPool::ResetPeak() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
-void BufferPool::Trim() {
-  std::map<size_t, std::vector<void*>> cache;
+void BufferPool::Trim(bool wait_pending) {
+  std::vector<std::pair<void*, size_t>> to_free;
+  std::vector<Pending> waiting;
   {
     MutexLock l(&mu_);
-    cache.swap(cache_);
-    for (const auto& [block, blocks] : cache) stats_.reserved_bytes -= block * blocks.size();
+    if (!pending_.empty()) CollectPassed();
+    for (const auto& [key, blocks] : cache_) {
+      for (void* p : blocks) to_free.emplace_back(p, key.second);
+    }
+    cache_.clear();
+    if (wait_pending) {
+      waiting.swap(pending_);
+      for (const Pending& p : waiting) stats_.pending_bytes -= p.block;
+    }
+    for (const auto& [p, block] : to_free) stats_.reserved_bytes -= block;
+    for (const Pending& p : waiting) stats_.reserved_bytes -= p.block;
+    ++stats_.trims;
   }
-  for (const auto& [block, blocks] : cache) {
-    for (void* p : blocks) allocator_->Free(p, block);
+  for (Pending& p : waiting) {
+    for (StreamFences::Fence f : p.fences) {
+      fences_->Wait(f);
+      fences_->Release(f);
+    }
+    to_free.emplace_back(p.data, p.block);
   }
+  for (const auto& [p, block] : to_free) allocator_->Free(p, block);
 }
 
 }  // namespace dynapipe::runtime

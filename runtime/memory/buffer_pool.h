@@ -3,14 +3,24 @@
 // Memory for activations, received tensors and gradients. Shapes change every
 // iteration (dynamic micro-batches), so exact-size caching would miss almost
 // always; the pool rounds requests up to size classes four per power of two
-// (at most 25% slack) and keeps freed blocks per class for reuse. In-use and
-// reserved bytes and their peaks are measured for the iteration report.
-// The allocator is the only device-specific part: the CUDA backend plugs a
-// cudaMalloc allocator into the same pool.
+// (at most 25% slack) and keeps freed blocks per class for reuse. In-use,
+// block and reserved bytes and their peaks are measured for the iteration
+// report (fragmentation = what is reserved but not requested).
+//
+// Device memory is stream-ordered: a kernel queued on a stream may still use
+// a buffer after the host released it. A freed block therefore returns to the
+// cache of the stream it was allocated on, where later work is ordered after
+// the earlier use, and is never handed to another stream. A buffer that was
+// also used on other streams (a communication stream sending it, say) is
+// released with a fence on each of those streams (Buffer::RecordUse) and only
+// becomes reusable once the fences have passed. The allocator and the fences
+// are the device-specific parts: the CPU uses host memory and stream 0 (no
+// fences), the CUDA backend plugs in cudaMalloc and CUDA events.
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "src/common/mutex.h"
@@ -27,6 +37,25 @@ class Allocator {
 
 // 64-byte aligned host memory.
 Allocator* CpuAllocator();
+
+// An opaque stream (a cudaStream_t on CUDA); 0 is the host, whose work is
+// complete when the call that queued it returns.
+using StreamHandle = uintptr_t;
+
+// Fences in a device's streams. Thread-safe.
+class StreamFences {
+ public:
+  using Fence = uintptr_t;
+  virtual ~StreamFences() = default;
+  // A fence after the work queued on `stream` so far.
+  virtual Fence Record(StreamHandle stream) = 0;
+  // Whether the work before `fence` has finished (does not block).
+  virtual bool Passed(Fence fence) = 0;
+  // Blocks until the work before `fence` has finished.
+  virtual void Wait(Fence fence) = 0;
+  // The fence is no longer needed.
+  virtual void Release(Fence fence) = 0;
+};
 
 class BufferPool;
 
@@ -47,6 +76,12 @@ class Buffer {
   }
   size_t bytes() const { return bytes_; }  // as requested
   bool empty() const { return data_ == nullptr; }
+  // The stream the buffer was allocated for.
+  StreamHandle stream() const { return stream_; }
+  // Declares that work on `other` uses the buffer too: on release the block
+  // is reused only after that work (a fence on `other`). No-op for the
+  // allocation stream.
+  void RecordUse(StreamHandle other);
   void Release();
 
  private:
@@ -55,43 +90,71 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   size_t block_ = 0;  // size class actually held
+  StreamHandle stream_ = 0;
+  std::vector<StreamHandle> other_streams_;
 };
 
 struct PoolStats {
   size_t in_use_bytes = 0;     // requested bytes of live buffers
   size_t peak_in_use_bytes = 0;
-  size_t reserved_bytes = 0;   // obtained from the allocator (live + cached)
+  size_t block_bytes = 0;      // size-class bytes of live buffers (>= in use)
+  size_t reserved_bytes = 0;   // obtained from the allocator (live + cached + pending)
   size_t peak_reserved_bytes = 0;
+  size_t pending_bytes = 0;    // released, waiting for fences on other streams
   int64_t hits = 0;            // requests served from the cache
   int64_t misses = 0;
+  int64_t trims = 0;           // times the cache was returned to the allocator to make room
+
+  // Share of the peak reservation that was never requested: size-class
+  // rounding, blocks cached for other sizes or streams, pending blocks.
+  double Fragmentation() const {
+    return peak_reserved_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(peak_in_use_bytes) / peak_reserved_bytes;
+  }
 };
 
 class BufferPool {
  public:
-  explicit BufferPool(Allocator* allocator) : allocator_(allocator) {}
+  // `fences` may be null where every stream is the host (CPU).
+  explicit BufferPool(Allocator* allocator, StreamFences* fences = nullptr)
+      : allocator_(allocator), fences_(fences) {}
+  // Waits for pending fences, then returns every cached block.
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // A buffer of at least `bytes` (uninitialised); empty for 0 bytes. Aborts
-  // with a message if the allocator fails even after the cache is dropped.
-  Buffer Get(size_t bytes);
+  // A buffer of at least `bytes` (uninitialised) for work on `stream`; empty
+  // for 0 bytes. When the allocator fails, the cache (of every stream) is
+  // returned to it and the allocation retried; aborts with the pool's figures
+  // if it still fails (the planner's memory model was wrong).
+  Buffer Get(size_t bytes, StreamHandle stream = 0);
   // The size class `bytes` is rounded up to.
   static size_t SizeClass(size_t bytes);
 
   PoolStats stats() const;
   // Starts a new peak measurement (e.g. per iteration) from current usage.
   void ResetPeak();
-  // Returns cached blocks to the allocator.
-  void Trim();
+  // Returns cached blocks to the allocator; with `wait_pending`, first waits
+  // for the fences of pending blocks and returns those too.
+  void Trim(bool wait_pending = false);
 
  private:
   friend class Buffer;
-  void Put(void* data, size_t requested, size_t block);
+  struct Pending {
+    void* data;
+    size_t block;
+    StreamHandle stream;
+    std::vector<StreamFences::Fence> fences;
+  };
+  void Put(Buffer* b);
+  // Moves pending blocks whose fences have all passed into the cache.
+  void CollectPassed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Allocator* allocator_;
+  StreamFences* fences_;
   mutable Mutex mu_;
-  std::map<size_t, std::vector<void*>> cache_ ABSL_GUARDED_BY(mu_);
+  // (stream, size class) -> free blocks.
+  std::map<std::pair<StreamHandle, size_t>, std::vector<void*>> cache_ ABSL_GUARDED_BY(mu_);
+  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   PoolStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

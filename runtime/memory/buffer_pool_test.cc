@@ -10,6 +10,7 @@ namespace {
 class CountingAllocator final : public Allocator {
  public:
   void* Allocate(size_t bytes) override {
+    if (capacity > 0 && live + bytes > capacity) return nullptr;
     ++allocations;
     live += bytes;
     return CpuAllocator()->Allocate(bytes);
@@ -20,7 +21,29 @@ class CountingAllocator final : public Allocator {
   }
   int allocations = 0;
   size_t live = 0;
+  size_t capacity = 0;  // 0: unlimited
 };
+
+// Fences a test completes by hand: fence i passes once `passed_upto` > i.
+class ManualFences final : public StreamFences {
+ public:
+  Fence Record(StreamHandle stream) override {
+    recorded.push_back(stream);
+    return recorded.size() - 1;
+  }
+  bool Passed(Fence f) override { return f < passed_upto; }
+  void Wait(Fence f) override {
+    ++waits;
+    passed_upto = std::max<size_t>(passed_upto, f + 1);
+  }
+  void Release(Fence) override { ++released; }
+  std::vector<StreamHandle> recorded;
+  size_t passed_upto = 0;
+  int waits = 0;
+  int released = 0;
+};
+
+constexpr StreamHandle kCompute = 11, kComm = 22;
 
 TEST_CASE("size classes are four per power of two and never smaller than the request", "[memory]") {
   CHECK(BufferPool::SizeClass(1) == 256);
@@ -64,6 +87,106 @@ TEST_CASE("freed blocks are reused across varying shapes; peak tracks live bytes
     CHECK(alloc.live == 0);
     CHECK(pool.stats().reserved_bytes == 0);
   }
+}
+
+TEST_CASE("a freed block is reused only by its own stream", "[memory]") {
+  CountingAllocator alloc;
+  ManualFences fences;
+  BufferPool pool(&alloc, &fences);
+  void* first = nullptr;
+  {
+    Buffer a = pool.Get(1000, kCompute);
+    CHECK(a.stream() == kCompute);
+    first = a.data();
+  }
+  {
+    // Another stream could still be running kernels that read the block.
+    Buffer b = pool.Get(1000, kComm);
+    CHECK(b.data() != first);
+    CHECK(pool.stats().misses == 2);
+  }
+  Buffer c = pool.Get(1000, kCompute);
+  CHECK(c.data() == first);
+  CHECK(pool.stats().hits == 1);
+  CHECK(fences.recorded.empty());  // same-stream reuse needs no fence
+}
+
+TEST_CASE("a block used on another stream is reused once that stream's fence has passed", "[memory]") {
+  CountingAllocator alloc;
+  ManualFences fences;
+  BufferPool pool(&alloc, &fences);
+  void* sent = nullptr;
+  {
+    Buffer a = pool.Get(4096, kCompute);
+    sent = a.data();
+    a.RecordUse(kComm);  // e.g. a pipeline send reads it on the comm stream
+    a.RecordUse(kComm);
+    a.RecordUse(kCompute);  // its own stream: nothing to record
+  }
+  REQUIRE(fences.recorded == std::vector<StreamHandle>{kComm});
+  CHECK(pool.stats().pending_bytes == 4096);
+  {
+    Buffer b = pool.Get(4096, kCompute);  // the send may still be reading `sent`
+    CHECK(b.data() != sent);
+  }
+  fences.passed_upto = 1;
+  Buffer c = pool.Get(4096, kCompute);
+  Buffer d = pool.Get(4096, kCompute);
+  CHECK((c.data() == sent || d.data() == sent));  // both cached blocks are reused, no new allocation
+  CHECK(alloc.allocations == 2);
+  CHECK(fences.released == 1);
+  CHECK(pool.stats().pending_bytes == 0);
+  CHECK(pool.stats().reserved_bytes == 2 * 4096);
+}
+
+TEST_CASE("destroying the pool waits for pending fences before freeing", "[memory]") {
+  CountingAllocator alloc;
+  ManualFences fences;
+  {
+    BufferPool pool(&alloc, &fences);
+    Buffer a = pool.Get(300, kCompute);
+    a.RecordUse(kComm);
+    a.Release();
+    CHECK(fences.waits == 0);
+  }
+  CHECK(fences.waits == 1);
+  CHECK(fences.released == 1);
+  CHECK(alloc.live == 0);
+}
+
+TEST_CASE("out of memory returns other streams' cached blocks and pending ones, then retries", "[memory]") {
+  CountingAllocator alloc;
+  alloc.capacity = 8192;
+  ManualFences fences;
+  BufferPool pool(&alloc, &fences);
+  {
+    Buffer a = pool.Get(4096, kComm);
+    Buffer b = pool.Get(4096, kCompute);
+    b.RecordUse(kComm);
+  }
+  CHECK(alloc.live == 8192);
+  Buffer big = pool.Get(8000, kCompute);  // a class of 8192: only fits after both blocks go back
+  CHECK(!big.empty());
+  CHECK(pool.stats().trims == 1);
+  CHECK(fences.waits == 1);
+  CHECK(alloc.live == 8192);
+  CHECK(pool.stats().reserved_bytes == 8192);
+}
+
+TEST_CASE("block bytes and fragmentation account for size-class rounding and cached blocks", "[memory]") {
+  CountingAllocator alloc;
+  BufferPool pool(&alloc);
+  {
+    Buffer a = pool.Get(1025);  // class 1280
+    CHECK(pool.stats().block_bytes == 1280);
+    CHECK(pool.stats().in_use_bytes == 1025);
+  }
+  pool.ResetPeak();
+  Buffer b = pool.Get(2000);  // class 2048; the 1280 block stays cached
+  const PoolStats s = pool.stats();
+  CHECK(s.block_bytes == 2048);
+  CHECK(s.peak_reserved_bytes == 1280 + 2048);
+  CHECK(s.Fragmentation() == Approx(1.0 - 2000.0 / (1280 + 2048)));
 }
 
 }  // namespace

@@ -1,0 +1,77 @@
+#include "runtime/backend/cuda/device_memory.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "runtime/backend/cuda/test_util.h"
+
+namespace dynapipe::runtime::cuda {
+namespace {
+
+using testing::Stream;
+
+// Holds a stream at a host function until Open() (or 10 s, so a failing
+// test cannot hang the suite).
+class Gate {
+ public:
+  void Block(cudaStream_t s) { CUDA_REQUIRE(cudaLaunchHostFunc(s, &Gate::Wait, this)); }
+  void Open() { open_.store(true); }
+
+ private:
+  static void Wait(void* self) {
+    auto* g = static_cast<Gate*>(self);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!g->open_.load() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::atomic<bool> open_{false};
+};
+
+TEST_CASE("device blocks come back per stream and wait for other streams' use", "[gpu]") {
+  CudaAllocator alloc;
+  CudaEventFences fences;
+  Stream compute, comm;
+  {
+    BufferPool pool(&alloc, &fences);
+    void* sent = nullptr;
+    Gate gate;
+    {
+      Buffer a = pool.Get(1 << 20, Handle(compute.get()));
+      CUDA_REQUIRE(cudaMemsetAsync(a.data(), 1, a.bytes(), compute.get()));
+      sent = a.data();
+      // The send on the comm stream is held back by the gate.
+      gate.Block(comm.get());
+      CUDA_REQUIRE(cudaMemsetAsync(a.data(), 2, a.bytes(), comm.get()));
+      a.RecordUse(Handle(comm.get()));
+    }
+    CHECK(pool.stats().pending_bytes == BufferPool::SizeClass(1 << 20));
+    {
+      Buffer b = pool.Get(1 << 20, Handle(compute.get()));
+      CHECK(b.data() != sent);  // the comm stream has not used it yet
+    }
+    gate.Open();
+    comm.Sync();
+    Buffer c = pool.Get(1 << 20, Handle(compute.get()));
+    Buffer d = pool.Get(1 << 20, Handle(compute.get()));
+    CHECK((c.data() == sent || d.data() == sent));
+    CHECK(pool.stats().misses == 2);
+    CHECK(pool.stats().pending_bytes == 0);
+    CHECK(fences.events_created() == 1);
+  }
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+}
+
+TEST_CASE("an impossible device allocation returns null instead of breaking the context", "[gpu]") {
+  CudaAllocator alloc;
+  CHECK(alloc.Allocate(size_t{1} << 52) == nullptr);
+  void* p = alloc.Allocate(4096);  // the context still works
+  REQUIRE(p != nullptr);
+  alloc.Free(p, 4096);
+  CUDA_REQUIRE(cudaGetLastError());
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::cuda
