@@ -2,8 +2,9 @@
 
 // Communication between executor processes: point-to-point transfers for the
 // pipeline (activations forward, gradients backward) and in-place sums for
-// data parallelism. Backends (Gloo over TCP today, NCCL later) implement
-// Communicator; processes find each other through a KeyValueStore.
+// data parallelism. Backends (Gloo over TCP for host memory, NCCL for device
+// memory) implement Communicator; processes find each other through a
+// KeyValueStore.
 //
 // Failure model: the first failed transfer or collective aborts the whole
 // communicator (its connections are closed, so peers fail fast instead of
@@ -84,6 +85,14 @@ class Communicator {
   // returns). The sender's byte count must be the same.
   virtual absl::StatusOr<std::unique_ptr<Request>> Recv(int peer, uint64_t tag, void* data,
                                                         size_t bytes) = 0;
+
+  // Transfers started between GroupStart() and GroupEnd() are issued
+  // together. NCCL launches them as one operation, so transfers that depend
+  // on each other (both directions of an exchange with one peer, a send to
+  // oneself) cannot deadlock; their requests may be waited on only after
+  // GroupEnd. Gloo needs no grouping (no-ops). Groups do not nest.
+  virtual absl::Status GroupStart() { return absl::OkStatus(); }
+  virtual absl::Status GroupEnd() { return absl::OkStatus(); }
 
   // Replaces data[0, n) by its element-wise sum over the global ranks in
   // `group`, blocking until done or `deadline`. Every member calls with the

@@ -1,0 +1,68 @@
+#pragma once
+
+// The NCCL backend of Communicator, for device memory: pipeline transfers
+// with ncclSend/ncclRecv on one stream per peer and direction, all-reduce
+// over a communicator per data-parallel group, and waits that never outlast
+// their deadline.
+//
+// - One world communicator per job attempt: rank 0 makes the unique id and
+//   publishes it in the KeyValueStore (the planner's Bootstrap service in
+//   production) under the job prefix; every rank initialises in NCCL's
+//   non-blocking mode and polls, so initialisation too ends at
+//   `connect_timeout`. Each all-reduce group gets its own communicator on its
+//   first AllReduceSum (members only, id from the group's lowest rank).
+// - Ordering: data is produced and consumed by kernels on `compute_stream`.
+//   Every transfer's stream first waits for the work queued on
+//   `compute_stream` so far; Wait returns once the transfer finished on the
+//   device, so kernels queued afterwards may use received data.
+// - Matching: NCCL pairs the transfers between two ranks in the order they
+//   are issued and ignores tags, so both ends must issue their transfers in
+//   the same order. Execution plans are generated that way (the planner
+//   orders each pair's communication consistently to avoid deadlock);
+//   the tag is still checked by nothing here, unlike Gloo.
+// - Failure: a wait polls the transfer's completion and
+//   ncclCommGetAsyncError; an asynchronous NCCL error, a CUDA error or the
+//   deadline aborts every communicator of this rank (ncclCommAbort), and the
+//   failed wait names the operation and peer (WithLostPeer for transfers).
+//   Later operations return ABORTED with the cause.
+//
+// NCCL refuses two ranks on one GPU: tests on a single GPU run one rank
+// (sends to itself inside a group, all-reduce over {0}).
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/comm/comm.h"
+
+namespace dynapipe::runtime::comm {
+
+struct NcclOptions {
+  int rank = 0;
+  int size = 1;
+  // Prefixes every store key; unique per job attempt.
+  std::string job_prefix;
+  // The CUDA device this rank drives (cudaSetDevice before every call).
+  int device = 0;
+  // Where the data passed to Send/Recv/AllReduceSum is produced and consumed.
+  // Null: the legacy default stream.
+  cudaStream_t compute_stream = nullptr;
+  // Bounds initialising the world communicator and each group's.
+  absl::Duration connect_timeout = absl::Seconds(60);
+};
+
+// Creates rank `options.rank`'s world communicator; blocks until every rank
+// has joined or connect_timeout passes (DEADLINE_EXCEEDED naming the store
+// key or NCCL's state). `store` must outlive the communicator.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options,
+                                                                     KeyValueStore* store);
+
+// Hex text of NCCL's 128-byte unique id, so it travels through stores whose
+// values are text (the Bootstrap service's, Redis). Exposed for tests.
+std::string HexEncode(const void* data, size_t bytes);
+absl::Status HexDecode(absl::string_view hex, void* out, size_t bytes);
+
+}  // namespace dynapipe::runtime::comm
