@@ -97,9 +97,13 @@ class DeviceArray {
   void Upload(const std::vector<T>& host) {
     REQUIRE(host.size() == n_);
     if (n_ > 0) CUDA_REQUIRE(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return before the data lands, and
+    // the legacy stream does not order non-blocking streams: wait here.
+    CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   void Zero() {
     if (n_ > 0) CUDA_REQUIRE(cudaMemset(ptr_, 0, n_ * sizeof(T)));
+    CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   // Synchronises the device first, so pending kernels on any stream finish.
   std::vector<T> Download() const {

@@ -1,0 +1,27 @@
+#pragma once
+
+// GELU, tanh approximation (as GPT-2 and the CPU backend), on bf16
+// activations with fp32 arithmetic. Launchers are asynchronous on `stream` and
+// return the launch status.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace dynapipe::runtime::cuda {
+
+// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). out may alias inp.
+absl::Status GeluForward(__nv_bfloat16* out,        // (n)
+                         const __nv_bfloat16* inp,  // (n)
+                         int64_t n, cudaStream_t stream);
+
+// dinp += gelu'(inp) * dout (read, add in fp32, round once).
+absl::Status GeluBackward(__nv_bfloat16* dinp,       // (n), +=
+                          const __nv_bfloat16* inp,  // (n)
+                          const __nv_bfloat16* dout, // (n)
+                          int64_t n, cudaStream_t stream);
+
+}  // namespace dynapipe::runtime::cuda

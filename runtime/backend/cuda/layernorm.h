@@ -1,0 +1,42 @@
+#pragma once
+
+// LayerNorm over the last dimension (eps = 1e-5, as the CPU backend) on bf16
+// activations: fp32 statistics (two-pass mean then variance, so rows with a
+// large mean keep their precision), fp32 parameter gradients. Launchers are
+// asynchronous on `stream` and return the launch status.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace dynapipe::runtime::cuda {
+
+// out = (inp - mean) * rstd * weight + bias per row; stores each row's mean
+// and rstd = 1 / sqrt(var + eps) (biased variance) for the backward pass.
+absl::Status LayerNormForward(__nv_bfloat16* out,            // (N, C)
+                              float* mean,                   // (N)
+                              float* rstd,                   // (N)
+                              const __nv_bfloat16* inp,      // (N, C)
+                              const __nv_bfloat16* weight,   // (C)
+                              const __nv_bfloat16* bias,     // (C)
+                              int64_t N, int64_t C, cudaStream_t stream);
+
+// dinp += LayerNorm input gradient (per row; read, add in fp32, round once);
+// dweight += sum_i norm_i * dout_i and dbias += sum_i dout_i (column sums in
+// fp32: per-block partial sums, then fp32 atomicAdd into the outputs, so these
+// two are NOT bitwise deterministic from run to run). dinp must not overlap
+// dout or inp.
+absl::Status LayerNormBackward(__nv_bfloat16* dinp,          // (N, C), +=
+                               float* dweight,               // (C), +=
+                               float* dbias,                 // (C), +=
+                               const __nv_bfloat16* dout,    // (N, C)
+                               const __nv_bfloat16* inp,     // (N, C)
+                               const __nv_bfloat16* weight,  // (C)
+                               const float* mean,            // (N)
+                               const float* rstd,            // (N)
+                               int64_t N, int64_t C, cudaStream_t stream);
+
+}  // namespace dynapipe::runtime::cuda
