@@ -18,7 +18,13 @@ double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// `rows` full rows of `seq` random tokens, every next token scored.
+struct Kind {
+  proto::LayerProfile::Kind kind;
+  GptStage::Options stage;
+};
+
+}  // namespace
+
 TokenBatch FullRows(int rows, int seq, int vocab, std::mt19937_64& rng) {
   TokenBatch b;
   b.rows = rows;
@@ -37,13 +43,6 @@ TokenBatch FullRows(int rows, int seq, int vocab, std::mt19937_64& rng) {
   b.real_tokens = b.loss_tokens = static_cast<int64_t>(n);
   return b;
 }
-
-struct Kind {
-  proto::LayerProfile::Kind kind;
-  GptStage::Options stage;
-};
-
-}  // namespace
 
 std::vector<int> ProfileSeqAxis(int step, int max_seq) {
   std::vector<int> out;
@@ -65,7 +64,8 @@ std::vector<int> ProfileMbsAxis(int min_seq, int64_t max_tokens) {
   return out;
 }
 
-absl::StatusOr<proto::CostProfile> ProfileGpt(const GptConfig& config, const ProfileOptions& options) {
+absl::StatusOr<proto::CostProfile> ProfileLayers(const GptConfig& config, const ProfileOptions& options,
+                                                 absl::string_view device, const StageFactory& factory) {
   const auto sorted = [](const std::vector<int>& v) {
     return !v.empty() && v.front() > 0 && std::is_sorted(v.begin(), v.end()) &&
            std::adjacent_find(v.begin(), v.end()) == v.end();
@@ -95,67 +95,99 @@ absl::StatusOr<proto::CostProfile> ProfileGpt(const GptConfig& config, const Pro
       {proto::LayerProfile::postprocess, {L, 0, false, true, options.seed}},
   };
   proto::CostProfile profile;
-  profile.set_device("cpu");
+  profile.set_device(std::string(device));
   profile.set_model_kind(proto::ModelKind::gpt);
   profile.set_hidden(config.hidden);
   profile.set_heads(config.heads);
   profile.set_ffn(config.ffn);
   profile.set_max_tokens(options.max_tokens);
   std::mt19937_64 rng(options.seed);
-  BufferPool pool(CpuAllocator());
   for (const Kind& k : kinds) {
     GptConfig c = config;
     if (k.kind == proto::LayerProfile::encoder) c.num_layers = 3;
-    const GptStage::Options& o = k.stage;
-    ASSIGN_OR_RETURN(std::unique_ptr<GptStage> stage, GptStage::Create(c, o, &pool));
+    ASSIGN_OR_RETURN(std::unique_ptr<ProfiledStage> stage, factory(c, k.stage));
     proto::LayerProfile* layer = profile.add_layers();
     layer->set_kind(k.kind);
-    layer->set_param_mb(static_cast<double>(stage->param_data().size()) * sizeof(float) / 1e6);
+    layer->set_param_mb(stage->param_mb());
     const std::string name = proto::LayerProfile::Kind_Name(k.kind);
     int done = 0;
     for (int m : options.mbs) {
       for (int s : options.seq) {
         if (!included(m, s)) continue;
         const TokenBatch batch = FullRows(m, s, config.vocab, rng);
-        const size_t hidden = static_cast<size_t>(m) * s * config.hidden;
-        std::vector<float> in(o.first ? 0 : hidden), out(o.last ? 0 : hidden), dout(o.last ? 0 : hidden),
-            din(o.first ? 0 : hidden);
-        std::normal_distribution<float> normal(0.0f, 1.0f);
-        for (float& v : in) v = normal(rng);
-        for (float& v : dout) v = normal(rng) * 1e-3f;
         std::vector<double> fw, bw;
-        double stored_mb = 0, peak_mb = 0;
+        StageRun last;
         for (int rep = 0; rep <= options.repetitions; ++rep) {
-          stage->ZeroGrads();
-          const size_t base = pool.stats().in_use_bytes;
-          pool.ResetPeak();
-          const auto t0 = Clock::now();
-          RETURN_IF_ERROR(stage->Forward(0, batch, o.first ? nullptr : in.data(), o.last ? nullptr : out.data(),
-                                         1.0f / static_cast<float>(batch.loss_tokens))
-                              .status());
-          const double fw_ms = MsSince(t0);
-          const size_t stored = pool.stats().in_use_bytes - base;
-          const auto t1 = Clock::now();
-          RETURN_IF_ERROR(stage->Backward(0, o.last ? nullptr : dout.data(), o.first ? nullptr : din.data()));
-          const double bw_ms = MsSince(t1);
+          ASSIGN_OR_RETURN(last, stage->Run(batch, rng));
           if (rep == 0) continue;  // warm-up: first touches of pool and caches
-          fw.push_back(fw_ms);
-          bw.push_back(bw_ms);
-          stored_mb = stored / 1e6;
-          peak_mb = std::max<double>(0, static_cast<double>(pool.stats().peak_in_use_bytes - base) - stored) / 1e6;
+          fw.push_back(last.fw_ms);
+          bw.push_back(last.bw_ms);
         }
         proto::CostPoint* p = layer->add_points();
         p->set_mbs(m);
         p->set_seq(s);
         p->set_fw_ms(Median(fw));
         p->set_bw_ms(Median(bw));
-        p->set_stored_activation_mb(stored_mb);
-        p->set_peak_activation_mb(peak_mb);
+        p->set_stored_activation_mb(last.stored_activation_mb);
+        p->set_peak_activation_mb(last.peak_activation_mb);
         if (options.progress) options.progress(name, ++done, total);
       }
     }
   }
   return profile;
+}
+
+namespace {
+
+// The CPU stage: wall-clock times (the kernels run on the calling thread)
+// and the host buffer pool's counters.
+class CpuProfiledStage final : public ProfiledStage {
+ public:
+  static absl::StatusOr<std::unique_ptr<ProfiledStage>> Create(const GptConfig& config,
+                                                               const GptStage::Options& options) {
+    auto self = std::unique_ptr<CpuProfiledStage>(new CpuProfiledStage());
+    ASSIGN_OR_RETURN(self->stage_, GptStage::Create(config, options, &self->pool_));
+    return std::unique_ptr<ProfiledStage>(std::move(self));
+  }
+  double param_mb() const override { return static_cast<double>(stage_->param_data().size()) * sizeof(float) / 1e6; }
+
+  absl::StatusOr<StageRun> Run(const TokenBatch& batch, std::mt19937_64& rng) override {
+    const GptStage::Options& o = stage_->options();
+    const size_t hidden = static_cast<size_t>(batch.rows * batch.seq) * stage_->config().hidden;
+    std::vector<float> in(o.first ? 0 : hidden), out(o.last ? 0 : hidden), dout(o.last ? 0 : hidden),
+        din(o.first ? 0 : hidden);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : in) v = normal(rng);
+    for (float& v : dout) v = normal(rng) * 1e-3f;
+    stage_->ZeroGrads();
+    const size_t base = pool_.stats().in_use_bytes;
+    pool_.ResetPeak();
+    StageRun r;
+    const auto t0 = Clock::now();
+    RETURN_IF_ERROR(stage_->Forward(0, batch, o.first ? nullptr : in.data(), o.last ? nullptr : out.data(),
+                                    1.0f / static_cast<float>(batch.loss_tokens))
+                        .status());
+    r.fw_ms = MsSince(t0);
+    const size_t stored = pool_.stats().in_use_bytes - base;
+    const auto t1 = Clock::now();
+    RETURN_IF_ERROR(stage_->Backward(0, o.last ? nullptr : dout.data(), o.first ? nullptr : din.data()));
+    r.bw_ms = MsSince(t1);
+    r.stored_activation_mb = stored / 1e6;
+    r.peak_activation_mb =
+        std::max<double>(0, static_cast<double>(pool_.stats().peak_in_use_bytes - base) - stored) / 1e6;
+    return r;
+  }
+
+ private:
+  CpuProfiledStage() : pool_(CpuAllocator()) {}
+  BufferPool pool_;
+  std::unique_ptr<GptStage> stage_;
+};
+
+}  // namespace
+
+absl::StatusOr<proto::CostProfile> ProfileGpt(const GptConfig& config, const ProfileOptions& options) {
+  return ProfileLayers(config, options, "cpu", &CpuProfiledStage::Create);
 }
 
 }  // namespace dynapipe::runtime::model

@@ -1,6 +1,7 @@
 #pragma once
 
-// Measures a GPT model's per-layer costs on this machine's CPU backend and
+// Measures a GPT model's per-layer costs with the executor's own kernels (the
+// CPU backend here; the CUDA backend through runtime/model/profile_cuda.h) and
 // returns them as a CostProfile, the planner's measured cost model
 // (planner/cost_model/profile_cost_model.h). CPU jobs then plan with what the
 // CPU kernels actually cost instead of the GPU-shaped analytic model (which,
@@ -15,6 +16,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -40,8 +43,38 @@ std::vector<int> ProfileSeqAxis(int step, int max_seq);
 // Micro-batch sizes 1, 2, 4, ... while mbs * min_seq <= max_tokens.
 std::vector<int> ProfileMbsAxis(int min_seq, int64_t max_tokens);
 
-// INVALID_ARGUMENT for empty or unsorted axes, a seq beyond max_positions,
-// or repetitions < 1.
+// What one forward + backward of a micro-batch cost on a stage.
+struct StageRun {
+  double fw_ms = 0;
+  double bw_ms = 0;
+  double stored_activation_mb = 0;  // kept from forward for backward
+  double peak_activation_mb = 0;    // transient memory above the stored
+};
+
+// A pipeline stage a backend can time (see ProfileLayers).
+class ProfiledStage {
+ public:
+  virtual ~ProfiledStage() = default;
+  virtual double param_mb() const = 0;
+  // Forward then backward of `batch` (the stage's input and output gradient
+  // drawn from `rng` where it has them), timed with the backend's own clock.
+  virtual absl::StatusOr<StageRun> Run(const TokenBatch& batch, std::mt19937_64& rng) = 0;
+};
+
+using StageFactory = std::function<absl::StatusOr<std::unique_ptr<ProfiledStage>>(const GptConfig& config,
+                                                                                  const GptStage::Options& options)>;
+
+// The grid driver: for each layer kind and grid point, one warm-up run and
+// `repetitions` timed runs of a stage made by `factory`; the medians go into
+// the profile, labelled `device`. INVALID_ARGUMENT for empty or unsorted
+// axes, a seq beyond max_positions, or repetitions < 1.
+absl::StatusOr<proto::CostProfile> ProfileLayers(const GptConfig& config, const ProfileOptions& options,
+                                                 absl::string_view device, const StageFactory& factory);
+
+// `dynapipe profile` on the CPU backend: ProfileLayers over GptStage.
 absl::StatusOr<proto::CostProfile> ProfileGpt(const GptConfig& config, const ProfileOptions& options);
+
+// `rows` full rows of `seq` random tokens, every next token scored.
+TokenBatch FullRows(int rows, int seq, int vocab, std::mt19937_64& rng);
 
 }  // namespace dynapipe::runtime::model
