@@ -1,0 +1,152 @@
+#include "runtime/model/profile_cuda.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/backend/cuda/cast.h"
+#include "runtime/backend/cuda/cuda_status.h"
+#include "runtime/backend/cuda/device_memory.h"
+#include "runtime/model/gpt_cuda.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::model {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::CudaStatus;
+
+// Waits for `event` without blocking forever (a hung kernel fails the
+// profile instead of the session).
+absl::Status WaitEvent(cudaEvent_t event, absl::Duration timeout, const char* what) {
+  const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoSeconds(timeout);
+  for (;;) {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return CudaStatus(e, what);
+    if (std::chrono::steady_clock::now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": the device did not finish within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+// Everything the CUDA stages of one profile share: the stream, the device
+// pool, and the events that time forward and backward.
+struct Device {
+  cudaStream_t stream = nullptr;
+  cuda::CudaAllocator allocator;
+  cuda::CudaEventFences fences;
+  std::unique_ptr<BufferPool> pool;
+  cudaEvent_t start = nullptr, mid = nullptr, end = nullptr;
+
+  ~Device() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    pool.reset();  // before the stream goes: its blocks belong to the stream
+    for (cudaEvent_t e : {start, mid, end}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  absl::Status Init() {
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    pool = std::make_unique<BufferPool>(&allocator, &fences);
+    for (cudaEvent_t* e : {&start, &mid, &end}) CUDA_RETURN_IF_ERROR(cudaEventCreate(e));
+    return absl::OkStatus();
+  }
+};
+
+class CudaProfiledStage final : public ProfiledStage {
+ public:
+  static absl::StatusOr<std::unique_ptr<ProfiledStage>> Create(Device* device, const GptConfig& config,
+                                                               const GptStage::Options& options) {
+    auto self = std::unique_ptr<CudaProfiledStage>(new CudaProfiledStage(device));
+    ASSIGN_OR_RETURN(self->stage_, CudaGptStage::Create(config, options, device->stream, device->pool.get()));
+    return std::unique_ptr<ProfiledStage>(std::move(self));
+  }
+  double param_mb() const override { return static_cast<double>(stage_->num_params()) * sizeof(float) / 1e6; }
+
+  absl::StatusOr<StageRun> Run(const TokenBatch& batch, std::mt19937_64& rng) override {
+    const GptStage::Options& o = stage_->options();
+    const int64_t hidden = stage_->HiddenElements(batch);
+    const StreamHandle s = cuda::Handle(device_->stream);
+    BufferPool& pool = *device_->pool;
+    Buffer in, out, dout, din;
+    if (!o.first) in = RandomBf16(hidden, 1.0f, rng);
+    if (!o.last) {
+      out = pool.Get(hidden * sizeof(bf16), s);
+      dout = RandomBf16(hidden, 1e-3f, rng);
+    }
+    if (!o.first) din = pool.Get(hidden * sizeof(bf16), s);
+    RETURN_IF_ERROR(stage_->ZeroGrads());
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(device_->stream));  // staging done before timing
+    const size_t base = pool.stats().in_use_bytes;
+    pool.ResetPeak();
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(device_->start, device_->stream));
+    RETURN_IF_ERROR(stage_->Forward(0, batch, in.as<const bf16>(), out.as<bf16>(),
+                                    1.0f / static_cast<float>(batch.loss_tokens))
+                        .status());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(device_->mid, device_->stream));
+    const size_t stored = pool.stats().in_use_bytes - base;
+    RETURN_IF_ERROR(stage_->Backward(0, dout.as<const bf16>(), din.as<bf16>()));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(device_->end, device_->stream));
+    RETURN_IF_ERROR(WaitEvent(device_->end, absl::Minutes(5), "profile run"));
+    float fw = 0, bw = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fw, device_->start, device_->mid));
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&bw, device_->mid, device_->end));
+    StageRun r;
+    r.fw_ms = fw;
+    r.bw_ms = bw;
+    r.stored_activation_mb = stored / 1e6;
+    r.peak_activation_mb =
+        std::max<double>(0, static_cast<double>(pool.stats().peak_in_use_bytes - base) - stored) / 1e6;
+    return r;
+  }
+
+ private:
+  explicit CudaProfiledStage(Device* device) : device_(device) {}
+
+  // n bf16 values N(0, std) on the device (staged through fp32).
+  Buffer RandomBf16(int64_t n, float std, std::mt19937_64& rng) {
+    std::normal_distribution<float> normal(0.0f, std);
+    host_.resize(n);
+    for (float& v : host_) v = normal(rng);
+    const StreamHandle s = cuda::Handle(device_->stream);
+    Buffer f32 = device_->pool->Get(n * sizeof(float), s);
+    Buffer out = device_->pool->Get(n * sizeof(bf16), s);
+    // Synchronous from pageable memory: host_ may be reused at once.
+    if (cudaMemcpyAsync(f32.data(), host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, device_->stream) !=
+            cudaSuccess ||
+        !cuda::CastF32ToBf16(f32.as<float>(), out.as<uint16_t>(), n, device_->stream).ok()) {
+      return Buffer();  // the stage then reports the missing input
+    }
+    return out;
+  }
+
+  Device* device_;
+  std::unique_ptr<CudaGptStage> stage_;
+  std::vector<float> host_;
+};
+
+}  // namespace
+
+absl::StatusOr<proto::CostProfile> ProfileGptCuda(const GptConfig& config, const ProfileOptions& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError("profile --device cuda: no CUDA device is visible");
+  }
+  int dev = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, dev));
+  Device device;
+  RETURN_IF_ERROR(device.Init());
+  return ProfileLayers(config, options, prop.name, [&](const GptConfig& c, const GptStage::Options& o) {
+    return CudaProfiledStage::Create(&device, c, o);
+  });
+}
+
+}  // namespace dynapipe::runtime::model
