@@ -22,6 +22,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -518,6 +520,31 @@ absl::Status CheckPointer(const void* p, const char* name) {
 }
 
 int Tiles(int64_t T) { return static_cast<int>((T + kTile - 1) / kTile); }
+
+// Lets `kernel` use `bytes` of dynamic shared memory on the current device.
+// The attribute is shared by every host thread, so it only ever grows (a
+// thread asking for less must not shrink it under another's launch), under
+// a mutex; FAILED_PRECONDITION when the device cannot give that much.
+absl::Status AllowSharedMemory(const void* kernel, size_t bytes, const char* what) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> granted;
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& current = granted[{kernel, device}];
+  if (bytes <= current) return absl::OkStatus();
+  int limit = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes > static_cast<size_t>(limit)) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": needs ", bytes, " bytes of shared memory per block, ",
+                                                      "this device allows ", limit,
+                                                      " (smaller head size or sequence length)"));
+  }
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(bytes)));
+  current = bytes;
+  return absl::OkStatus();
+}
 float Scale(int64_t hs) { return 1.0f / std::sqrt(static_cast<float>(hs)); }  // as the CPU backend
 
 template <int HS>
@@ -525,8 +552,7 @@ absl::Status LaunchForward(bf16* out, float* lse, const bf16* qkv, const int32_t
                            int64_t NH, bool varlen, cudaStream_t stream) {
   const int nt = Tiles(T);
   const size_t smem = FwdSmemBytes<HS>(nt);
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(AttnForwardKernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  if (absl::Status st = AllowSharedMemory(reinterpret_cast<const void*>(&AttnForwardKernel<HS>), smem, "AttentionForward"); !st.ok()) return st;
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>(nt));
   AttnForwardKernel<HS><<<grid, kFwdThreads, smem, stream>>>(out, lse, qkv, seg, static_cast<int>(T),
                                                              static_cast<int>(C), static_cast<int>(NH), nt, varlen,
@@ -544,10 +570,8 @@ absl::Status LaunchBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const
       scratch, dout, out, seg, pairs, static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const size_t smem = BwdSmemBytes<HS>(nt);
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(AttnBwdKVKernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(AttnBwdQKernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  if (absl::Status st = AllowSharedMemory(reinterpret_cast<const void*>(&AttnBwdKVKernel<HS>), smem, "AttentionBackward"); !st.ok()) return st;
+  if (absl::Status st = AllowSharedMemory(reinterpret_cast<const void*>(&AttnBwdQKernel<HS>), smem, "AttentionBackward"); !st.ok()) return st;
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>(nt));
   const float scale = Scale(HS), scale_log2 = scale * kLog2e;
   AttnBwdKVKernel<HS><<<grid, kBwdThreads, smem, stream>>>(dqkv, dout, qkv, lse, scratch, seg, static_cast<int>(T),

@@ -9,8 +9,10 @@
 // cpu::AttentionForward / AttentionBackward. Launchers are asynchronous on
 // `stream` and return the launch status.
 //
-// Alignment: qkv, out, dout and dqkv must be 16-byte aligned (cudaMalloc's
-// are); the launchers return INVALID_ARGUMENT otherwise. T <= 65536.
+// Alignment: every pointer argument (lse, seg and scratch included) must be
+// 16-byte aligned (cudaMalloc's and pool blocks are); the launchers return
+// INVALID_ARGUMENT otherwise. T <= 65536. Head size 128 needs more shared
+// memory per block than sm_86/sm_89 devices allow (FAILED_PRECONDITION).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>

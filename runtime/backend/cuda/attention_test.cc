@@ -140,7 +140,7 @@ TEST_CASE("Attention launchers reject bad shapes and pointers before touching th
   const absl::Status bad_hs = AttentionForward(b16, f32, b16, i32, 1, 8, 96, 2, mode, nullptr);  // hs 48
   CHECK(bad_hs.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(bad_hs.message()).find("hs") != std::string::npos);
-  CHECK(AttentionForward(b16, f32, b16, i32, 1, 8, 130, 2, mode, nullptr).code() ==
+  CHECK(AttentionForward(b16, f32, b16, i32, 1, 8, 129, 2, mode, nullptr).code() ==
         absl::StatusCode::kInvalidArgument);  // C % NH
   CHECK(AttentionForward(b16, f32, b16, i32, -1, 8, 128, 2, mode, nullptr).code() ==
         absl::StatusCode::kInvalidArgument);
