@@ -62,18 +62,28 @@ absl::Status Order(cudaStream_t producer, cudaStream_t consumer) {
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "ordering the transfer after the compute stream");
 }
 
-// One transfer or collective in flight. Owned by its Request (or the
-// collective's stack frame); `launched` and `done` are set under the core's
-// mutex, the rest by the waiting thread.
+// One transfer or collective. Owned by its Request (or the collective's
+// stack frame); every field but `label`, `peer`, `dir`, `data`, `bytes` is
+// read and written under the core's mutex once the op is registered.
 struct Op {
   std::string label;   // "send of 4096 bytes to rank 1"
   int peer = -1;       // -1 for collectives
+  Direction dir = Direction::kSend;
+  void* data = nullptr;
+  size_t bytes = 0;
   cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;  // recorded after the NCCL call(s)
-  bool launched = false;       // done has been recorded
+  cudaEvent_t done = nullptr;  // recorded once the NCCL call is enqueued
+  bool launched = false;       // handed to NCCL and `done` recorded
   bool finished = false;
   absl::Status result;
 };
+
+// A failure tagged with the lost peer, except aborts: those repeat a cause
+// found elsewhere (AbortedLocked carries that cause's peer, if any).
+absl::Status Tag(absl::Status s, int peer) {
+  if (peer < 0 || s.ok() || absl::IsAborted(s)) return s;
+  return WithLostPeer(std::move(s), peer);
+}
 
 class Core {
  public:
@@ -89,9 +99,11 @@ class Core {
   absl::Status GroupEnd();
   // Polls `op` to completion, an error or the deadline; `group` (null: the
   // world) names the communicator whose asynchronous errors concern it.
-  // Finishes the op on every path except a wait before GroupEnd.
+  // Launches pending transfers first. Finishes the op on every path except
+  // a wait inside an open group.
   absl::Status Wait(Op* op, absl::Time deadline, const std::vector<int>* group);
-  // Releases a request's op; aborts when its transfer may still be running.
+  // Releases a request's op: an op never launched is just forgotten; one
+  // whose transfer may still run aborts the communicators.
   void Drop(Op* op);
   void Abort(absl::Status cause);
   void Shutdown();
@@ -101,18 +113,30 @@ class Core {
     ncclComm_t comm = nullptr;
     cudaStream_t stream = nullptr;
   };
+  // Issues every pending transfer as one NCCL group, so transfers that
+  // depend on each other (both directions of an exchange) progress together.
+  absl::Status Launch();
   absl::StatusOr<ncclComm_t> InitComm(absl::string_view key, const std::vector<int>& ranks, int index,
                                       absl::Time deadline);
-  // Polls `*comm` (re-read under the lock each time: Abort nulls it) until
+  // Polls `*comm` (re-read under the lock each time: an abort nulls it) until
   // its pending operation settles.
   absl::Status Settle(ncclComm_t* comm, absl::Time deadline, absl::string_view what);
   absl::StatusOr<cudaStream_t> StreamFor(int peer, Direction dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool aborted() {
+    MutexLock l(&mu_);
+    return aborted_;
+  }
   absl::Status AbortedLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::Status s = absl::AbortedError(absl::StrCat(what, ": communicator aborted: ", cause_.message()));
     if (auto peer = LostPeer(cause_)) s = WithLostPeer(std::move(s), *peer);
     return s;
   }
+  // Marks the core aborted and takes its communicators out of use; the
+  // caller must call CompleteAbort() after releasing the lock, which runs
+  // ncclCommAbort (it blocks while NCCL stops its kernels and threads, and
+  // must not hold up other threads' waits).
   void AbortLocked(absl::Status cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteAbort();
   void Finish(Op* op, absl::Status result);
   void FinishLocked(Op* op, absl::Status result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -123,10 +147,12 @@ class Core {
   std::map<std::vector<int>, Group> groups_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<int, Direction>, cudaStream_t> streams_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  bool abort_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<ncclComm_t> to_abort_ ABSL_GUARDED_BY(mu_);
   absl::Status cause_ ABSL_GUARDED_BY(mu_);
-  std::set<Op*> unfinished_ ABSL_GUARDED_BY(mu_);  // started, not yet finished
-  bool in_group_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::shared_ptr<Op>> group_ops_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Op>> pending_ ABSL_GUARDED_BY(mu_);  // started, not launched, in order
+  std::set<Op*> unfinished_ ABSL_GUARDED_BY(mu_);                  // started, not finished
+  bool in_group_ ABSL_GUARDED_BY(mu_) = false;                     // between GroupStart and GroupEnd
 };
 
 ncclConfig_t NonBlockingConfig() {
@@ -168,8 +194,11 @@ absl::StatusOr<ncclComm_t> Core::InitComm(absl::string_view key, const std::vect
   ncclComm_t comm = nullptr;
   const std::string what = absl::StrCat("NCCL communicator of ranks {", absl::StrJoin(ranks, ","), "}");
   ncclResult_t r = ncclCommInitRankConfig(&comm, static_cast<int>(ranks.size()), id, index, &config);
-  if (r != ncclSuccess && r != ncclInProgress) return NcclError(r, what);
-  // Not yet visible to Abort: poll it here directly.
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    return NcclError(r, what);
+  }
+  // Not yet visible to Abort: polled here directly, watching for an abort.
   Backoff backoff;
   for (;;) {
     ncclResult_t state = ncclSuccess;
@@ -179,6 +208,10 @@ absl::StatusOr<ncclComm_t> Core::InitComm(absl::string_view key, const std::vect
       return NcclError(r != ncclSuccess ? r : state, what);
     }
     if (state == ncclSuccess) return comm;
+    if (aborted()) {
+      ncclCommAbort(comm);
+      return absl::AbortedError(absl::StrCat(what, ": communicator aborted while it was being created"));
+    }
     if (absl::Now() >= deadline) {
       ncclCommAbort(comm);
       return absl::DeadlineExceededError(
@@ -212,93 +245,117 @@ absl::StatusOr<cudaStream_t> Core::StreamFor(int peer, Direction dir) {
 absl::StatusOr<std::shared_ptr<Op>> Core::StartP2P(Direction dir, int peer, void* data, size_t bytes) {
   auto op = std::make_shared<Op>();
   op->peer = peer;
+  op->dir = dir;
+  op->data = data;
+  op->bytes = bytes;
   op->label = absl::StrCat(dir == Direction::kSend ? "send of " : "receive of ", bytes,
                            dir == Direction::kSend ? " bytes to rank " : " bytes from rank ", peer);
   if (peer < 0 || peer >= options_.size) {
     return absl::InvalidArgumentError(absl::StrCat(op->label, ": no such rank (world size ", options_.size, ")"));
   }
   if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) return CudaError(e, "cudaSetDevice");
-  ncclResult_t r;
+  MutexLock l(&mu_);
+  if (aborted_) return AbortedLocked(op->label);
+  ASSIGN_OR_RETURN(op->stream, StreamFor(peer, dir));
+  // The transfer must see the data the compute stream produces up to now.
+  RETURN_IF_ERROR(Order(options_.compute_stream, op->stream));
+  if (cudaError_t e = cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming); e != cudaSuccess) {
+    return CudaError(e, "cudaEventCreateWithFlags");
+  }
+  pending_.push_back(op);
+  unfinished_.insert(op.get());
+  return op;
+}
+
+absl::Status Core::Launch() {
+  std::vector<std::shared_ptr<Op>> ops;
+  ncclResult_t r = ncclSuccess;
+  std::string what;
+  int peer = -1;  // the one peer of every op, if they share one
   {
     MutexLock l(&mu_);
-    if (aborted_) return AbortedLocked(op->label);
-    ASSIGN_OR_RETURN(op->stream, StreamFor(peer, dir));
-    RETURN_IF_ERROR(Order(options_.compute_stream, op->stream));
-    if (cudaError_t e = cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming); e != cudaSuccess) {
-      return CudaError(e, "cudaEventCreateWithFlags");
-    }
-    r = dir == Direction::kSend ? ncclSend(data, bytes, ncclUint8, peer, world_, op->stream)
-                                : ncclRecv(data, bytes, ncclUint8, peer, world_, op->stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      cudaEventDestroy(op->done);
-      absl::Status s = WithLostPeer(NcclError(r, op->label), peer);
-      AbortLocked(s);
+    if (pending_.empty()) return absl::OkStatus();
+    ops.swap(pending_);
+    peer = ops.front()->peer;
+    for (const auto& op : ops) peer = op->peer == peer ? peer : -1;
+    what = ops.size() == 1 ? ops.front()->label : absl::StrCat(ops.size(), " transfers starting with ", ops.front()->label);
+    if (aborted_) {
+      const absl::Status s = AbortedLocked(what);
+      for (const auto& op : ops) FinishLocked(op.get(), s);
       return s;
     }
-    unfinished_.insert(op.get());
-    if (in_group_) {
-      group_ops_.push_back(op);  // launched by ncclGroupEnd; recorded then
-      return op;
+    // NCCL's group state is per thread: opened and closed within this call,
+    // so no group is ever left open across our API (an abort inside an open
+    // NCCL group would only be queued).
+    ncclResult_t issue = ncclGroupStart();
+    for (size_t i = 0; issue == ncclSuccess && i < ops.size(); ++i) {
+      const Op& op = *ops[i];
+      issue = op.dir == Direction::kSend ? ncclSend(op.data, op.bytes, ncclUint8, op.peer, world_, op.stream)
+                                         : ncclRecv(op.data, op.bytes, ncclUint8, op.peer, world_, op.stream);
+      if (issue == ncclInProgress) issue = ncclSuccess;
+    }
+    r = ncclGroupEnd();
+    if (issue != ncclSuccess) r = issue;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      const absl::Status s = Tag(NcclError(r, what), peer);
+      AbortLocked(s);
+      for (const auto& op : ops) FinishLocked(op.get(), s);
+      mu_.Unlock();
+      CompleteAbort();
+      mu_.Lock();
+      return s;
     }
   }
-  // Outside a group a non-blocking call may still be settling: the transfer
-  // is enqueued once the communicator's state leaves ncclInProgress, and the
-  // completion event must follow the enqueued kernel.
   if (r == ncclInProgress) {
-    const absl::Status settled =
-        WithLostPeer(Settle(&world_, absl::Now() + options_.connect_timeout, op->label), peer);
+    // The kernels are enqueued once the communicator's state leaves
+    // ncclInProgress; the completion events must follow them.
+    const absl::Status settled = Tag(Settle(&world_, absl::Now() + options_.connect_timeout, what), peer);
     if (!settled.ok()) {
-      Abort(settled);
-      Finish(op.get(), settled);
-      cudaEventDestroy(op->done);
+      {
+        MutexLock l(&mu_);
+        AbortLocked(settled);
+        for (const auto& op : ops) FinishLocked(op.get(), settled);
+      }
+      CompleteAbort();
       return settled;
     }
   }
-  MutexLock l(&mu_);
-  if (cudaError_t e = cudaEventRecord(op->done, op->stream); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
-  op->launched = true;
-  return op;
+  absl::Status failed;
+  {
+    MutexLock l(&mu_);
+    for (const auto& op : ops) {
+      if (op->finished) continue;  // dropped meanwhile by another thread's abort
+      if (cudaError_t e = cudaEventRecord(op->done, op->stream); e != cudaSuccess) {
+        failed = CudaError(e, "cudaEventRecord");
+        break;
+      }
+      op->launched = true;
+    }
+    if (!failed.ok()) {
+      // The transfers are running and nobody could tell when they end.
+      AbortLocked(failed);
+      for (const auto& op : ops) FinishLocked(op.get(), failed);
+    }
+  }
+  if (!failed.ok()) CompleteAbort();
+  return failed;
 }
 
 absl::Status Core::GroupStart() {
   MutexLock l(&mu_);
   if (aborted_) return AbortedLocked("group start");
   if (in_group_) return absl::FailedPreconditionError("GroupStart inside a group (groups do not nest)");
-  if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return NcclError(r, "ncclGroupStart");
   in_group_ = true;
   return absl::OkStatus();
 }
 
 absl::Status Core::GroupEnd() {
-  std::vector<std::shared_ptr<Op>> ops;
-  ncclResult_t r;
   {
     MutexLock l(&mu_);
     if (!in_group_) return absl::FailedPreconditionError("GroupEnd without GroupStart");
     in_group_ = false;
-    ops.swap(group_ops_);
-    r = ncclGroupEnd();
-    if (r != ncclSuccess && r != ncclInProgress) {
-      absl::Status s = NcclError(r, "ncclGroupEnd");
-      AbortLocked(s);
-      return s;
-    }
   }
-  if (r == ncclInProgress) {
-    absl::Status s = Settle(&world_, absl::Now() + options_.connect_timeout, "ncclGroupEnd");
-    if (!s.ok()) {
-      Abort(s);
-      return s;
-    }
-  }
-  MutexLock l(&mu_);
-  for (const auto& op : ops) {
-    if (cudaError_t e = cudaEventRecord(op->done, op->stream); e != cudaSuccess) {
-      return CudaError(e, "cudaEventRecord");
-    }
-    op->launched = true;
-  }
-  return absl::OkStatus();
+  return Launch();
 }
 
 void Core::Finish(Op* op, absl::Status result) {
@@ -307,17 +364,17 @@ void Core::Finish(Op* op, absl::Status result) {
 }
 
 void Core::FinishLocked(Op* op, absl::Status result) {
+  if (op->finished) return;
   op->finished = true;
   op->result = std::move(result);
   unfinished_.erase(op);
 }
 
 absl::Status Core::Wait(Op* op, absl::Time deadline, const std::vector<int>* group) {
-  if (op->finished) return op->result;
   {
     MutexLock l(&mu_);
-    if (!op->launched) {
-      if (aborted_) return AbortedLocked(op->label);
+    if (op->finished) return op->result;
+    if (!op->launched && in_group_) {
       return absl::FailedPreconditionError(absl::StrCat(op->label, ": waited on before GroupEnd"));
     }
   }
@@ -325,59 +382,84 @@ absl::Status Core::Wait(Op* op, absl::Time deadline, const std::vector<int>* gro
     Finish(op, CudaError(e, "cudaSetDevice"));
     return op->result;
   }
-  auto with_peer = [op](absl::Status s) { return op->peer >= 0 ? WithLostPeer(std::move(s), op->peer) : s; };
+  // Transfers not yet handed to NCCL go now, together with every other
+  // pending one (so an exchange's send and receive are one group).
+  if (absl::Status s = Launch(); !s.ok()) {
+    Finish(op, s);  // no-op when Launch finished it already
+    MutexLock l(&mu_);
+    return op->result;
+  }
   Backoff backoff;
   for (;;) {
-    const cudaError_t q = cudaEventQuery(op->done);
-    if (q == cudaSuccess) {
-      Finish(op, absl::OkStatus());
-      return op->result;
-    }
-    if (q != cudaErrorNotReady) {
-      absl::Status s = CudaError(q, op->label);
-      Abort(s);
-      Finish(op, s);
-      return s;
-    }
+    bool abort = false;
     {
       MutexLock l(&mu_);
+      if (op->finished) return op->result;
+      if (!op->launched) {  // launched by nobody: the core was aborted before
+        FinishLocked(op, AbortedLocked(op->label));
+        return op->result;
+      }
+      const cudaError_t q = cudaEventQuery(op->done);
+      if (q == cudaSuccess) {
+        FinishLocked(op, absl::OkStatus());
+        return op->result;
+      }
       if (aborted_) {
         FinishLocked(op, AbortedLocked(op->label));
         return op->result;
       }
-      ncclComm_t comm = world_;
-      if (group != nullptr) comm = groups_[*group].comm;
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = comm == nullptr ? ncclInvalidUsage : ncclCommGetAsyncError(comm, &state);
-      if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-        absl::Status s = with_peer(NcclError(r != ncclSuccess ? r : state, op->label));
+      if (q != cudaErrorNotReady) {
+        const absl::Status s = CudaError(q, op->label);
         AbortLocked(s);
         FinishLocked(op, s);
-        return s;
+        abort = true;
+      } else {
+        ncclComm_t comm = world_;
+        if (group != nullptr) comm = groups_[*group].comm;
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t r = comm == nullptr ? ncclInvalidUsage : ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+          const absl::Status s = Tag(NcclError(r != ncclSuccess ? r : state, op->label), op->peer);
+          AbortLocked(s);
+          FinishLocked(op, s);
+          abort = true;
+        } else if (absl::Now() >= deadline) {
+          const absl::Status s =
+              Tag(absl::DeadlineExceededError(absl::StrCat(op->label, ": not complete by its deadline")), op->peer);
+          AbortLocked(s);
+          FinishLocked(op, s);
+          abort = true;
+        }
       }
     }
-    if (absl::Now() >= deadline) {
-      absl::Status s = with_peer(
-          absl::DeadlineExceededError(absl::StrCat(op->label, ": not complete by its deadline")));
-      Abort(s);
-      Finish(op, s);
-      return s;
+    if (abort) {
+      CompleteAbort();
+      MutexLock l(&mu_);
+      return op->result;
     }
     backoff.Pause();
   }
 }
 
 void Core::Drop(Op* op) {
-  if (!op->finished) {
-    bool running = false;
-    {
-      MutexLock l(&mu_);
-      running = !aborted_ && (!op->launched || cudaEventQuery(op->done) == cudaErrorNotReady);
+  bool abort = false;
+  {
+    MutexLock l(&mu_);
+    if (!op->finished) {
+      if (!op->launched) {
+        // Never handed to NCCL: forget it (nothing will touch its buffer).
+        pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                      [op](const std::shared_ptr<Op>& p) { return p.get() == op; }),
+                       pending_.end());
+      } else if (!aborted_ && cudaEventQuery(op->done) == cudaErrorNotReady) {
+        AbortLocked(absl::AbortedError(absl::StrCat(op->label, ": request destroyed before its transfer completed")));
+        abort = true;
+      }
+      FinishLocked(op, absl::CancelledError("dropped"));
     }
-    if (running) Abort(absl::AbortedError(absl::StrCat(op->label, ": request destroyed before its transfer completed")));
-    Finish(op, absl::CancelledError("dropped"));
   }
-  if (op->done != nullptr) cudaEventDestroy(op->done);
+  if (abort) CompleteAbort();
+  if (op->done != nullptr) cudaEventDestroy(op->done);  // released once any recorded work completes
   op->done = nullptr;
 }
 
@@ -401,6 +483,9 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
     if (in_group_) return absl::FailedPreconditionError(absl::StrCat(what, ": inside a transfer group"));
     exists = groups_.count(ranks) > 0;
   }
+  // Pending transfers go first: every rank issues its NCCL work in its
+  // program order.
+  RETURN_IF_ERROR(Launch());
   if (!exists) {
     const std::string key = absl::StrCat(options_.job_prefix, "/nccl/group/", absl::StrJoin(ranks, "-"));
     absl::StatusOr<ncclComm_t> comm = InitComm(key, ranks, static_cast<int>(me - ranks.begin()),
@@ -409,57 +494,75 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
       Abort(comm.status());
       return comm.status();
     }
-    cudaStream_t stream;
+    cudaStream_t stream = nullptr;
+    absl::Status made;
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
-      ncclCommAbort(*comm);
-      return CudaError(e, "cudaStreamCreateWithFlags");
+      made = CudaError(e, "cudaStreamCreateWithFlags");
     }
-    MutexLock l(&mu_);
-    groups_[ranks] = Group{*comm, stream};
+    bool keep = false;
+    {
+      MutexLock l(&mu_);
+      if (made.ok() && !aborted_) {
+        groups_[ranks] = Group{*comm, stream};
+        keep = true;
+      } else if (made.ok()) {
+        made = AbortedLocked(what);
+      }
+    }
+    if (!keep) {
+      ncclCommAbort(*comm);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+      Abort(made);
+      return made;
+    }
   }
   Op op;
   op.label = what;
   constexpr ncclDataType_t type = std::is_same_v<T, float> ? ncclFloat32 : ncclFloat64;
-  bool settle = false;
   ncclComm_t* comm = nullptr;
+  ncclResult_t r;
   {
     MutexLock l(&mu_);
     if (aborted_) return AbortedLocked(what);
     Group& g = groups_[ranks];
     op.stream = g.stream;
+    comm = &g.comm;
     RETURN_IF_ERROR(Order(options_.compute_stream, g.stream));
     if (cudaError_t e = cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming); e != cudaSuccess) {
       return CudaError(e, "cudaEventCreateWithFlags");
     }
-    const ncclResult_t r = ncclAllReduce(data, data, n, type, ncclSum, g.comm, g.stream);
+    r = ncclAllReduce(data, data, n, type, ncclSum, g.comm, g.stream);
     if (r != ncclSuccess && r != ncclInProgress) {
-      cudaEventDestroy(op.done);
-      absl::Status s = NcclError(r, what);
+      const absl::Status s = NcclError(r, what);
       AbortLocked(s);
+      mu_.Unlock();
+      CompleteAbort();
+      mu_.Lock();
+      cudaEventDestroy(op.done);
       return s;
     }
     unfinished_.insert(&op);
-    settle = r == ncclInProgress;
-    comm = &g.comm;
   }
-  if (settle) {
-    if (absl::Status s = Settle(comm, deadline, what); !s.ok()) {
-      Abort(s);
-      Finish(&op, s);
-      cudaEventDestroy(op.done);
-      return s;
-    }
-  }
-  {
+  absl::Status s;
+  if (r == ncclInProgress) s = Settle(comm, deadline, what);
+  if (s.ok()) {
     MutexLock l(&mu_);
     if (cudaError_t e = cudaEventRecord(op.done, op.stream); e != cudaSuccess) {
-      FinishLocked(&op, CudaError(e, "cudaEventRecord"));
-      cudaEventDestroy(op.done);
-      return op.result;
+      s = CudaError(e, "cudaEventRecord");
+    } else {
+      op.launched = true;
     }
-    op.launched = true;
   }
-  absl::Status s = Wait(&op, deadline, &ranks);
+  if (!s.ok()) {
+    {
+      MutexLock l(&mu_);
+      AbortLocked(s);
+      FinishLocked(&op, s);
+    }
+    CompleteAbort();
+  } else {
+    s = Wait(&op, deadline, &ranks);
+  }
   cudaEventDestroy(op.done);
   return s;
 }
@@ -469,37 +572,70 @@ void Core::AbortLocked(absl::Status cause) {
   aborted_ = true;
   cause_ = std::move(cause);
   spdlog::warn("rank {}: aborting NCCL communicators: {}", options_.rank, cause_.message());
-  // ncclCommAbort stops the communicator's kernels and proxy threads; once
-  // it returns NCCL no longer touches any buffer.
-  if (world_ != nullptr) ncclCommAbort(world_);
-  world_ = nullptr;
+  if (world_ != nullptr) to_abort_.push_back(std::exchange(world_, nullptr));
   for (auto& [ranks, g] : groups_) {
-    if (g.comm != nullptr) ncclCommAbort(g.comm);
-    g.comm = nullptr;
+    if (g.comm != nullptr) to_abort_.push_back(std::exchange(g.comm, nullptr));
   }
+  // Transfers never handed to NCCL just end.
+  for (const auto& op : pending_) FinishLocked(op.get(), AbortedLocked(op->label));
+  pending_.clear();
+}
+
+void Core::CompleteAbort() {
+  std::vector<ncclComm_t> comms;
+  {
+    MutexLock l(&mu_);
+    comms.swap(to_abort_);
+    if (comms.empty()) {
+      // Another thread is running ncclCommAbort: wait for it (bounded; a
+      // hung abort is NCCL's bug, not a reason to hang every caller).
+      if (aborted_) mu_.AwaitWithDeadline([this]() { return abort_done_; }, absl::Now() + absl::Seconds(60));
+      return;
+    }
+  }
+  // Stops the communicators' kernels and proxy threads; once it returns NCCL
+  // no longer touches any buffer. Outside the lock: it may take a while.
+  for (ncclComm_t c : comms) ncclCommAbort(c);
+  MutexLock l(&mu_);
+  abort_done_ = true;
 }
 
 void Core::Abort(absl::Status cause) {
-  MutexLock l(&mu_);
-  AbortLocked(std::move(cause));
+  {
+    MutexLock l(&mu_);
+    AbortLocked(std::move(cause));
+  }
+  CompleteAbort();
 }
 
 void Core::Shutdown() {
   std::vector<ncclComm_t> comms;
   {
     MutexLock l(&mu_);
-    if (aborted_) return;
-    int running = 0;
-    for (Op* op : unfinished_) running += !op->launched || cudaEventQuery(op->done) == cudaErrorNotReady;
-    if (running > 0) {
-      AbortLocked(absl::AbortedError(absl::StrCat("communicator destroyed with ", running, " transfer(s) in flight")));
+    if (aborted_) {
+      mu_.Unlock();
+      CompleteAbort();
+      mu_.Lock();
       return;
     }
+    int running = 0;
+    for (Op* op : unfinished_) running += op->launched && cudaEventQuery(op->done) == cudaErrorNotReady;
+    if (running > 0) {
+      AbortLocked(absl::AbortedError(absl::StrCat("communicator destroyed with ", running, " transfer(s) in flight")));
+      mu_.Unlock();
+      CompleteAbort();
+      mu_.Lock();
+      return;
+    }
+    // Requests not yet launched end here; launched ones have completed.
+    for (const auto& op : pending_) FinishLocked(op.get(), absl::CancelledError("communicator destroyed"));
+    pending_.clear();
     if (world_ != nullptr) comms.push_back(std::exchange(world_, nullptr));
     for (auto& [ranks, g] : groups_) {
       if (g.comm != nullptr) comms.push_back(std::exchange(g.comm, nullptr));
     }
     aborted_ = true;
+    abort_done_ = true;
     cause_ = absl::CancelledError("communicator destroyed");
   }
   // Graceful: flush what was issued, bounded so a dead peer cannot hold us.

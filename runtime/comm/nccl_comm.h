@@ -1,9 +1,8 @@
 #pragma once
 
 // The NCCL backend of Communicator, for device memory: pipeline transfers
-// with ncclSend/ncclRecv on one stream per peer and direction, all-reduce
-// over a communicator per data-parallel group, and waits that never outlast
-// their deadline.
+// with ncclSend/ncclRecv, all-reduce over a communicator per data-parallel
+// group, and waits that never outlast their deadline.
 //
 // - One world communicator per job attempt: rank 0 makes the unique id and
 //   publishes it in the KeyValueStore (the planner's Bootstrap service in
@@ -11,23 +10,33 @@
 //   non-blocking mode and polls, so initialisation too ends at
 //   `connect_timeout`. Each all-reduce group gets its own communicator on its
 //   first AllReduceSum (members only, id from the group's lowest rank).
+// - Launch: Send/Recv only record the transfer. Pending transfers are handed
+//   to NCCL together, as one NCCL group, when the caller waits on any of
+//   them, at GroupEnd, or before an all-reduce. NCCL point-to-point calls
+//   block on the device until the peer's matching call runs, and NCCL
+//   serialises a communicator's operations whatever the stream, so issuing
+//   them one by one would deadlock an exchange (both ranks sending first);
+//   grouping is what makes "start a send and a receive, then wait" work. A
+//   plan's transfers overlap compute from the launch on: wrap a run of
+//   start instructions in GroupStart/GroupEnd to launch them at once.
 // - Ordering: data is produced and consumed by kernels on `compute_stream`.
-//   Every transfer's stream first waits for the work queued on
-//   `compute_stream` so far; Wait returns once the transfer finished on the
-//   device, so kernels queued afterwards may use received data.
+//   Every transfer's stream waits for the work queued on `compute_stream`
+//   when the transfer was started; Wait returns once the transfer finished on
+//   the device, so kernels queued afterwards may use received data.
 // - Matching: NCCL pairs the transfers between two ranks in the order they
-//   are issued and ignores tags, so both ends must issue their transfers in
-//   the same order. Execution plans are generated that way (the planner
-//   orders each pair's communication consistently to avoid deadlock);
-//   the tag is still checked by nothing here, unlike Gloo.
+//   are issued and ignores tags, so both ends must start their transfers in
+//   the same order (the planner orders each pair's communication that way).
 // - Failure: a wait polls the transfer's completion and
 //   ncclCommGetAsyncError; an asynchronous NCCL error, a CUDA error or the
-//   deadline aborts every communicator of this rank (ncclCommAbort), and the
-//   failed wait names the operation and peer (WithLostPeer for transfers).
+//   deadline aborts every communicator of this rank (ncclCommAbort, run
+//   outside the lock so other threads' waits return ABORTED meanwhile), and
+//   the failed wait names the operation and peer (WithLostPeer for
+//   transfers; never on ABORTED, which only repeats a cause found elsewhere).
 //   Later operations return ABORTED with the cause.
+// - Threads: one thread issues operations; Abort may come from any thread.
 //
 // NCCL refuses two ranks on one GPU: tests on a single GPU run one rank
-// (sends to itself inside a group, all-reduce over {0}).
+// (sends to itself, all-reduce over {0}).
 
 #include <cuda_runtime_api.h>
 

@@ -1,7 +1,10 @@
 #include "runtime/comm/nccl_comm.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "runtime/backend/cuda/test_util.h"
@@ -14,9 +17,11 @@ using cuda::testing::DeviceArray;
 
 absl::Time In(double seconds) { return absl::Now() + absl::Seconds(seconds); }
 
-std::unique_ptr<Communicator> OneRank(KeyValueStore* store, const std::string& prefix) {
+std::unique_ptr<Communicator> OneRank(KeyValueStore* store, const std::string& prefix,
+                                      cudaStream_t compute = nullptr) {
   NcclOptions o;
   o.job_prefix = prefix;
+  o.compute_stream = compute;
   o.connect_timeout = absl::Seconds(20);
   auto comm = CreateNcclCommunicator(o, store);
   INFO(comm.status().ToString());
@@ -83,22 +88,129 @@ TEST_CASE("one NCCL rank sends to itself inside a group and all-reduces over its
   CHECK(absl::IsInvalidArgument(comm->AllReduceSum(stranger, df.get(), 1, In(1))));
 }
 
-TEST_CASE("a transfer nobody answers ends at its deadline, naming the peer, and aborts the rest", "[gpu]") {
+TEST_CASE("transfers started without a group launch together at the first wait", "[gpu]") {
   MemoryKeyValueStore store;
-  auto comm = OneRank(&store, "job-b");
-  DeviceArray<uint8_t> buf(4096);
-  auto recv = comm->Recv(0, 1, buf.get(), 4096);  // no matching send: it can never complete
+  auto comm = OneRank(&store, "job-lazy");
+  const size_t bytes = 3 << 20;  // larger than NCCL's buffers: one by one this would deadlock
+  std::vector<uint8_t> payload(bytes);
+  for (size_t i = 0; i < bytes; ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  DeviceArray<uint8_t> src(payload), dst(bytes);
+  auto send = comm->Send(0, 1, src.get(), bytes);
+  auto recv = comm->Recv(0, 1, dst.get(), bytes);
+  REQUIRE(send.ok());
   REQUIRE(recv.ok());
+  REQUIRE((*recv)->Wait(In(30)).ok());  // launches the send with it
+  REQUIRE((*send)->Wait(In(30)).ok());
+  // Copied on a stream of its own after the waits: an early completion event
+  // would show here (no device-wide synchronisation hides it).
+  cuda::testing::Stream copy;
+  std::vector<uint8_t> got(bytes);
+  CUDA_REQUIRE(cudaMemcpyAsync(got.data(), dst.get(), bytes, cudaMemcpyDeviceToHost, copy.get()));
+  copy.Sync();
+  CHECK(got == payload);
+
+  // A request dropped before launch is forgotten, not an abort.
+  {
+    auto dropped = comm->Send(0, 2, src.get(), 16);
+    REQUIRE(dropped.ok());
+  }
+  auto s2 = comm->Send(0, 3, src.get(), 64);
+  auto r2 = comm->Recv(0, 3, dst.get(), 64);
+  REQUIRE(s2.ok());
+  REQUIRE(r2.ok());
+  CHECK((*r2)->Wait(In(30)).ok());
+  CHECK((*s2)->Wait(In(30)).ok());
+}
+
+// Holds a stream at a host function until opened (or 20 s, so a failing
+// test cannot hang the suite).
+struct Gate {
+  std::atomic<bool> open{false};
+  static void Hold(void* self) {
+    auto* g = static_cast<Gate*>(self);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!g->open.load() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+};
+
+TEST_CASE("a transfer that cannot start ends at its deadline, naming the peer, and aborts the rest", "[gpu]") {
+  cuda::testing::Stream compute;
+  MemoryKeyValueStore store;
+  auto comm = OneRank(&store, "job-b", compute.get());
+  DeviceArray<uint8_t> src(4096), dst(4096);
+  Gate gate;
+  CUDA_REQUIRE(cudaLaunchHostFunc(compute.get(), &Gate::Hold, &gate));  // the data is "never produced"
+  REQUIRE(comm->GroupStart().ok());
+  auto send = comm->Send(0, 1, src.get(), 4096);
+  auto recv = comm->Recv(0, 1, dst.get(), 4096);
+  REQUIRE(send.ok());
+  REQUIRE(recv.ok());
+  REQUIRE(comm->GroupEnd().ok());
+  // ncclCommAbort may wait for NCCL's streams, which wait for the gate.
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    gate.open.store(true);
+  });
   const absl::Time start = absl::Now();
   const absl::Status s = (*recv)->Wait(start + absl::Seconds(1));
   const absl::Duration took = absl::Now() - start;
+  opener.join();
   INFO(s.ToString());
   CHECK(absl::IsDeadlineExceeded(s));
   CHECK(LostPeer(s) == std::optional<int>(0));
-  CHECK(took < absl::Seconds(6));  // the deadline plus ncclCommAbort
+  CHECK(took < absl::Seconds(15));  // the deadline plus ncclCommAbort
   CHECK((*recv)->Wait(In(1)) == s);  // final
-  auto send = comm->Send(0, 1, buf.get(), 4096);
-  CHECK(absl::IsAborted(send.status()));
+  const absl::Status sent = (*send)->Wait(In(1));
+  CHECK(absl::IsAborted(sent));
+  CHECK(LostPeer(sent) == std::optional<int>(0));  // the cause's peer
+  auto again = comm->Send(0, 1, src.get(), 4096);
+  CHECK(absl::IsAborted(again.status()));
+  compute.Sync();
+}
+
+TEST_CASE("Abort from another thread ends a wait promptly without blaming a peer", "[gpu]") {
+  cuda::testing::Stream compute;
+  MemoryKeyValueStore store;
+  auto comm = OneRank(&store, "job-d", compute.get());
+  DeviceArray<uint8_t> src(4096), dst(4096);
+  Gate gate;
+  CUDA_REQUIRE(cudaLaunchHostFunc(compute.get(), &Gate::Hold, &gate));
+  REQUIRE(comm->GroupStart().ok());
+  auto send = comm->Send(0, 1, src.get(), 4096);
+  auto recv = comm->Recv(0, 1, dst.get(), 4096);
+  REQUIRE(comm->GroupEnd().ok());
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    comm->Abort();
+    gate.open.store(true);
+  });
+  const absl::Status s = (*recv)->Wait(In(30));
+  stopper.join();
+  INFO(s.ToString());
+  CHECK(absl::IsAborted(s));
+  CHECK(!LostPeer(s).has_value());
+  compute.Sync();
+}
+
+TEST_CASE("groups pair up and a wait inside one is refused", "[gpu]") {
+  MemoryKeyValueStore store;
+  auto comm = OneRank(&store, "job-e");
+  CHECK(absl::IsFailedPrecondition(comm->GroupEnd()));
+  REQUIRE(comm->GroupStart().ok());
+  CHECK(absl::IsFailedPrecondition(comm->GroupStart()));
+  DeviceArray<uint8_t> buf(64);
+  auto send = comm->Send(0, 1, buf.get(), 64);
+  REQUIRE(send.ok());
+  CHECK(absl::IsFailedPrecondition((*send)->Wait(In(1))));
+  const int group[] = {0};
+  DeviceArray<float> f(std::vector<float>{1.0f});
+  CHECK(absl::IsFailedPrecondition(comm->AllReduceSum(group, f.get(), 1, In(1))));
+  auto recv = comm->Recv(0, 1, buf.get(), 64);
+  REQUIRE(comm->GroupEnd().ok());
+  CHECK((*send)->Wait(In(30)).ok());
+  CHECK((*recv)->Wait(In(30)).ok());
 }
 
 TEST_CASE("an NCCL world whose other rank never joins fails at the connect deadline", "[gpu]") {
