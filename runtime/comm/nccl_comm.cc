@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/backend/cuda/cuda_status.h"
 #include "src/common/logging.h"
 #include "src/common/mutex.h"
 #include "src/common/status_macros.h"
@@ -25,10 +26,6 @@ absl::Status NcclError(ncclResult_t r, absl::string_view what) {
   // A remote or system error is the network or a peer failing, not a bug here.
   if (r == ncclRemoteError || r == ncclSystemError) return absl::UnavailableError(message);
   return absl::InternalError(message);
-}
-
-absl::Status CudaError(cudaError_t e, absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
 }
 
 // Short sleeps that grow to 200 us: transfers of a few hundred microseconds
@@ -54,12 +51,12 @@ class Backoff {
 absl::Status Order(cudaStream_t producer, cudaStream_t consumer) {
   cudaEvent_t ready;
   if (cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming); e != cudaSuccess) {
-    return CudaError(e, "cudaEventCreateWithFlags");
+    return cuda::CudaStatus(e, "cudaEventCreateWithFlags");
   }
   cudaError_t e = cudaEventRecord(ready, producer);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(consumer, ready, 0);
   cudaEventDestroy(ready);  // released once the wait has been satisfied
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "ordering the transfer after the compute stream");
+  return e == cudaSuccess ? absl::OkStatus() : cuda::CudaStatus(e, "ordering the transfer after the compute stream");
 }
 
 // One transfer or collective. Owned by its Request (or the collective's
@@ -236,7 +233,7 @@ absl::StatusOr<cudaStream_t> Core::StreamFor(int peer, Direction dir) {
   if (inserted) {
     if (cudaError_t e = cudaStreamCreateWithFlags(&it->second, cudaStreamNonBlocking); e != cudaSuccess) {
       streams_.erase(it);
-      return CudaError(e, "cudaStreamCreateWithFlags");
+      return cuda::CudaStatus(e, "cudaStreamCreateWithFlags");
     }
   }
   return it->second;
@@ -253,14 +250,14 @@ absl::StatusOr<std::shared_ptr<Op>> Core::StartP2P(Direction dir, int peer, void
   if (peer < 0 || peer >= options_.size) {
     return absl::InvalidArgumentError(absl::StrCat(op->label, ": no such rank (world size ", options_.size, ")"));
   }
-  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) return CudaError(e, "cudaSetDevice");
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) return cuda::CudaStatus(e, "cudaSetDevice");
   MutexLock l(&mu_);
   if (aborted_) return AbortedLocked(op->label);
   ASSIGN_OR_RETURN(op->stream, StreamFor(peer, dir));
   // The transfer must see the data the compute stream produces up to now.
   RETURN_IF_ERROR(Order(options_.compute_stream, op->stream));
   if (cudaError_t e = cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming); e != cudaSuccess) {
-    return CudaError(e, "cudaEventCreateWithFlags");
+    return cuda::CudaStatus(e, "cudaEventCreateWithFlags");
   }
   pending_.push_back(op);
   unfinished_.insert(op.get());
@@ -326,7 +323,7 @@ absl::Status Core::Launch() {
     for (const auto& op : ops) {
       if (op->finished) continue;  // dropped meanwhile by another thread's abort
       if (cudaError_t e = cudaEventRecord(op->done, op->stream); e != cudaSuccess) {
-        failed = CudaError(e, "cudaEventRecord");
+        failed = cuda::CudaStatus(e, "cudaEventRecord");
         break;
       }
       op->launched = true;
@@ -379,7 +376,7 @@ absl::Status Core::Wait(Op* op, absl::Time deadline, const std::vector<int>* gro
     }
   }
   if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
-    Finish(op, CudaError(e, "cudaSetDevice"));
+    Finish(op, cuda::CudaStatus(e, "cudaSetDevice"));
     return op->result;
   }
   // Transfers not yet handed to NCCL go now, together with every other
@@ -409,7 +406,7 @@ absl::Status Core::Wait(Op* op, absl::Time deadline, const std::vector<int>* gro
         return op->result;
       }
       if (q != cudaErrorNotReady) {
-        const absl::Status s = CudaError(q, op->label);
+        const absl::Status s = cuda::CudaStatus(q, op->label);
         AbortLocked(s);
         FinishLocked(op, s);
         abort = true;
@@ -475,7 +472,7 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
     return absl::InvalidArgumentError(absl::StrCat(what, ": rank out of range"));
   }
   if (n == 0) return absl::OkStatus();
-  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) return CudaError(e, "cudaSetDevice");
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) return cuda::CudaStatus(e, "cudaSetDevice");
   bool exists;
   {
     MutexLock l(&mu_);
@@ -497,7 +494,7 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
     cudaStream_t stream = nullptr;
     absl::Status made;
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
-      made = CudaError(e, "cudaStreamCreateWithFlags");
+      made = cuda::CudaStatus(e, "cudaStreamCreateWithFlags");
     }
     bool keep = false;
     {
@@ -529,7 +526,7 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
     comm = &g.comm;
     RETURN_IF_ERROR(Order(options_.compute_stream, g.stream));
     if (cudaError_t e = cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming); e != cudaSuccess) {
-      return CudaError(e, "cudaEventCreateWithFlags");
+      return cuda::CudaStatus(e, "cudaEventCreateWithFlags");
     }
     r = ncclAllReduce(data, data, n, type, ncclSum, g.comm, g.stream);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -548,7 +545,7 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
   if (s.ok()) {
     MutexLock l(&mu_);
     if (cudaError_t e = cudaEventRecord(op.done, op.stream); e != cudaSuccess) {
-      s = CudaError(e, "cudaEventRecord");
+      s = cuda::CudaStatus(e, "cudaEventRecord");
     } else {
       op.launched = true;
     }
@@ -743,7 +740,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclO
     return absl::InvalidArgumentError(absl::StrCat("NCCL rank ", options.rank, " of world size ", options.size));
   }
   if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
-    return CudaError(e, absl::StrCat("cudaSetDevice(", options.device, ")"));
+    return cuda::CudaStatus(e, absl::StrCat("cudaSetDevice(", options.device, ")"));
   }
   auto core = std::make_shared<Core>(options, store);
   RETURN_IF_ERROR(core->InitWorld());

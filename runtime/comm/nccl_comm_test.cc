@@ -1,6 +1,5 @@
 #include "runtime/comm/nccl_comm.h"
 
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -14,6 +13,7 @@ namespace dynapipe::runtime::comm {
 namespace {
 
 using cuda::testing::DeviceArray;
+using cuda::testing::Gate;
 
 absl::Time In(double seconds) { return absl::Now() + absl::Seconds(seconds); }
 
@@ -122,26 +122,13 @@ TEST_CASE("transfers started without a group launch together at the first wait",
   CHECK((*s2)->Wait(In(30)).ok());
 }
 
-// Holds a stream at a host function until opened (or 20 s, so a failing
-// test cannot hang the suite).
-struct Gate {
-  std::atomic<bool> open{false};
-  static void Hold(void* self) {
-    auto* g = static_cast<Gate*>(self);
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!g->open.load() && std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-};
-
 TEST_CASE("a transfer that cannot start ends at its deadline, naming the peer, and aborts the rest", "[gpu]") {
   cuda::testing::Stream compute;
   MemoryKeyValueStore store;
   auto comm = OneRank(&store, "job-b", compute.get());
   DeviceArray<uint8_t> src(4096), dst(4096);
   Gate gate;
-  CUDA_REQUIRE(cudaLaunchHostFunc(compute.get(), &Gate::Hold, &gate));  // the data is "never produced"
+  gate.Block(compute.get());  // the data is "never produced"
   REQUIRE(comm->GroupStart().ok());
   auto send = comm->Send(0, 1, src.get(), 4096);
   auto recv = comm->Recv(0, 1, dst.get(), 4096);
@@ -151,7 +138,7 @@ TEST_CASE("a transfer that cannot start ends at its deadline, naming the peer, a
   // ncclCommAbort may wait for NCCL's streams, which wait for the gate.
   std::thread opener([&gate] {
     std::this_thread::sleep_for(std::chrono::seconds(3));
-    gate.open.store(true);
+    gate.Open();
   });
   const absl::Time start = absl::Now();
   const absl::Status s = (*recv)->Wait(start + absl::Seconds(1));
@@ -176,7 +163,7 @@ TEST_CASE("Abort from another thread ends a wait promptly without blaming a peer
   auto comm = OneRank(&store, "job-d", compute.get());
   DeviceArray<uint8_t> src(4096), dst(4096);
   Gate gate;
-  CUDA_REQUIRE(cudaLaunchHostFunc(compute.get(), &Gate::Hold, &gate));
+  gate.Block(compute.get());
   REQUIRE(comm->GroupStart().ok());
   auto send = comm->Send(0, 1, src.get(), 4096);
   auto recv = comm->Recv(0, 1, dst.get(), 4096);
@@ -184,7 +171,7 @@ TEST_CASE("Abort from another thread ends a wait promptly without blaming a peer
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     comm->Abort();
-    gate.open.store(true);
+    gate.Open();
   });
   const absl::Status s = (*recv)->Wait(In(30));
   stopper.join();

@@ -163,9 +163,7 @@ bool GptStage::HasSharedEmbedding() const {
   return config_.tie_embeddings && options_.first != options_.last;
 }
 
-namespace {
-
-absl::Status CheckBatch(const TokenBatch& b, const GptConfig& c) {
+absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
   const size_t n = static_cast<size_t>(b.rows * b.seq);
   if (b.rows <= 0 || b.seq <= 0 || b.tokens.size() != n || b.positions.size() != n || b.segments.size() != n ||
       b.targets.size() != n) {
@@ -183,12 +181,10 @@ absl::Status CheckBatch(const TokenBatch& b, const GptConfig& c) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
                                          float loss_scale) {
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " forwarded twice"));
-  RETURN_IF_ERROR(CheckBatch(batch, config_));
+  RETURN_IF_ERROR(CheckTokenBatch(batch, config_));
   if (!options_.first && hidden_in == nullptr) return absl::InvalidArgumentError("stage input: missing");
   if (!options_.last && hidden_out == nullptr) return absl::InvalidArgumentError("stage output: missing");
   const int64_t B = batch.rows, T = batch.seq, N = B * T, C = config_.hidden, F = config_.ffn,

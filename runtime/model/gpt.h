@@ -55,6 +55,11 @@ struct TokenBatch {
   int64_t loss_tokens = 0;         // targets >= 0
 };
 
+// INVALID_ARGUMENT when the batch's tensors do not match its shape, or a
+// token id or position lies outside the model (the embedding kernels of both
+// backends trust them).
+absl::Status CheckTokenBatch(const TokenBatch& batch, const GptConfig& config);
+
 struct ParamInfo {
   std::string name;  // e.g. "wte", "h.3.attn.qkv.w", "lnf.b"
   std::vector<int64_t> shape;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <new>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/backend/cuda/cast.h"
@@ -68,26 +67,6 @@ constexpr int64_t kIntAlign = 64;
 int64_t AlignInts(int64_t n) { return (n + kIntAlign - 1) / kIntAlign * kIntAlign; }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// The CPU stage's checks (runtime/model/gpt.cc): the embedding kernel trusts
-// token ids and positions, so they are checked here on the host.
-absl::Status CheckBatch(const TokenBatch& b, const GptConfig& c) {
-  const size_t n = static_cast<size_t>(b.rows * b.seq);
-  if (b.rows <= 0 || b.seq <= 0 || b.tokens.size() != n || b.positions.size() != n || b.segments.size() != n ||
-      b.targets.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-batch tensors do not match its shape ", b.rows, "x", b.seq));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (b.tokens[i] < 0 || b.tokens[i] >= c.vocab || b.targets[i] >= c.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("token id outside the vocabulary of ", c.vocab));
-    }
-    if (b.positions[i] < 0 || b.positions[i] >= c.max_positions) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("position ", b.positions[i], " outside the model's ", c.max_positions, " positions"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::Status Zero(const Buffer& b, cudaStream_t stream) {
   if (b.empty()) return absl::OkStatus();
@@ -234,19 +213,7 @@ Buffer CudaGptStage::Get(size_t bytes) { return pool_->Get(bytes, cuda::Handle(s
 
 absl::Status CudaGptStage::WaitStream(const char* what) {
   CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream_));
-  const auto deadline = std::chrono::steady_clock::now() + kHostWaitTimeout;
-  auto pause = std::chrono::microseconds(5);
-  while (true) {
-    const cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaSuccess) return absl::OkStatus();
-    if (q != cudaErrorNotReady) return cuda::CudaStatus(q, what);
-    if (std::chrono::steady_clock::now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": the compute stream did not finish within ",
-                                                      kHostWaitTimeout.count(), " s"));
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
+  return cuda::WaitForEvent(done_, kHostWaitTimeout, what);
 }
 
 absl::Status CudaGptStage::ZeroGrads() {
@@ -258,7 +225,7 @@ absl::Status CudaGptStage::ZeroGrads() {
 absl::StatusOr<double> CudaGptStage::Forward(int mb, const TokenBatch& batch, const bf16* hidden_in,
                                              bf16* hidden_out, float loss_scale) {
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " forwarded twice"));
-  RETURN_IF_ERROR(CheckBatch(batch, config_));
+  RETURN_IF_ERROR(CheckTokenBatch(batch, config_));
   if (!options_.first && hidden_in == nullptr) return absl::InvalidArgumentError("stage input: missing");
   if (!options_.last && hidden_out == nullptr) return absl::InvalidArgumentError("stage output: missing");
   if (!options_.last && !layers_.empty() && !Aligned16(hidden_out)) {

@@ -24,13 +24,6 @@ using cuda::testing::RelativeError;
 using cuda::testing::RoundBf16;
 using bf16 = __nv_bfloat16;
 
-#define REQUIRE_OK(expr)             \
-  do {                               \
-    const absl::Status st_ = (expr); \
-    INFO(st_.ToString());            \
-    REQUIRE(st_.ok());               \
-  } while (false)
-
 GptConfig TinyConfig() {
   GptConfig c;
   c.num_layers = 2;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,23 +15,6 @@ namespace dynapipe::runtime::model {
 namespace {
 
 using bf16 = __nv_bfloat16;
-using cuda::CudaStatus;
-
-// Waits for `event` without blocking forever (a hung kernel fails the
-// profile instead of the session).
-absl::Status WaitEvent(cudaEvent_t event, absl::Duration timeout, const char* what) {
-  const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoSeconds(timeout);
-  for (;;) {
-    const cudaError_t e = cudaEventQuery(event);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) return CudaStatus(e, what);
-    if (std::chrono::steady_clock::now() > give_up) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": the device did not finish within ",
-                                                      absl::FormatDuration(timeout)));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
 
 // Everything the CUDA stages of one profile share: the stream, the device
 // pool, and the events that time forward and backward.
@@ -93,7 +75,7 @@ class CudaProfiledStage final : public ProfiledStage {
     const size_t stored = pool.stats().in_use_bytes - base;
     RETURN_IF_ERROR(stage_->Backward(0, dout.as<const bf16>(), din.as<bf16>()));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(device_->end, device_->stream));
-    RETURN_IF_ERROR(WaitEvent(device_->end, absl::Minutes(5), "profile run"));
+    RETURN_IF_ERROR(cuda::WaitForEvent(device_->end, std::chrono::minutes(5), "profile run"));
     float fw = 0, bw = 0;
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fw, device_->start, device_->mid));
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&bw, device_->mid, device_->end));

@@ -6,19 +6,14 @@
 #include <vector>
 
 #include "runtime/backend/cuda/cuda_status.h"
+#include "runtime/backend/cuda/test_util.h"
 
 namespace dynapipe::runtime::cuda {
 namespace {
 
-// Reference fp32 -> bf16 (round to nearest even), written independently of
-// the device intrinsic. Inputs here are finite.
-uint16_t ReferenceBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  const uint32_t lsb = (bits >> 16) & 1u;
-  bits += 0x7FFFu + lsb;
-  return static_cast<uint16_t>(bits >> 16);
-}
+// The reference fp32 -> bf16 rounding is test_util's HostBf16, written
+// independently of the device intrinsic. Inputs here are finite.
+uint16_t ReferenceBf16(float f) { return testing::Bits(testing::HostBf16(f)); }
 
 TEST_CASE("CastF32ToBf16 rounds like the reference and CastBf16ToF32 is exact", "[gpu]") {
   const int64_t n = 1 << 20;

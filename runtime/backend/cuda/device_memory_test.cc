@@ -1,34 +1,14 @@
 #include "runtime/backend/cuda/device_memory.h"
 
-#include <atomic>
 #include <catch2/catch.hpp>
-#include <chrono>
-#include <thread>
 
 #include "runtime/backend/cuda/test_util.h"
 
 namespace dynapipe::runtime::cuda {
 namespace {
 
+using testing::Gate;
 using testing::Stream;
-
-// Holds a stream at a host function until Open() (or 10 s, so a failing
-// test cannot hang the suite).
-class Gate {
- public:
-  void Block(cudaStream_t s) { CUDA_REQUIRE(cudaLaunchHostFunc(s, &Gate::Wait, this)); }
-  void Open() { open_.store(true); }
-
- private:
-  static void Wait(void* self) {
-    auto* g = static_cast<Gate*>(self);
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!g->open_.load() && std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  std::atomic<bool> open_{false};
-};
 
 TEST_CASE("device blocks come back per stream and wait for other streams' use", "[gpu]") {
   CudaAllocator alloc;

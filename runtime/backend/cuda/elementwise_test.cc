@@ -17,6 +17,7 @@ namespace dynapipe::runtime::cuda {
 namespace {
 
 using testing::bf16;
+using testing::Bits;
 using testing::DeviceArray;
 using testing::HostBf16;
 using testing::HostF32;
@@ -25,19 +26,6 @@ using testing::RelativeError;
 using testing::Stream;
 using testing::ToBf16;
 using testing::ToF32;
-
-#define REQUIRE_OK(expr)             \
-  do {                               \
-    const absl::Status st_ = (expr); \
-    INFO(st_.ToString());            \
-    REQUIRE(st_.ok());               \
-  } while (false)
-
-uint16_t Bits(bf16 b) {
-  uint16_t u;
-  std::memcpy(&u, &b, sizeof(u));
-  return u;
-}
 
 // Elements whose bf16 bits differ.
 int64_t Mismatches(const std::vector<bf16>& got, const std::vector<bf16>& want) {

@@ -27,11 +27,6 @@ using testing::RoundBf16;
 using testing::Stream;
 using testing::UploadBf16;
 
-// cudaMemcpy from pageable memory may return before the copy lands, and our
-// streams do not synchronise with the legacy default stream: wait for the
-// uploads before launching on a Stream.
-void WaitForUploads() { CUDA_REQUIRE(cudaDeviceSynchronize()); }
-
 // bf16-rounded N(mean, std) values.
 std::vector<float> RandomBf16(size_t n, uint64_t seed, float std = 1.0f, float mean = 0.0f) {
   std::vector<float> v = RandomNormal(n, seed, std);
@@ -81,7 +76,6 @@ TEST_CASE("EmbeddingForward/Backward match the CPU backend with repeated tokens 
     DeviceArray<int32_t> d_tokens(tokens), d_positions(positions);
     auto d_wte = UploadBf16(wte), d_wpe = UploadBf16(wpe);
     DeviceArray<bf16> d_out(N * C);
-    WaitForUploads();
     REQUIRE(EmbeddingForward(d_out.get(), d_tokens.get(), d_positions.get(), d_wte.get(), d_wpe.get(), N, C,
                              stream.get())
                 .ok());
@@ -95,7 +89,6 @@ TEST_CASE("EmbeddingForward/Backward match the CPU backend with repeated tokens 
                                   N, C);
     DeviceArray<float> d_dwte(dwte0), d_dwpe(dwpe0);
     auto d_dout = UploadBf16(dout);
-    WaitForUploads();
     REQUIRE(EmbeddingBackward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), d_positions.get(), N, C,
                               stream.get())
                 .ok());
@@ -136,7 +129,6 @@ TEST_CASE("LayerNormForward/Backward match the CPU backend, rows with a large me
       auto d_inp = UploadBf16(inp), d_weight = UploadBf16(weight), d_bias = UploadBf16(bias);
       DeviceArray<bf16> d_out(N * C);
       DeviceArray<float> d_mean(N), d_rstd(N);
-      WaitForUploads();
       REQUIRE(LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(), d_bias.get(),
                                N, C, stream.get())
                   .ok());
@@ -160,7 +152,6 @@ TEST_CASE("LayerNormForward/Backward match the CPU backend, rows with a large me
       DeviceArray<float> d_dweight(dweight0), d_dbias(dbias0);
       d_mean.Upload(mean_want);
       d_rstd.Upload(rstd_want);
-      WaitForUploads();
       REQUIRE(LayerNormBackward(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_dout.get(), d_inp.get(),
                                 d_weight.get(), d_mean.get(), d_rstd.get(), N, C, stream.get())
                   .ok());
@@ -188,7 +179,6 @@ TEST_CASE("GeluForward/Backward match the CPU backend", "[gpu]") {
     Stream stream;
     auto d_inp = UploadBf16(inp);
     DeviceArray<bf16> d_out(n);
-    WaitForUploads();
     REQUIRE(GeluForward(d_out.get(), d_inp.get(), n, stream.get()).ok());
     CHECK(RelativeError(DownloadBf16(d_out), out_want) <= 1e-2);
 
@@ -198,7 +188,6 @@ TEST_CASE("GeluForward/Backward match the CPU backend", "[gpu]") {
     std::vector<float> dinp_want = dinp0;
     cpu::GeluBackward<float>(dinp_want.data(), inp.data(), dout.data(), n);
     auto d_dout = UploadBf16(dout), d_dinp = UploadBf16(dinp0);
-    WaitForUploads();
     REQUIRE(GeluBackward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream.get()).ok());
     const std::vector<float> dinp = DownloadBf16(d_dinp);
     CHECK(RelativeError(dinp, dinp_want) <= 1e-2);
@@ -247,7 +236,6 @@ TEST_CASE("SoftmaxCrossEntropy matches the CPU backend (loss, row losses, dlogit
     DeviceArray<int32_t> d_targets(targets);
     DeviceArray<float> d_loss(std::vector<float>{0.25f});
     DeviceArray<float> d_rows(std::vector<float>(N, 7.0f));  // garbage: every row is written
-    WaitForUploads();
     REQUIRE(SoftmaxCrossEntropy(d_loss.get(), d_rows.get(), d_dlogits.get(), d_logits.get(), d_targets.get(), scale,
                                 N, V, stream.get())
                 .ok());
@@ -287,7 +275,6 @@ TEST_CASE("SoftmaxCrossEntropy matches the CPU backend (loss, row losses, dlogit
     float first = 0;
     for (int run = 0; run < 2; ++run) {
       d_loss.Upload({0.0f});
-      WaitForUploads();
       REQUIRE(SoftmaxCrossEntropy(d_loss.get(), d_rows.get(), nullptr, d_logits.get(), d_targets.get(), scale, N, V,
                                   stream.get())
                   .ok());
@@ -308,7 +295,6 @@ TEST_CASE("SoftmaxCrossEntropy of an all-ignored batch adds no loss and leaves d
   DeviceArray<int32_t> d_targets(targets);
   DeviceArray<float> d_loss(std::vector<float>{0.0f});
   DeviceArray<float> d_rows(std::vector<float>(N, 7.0f));
-  WaitForUploads();
   REQUIRE(SoftmaxCrossEntropy(d_loss.get(), d_rows.get(), d_dlogits.get(), d_logits.get(), d_targets.get(), 0.5f, N,
                               V, stream.get())
               .ok());

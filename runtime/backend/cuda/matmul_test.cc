@@ -23,13 +23,6 @@ using testing::RoundBf16;
 using testing::Stream;
 using testing::UploadBf16;
 
-#define REQUIRE_OK(expr)                \
-  do {                                  \
-    const absl::Status st_ = (expr);    \
-    INFO(st_.ToString());               \
-    REQUIRE(st_.ok());                  \
-  } while (false)
-
 struct Shape {
   int64_t N, C, OC;
 };

@@ -14,24 +14,12 @@ namespace dynapipe::runtime::cuda {
 namespace {
 
 using testing::bf16;
+using testing::Bits;
 using testing::DeviceArray;
 using testing::HostBf16;
 using testing::RandomNormal;
 using testing::RelativeError;
 using testing::Stream;
-
-#define REQUIRE_OK(expr)                \
-  do {                                  \
-    const absl::Status st_ = (expr);    \
-    INFO(st_.ToString());               \
-    REQUIRE(st_.ok());                  \
-  } while (false)
-
-uint16_t Bits(bf16 b) {
-  uint16_t u;
-  std::memcpy(&u, &b, sizeof(u));
-  return u;
-}
 
 // A device array of n + offset elements, used from element `offset` on (an
 // offset of 1 breaks 16-byte alignment and exercises the scalar paths).

@@ -8,14 +8,19 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "absl/status/status.h"
 
 namespace dynapipe::runtime::cuda::testing {
 
@@ -53,6 +58,9 @@ inline std::vector<float> ToF32(const std::vector<bf16>& v) {
   return out;
 }
 
+// The raw bits of a bf16 value (for exact comparisons).
+inline uint16_t Bits(bf16 b) { return __nv_bfloat16_raw(b).x; }
+
 // N(0, std) values from `seed` (never all zeros).
 inline std::vector<float> RandomNormal(size_t n, uint64_t seed, float std = 1.0f) {
   std::mt19937_64 rng(seed);
@@ -77,6 +85,14 @@ inline double RelativeError(const std::vector<float>& got, const std::vector<flo
 }
 
 #define CUDA_REQUIRE(expr) REQUIRE((expr) == cudaSuccess)
+
+// REQUIRE an absl::Status to be OK, printing it when it is not.
+#define REQUIRE_OK(expr)             \
+  do {                               \
+    const absl::Status st_ = (expr); \
+    INFO(st_.ToString());            \
+    REQUIRE(st_.ok());               \
+  } while (false)
 
 // A device array of n elements of T; freed on destruction.
 template <typename T>
@@ -133,6 +149,24 @@ class Stream {
 
  private:
   cudaStream_t s_ = nullptr;
+};
+
+// Holds a stream at a host function until Open() (or 20 s, so a failing
+// test cannot hang the suite): work queued behind it cannot start.
+class Gate {
+ public:
+  void Block(cudaStream_t s) { CUDA_REQUIRE(cudaLaunchHostFunc(s, &Gate::Hold, this)); }
+  void Open() { open_.store(true); }
+
+ private:
+  static void Hold(void* self) {
+    auto* g = static_cast<Gate*>(self);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!g->open_.load() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::atomic<bool> open_{false};
 };
 
 }  // namespace dynapipe::runtime::cuda::testing
