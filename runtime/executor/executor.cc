@@ -1,16 +1,15 @@
 #include "runtime/executor/executor.h"
 
-#include <future>
 #include <optional>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/comm.h"
-#include "runtime/comm/gloo_comm.h"
 #include "runtime/data/dataset.h"
+#include "runtime/executor/checkpointer.h"
+#include "runtime/executor/plan_prefetcher.h"
 #include "runtime/executor/worker.h"
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
@@ -40,7 +39,10 @@ constexpr absl::Duration kPlanWait = absl::Seconds(5);  // per FetchPlan call; b
 
 }  // namespace
 
-Executor::Executor(ExecutorOptions options) : options_(std::move(options)) {}
+Executor::Executor(ExecutorOptions options, std::unique_ptr<Backend> backend)
+    : options_(std::move(options)), backend_(std::move(backend)) {
+  DP_CHECK(backend_ != nullptr);
+}
 
 Executor::~Executor() {
   Shutdown();
@@ -64,7 +66,7 @@ absl::Status Executor::RegisterOnce() {
   proto::RegisterExecutorRequest req;
   req.set_node(options_.node);
   req.set_device_index(options_.device);
-  req.set_backend(options_.backend);
+  req.set_backend(backend_->kind());
   req.set_address(options_.listen_address);
   ASSIGN_OR_RETURN(const proto::RegisterExecutorResponse resp, client_->Register(req));
   MutexLock l(&mu_);
@@ -187,6 +189,7 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     report_failure(s);
     return s;
   };
+  if (auto s = backend_->BindThread(); !s.ok()) return fail(s);
   auto status = client_->Get(job);
   if (!status.ok()) return fail(status.status());
   const proto::JobSpec spec = status->spec();
@@ -194,52 +197,43 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   if (!dataset.ok()) return fail(Annotate(dataset.status(), "dataset"));
 
   BootstrapStore store(client_.get(), job);
-  comm::GlooOptions go;
-  go.rank = a.rank();
-  go.size = a.world_size();
-  go.job_prefix = "gloo/";
-  go.interface_address = options_.listen_address;
-  go.connect_timeout = options_.connect_timeout;
-  auto comm = comm::CreateGlooCommunicator(go, &store);
+  ConnectOptions co;
+  co.rank = a.rank();
+  co.size = a.world_size();
+  co.job_prefix = "comm/";
+  co.listen_address = options_.listen_address;
+  co.connect_timeout = options_.connect_timeout;
+  auto comm = backend_->Connect(co, &store);
   if (!comm.ok()) return fail(Annotate(comm.status(), "connecting to the job's ranks"));
   {
     MutexLock l(&mu_);
     comm_ = comm->get();
     if (stop_job_) (*comm)->Abort();
   }
-
-  // Plans, fetched ahead.
-  std::map<int64_t, std::future<absl::StatusOr<proto::ExecutionPlan>>> ahead;
-  auto fetch_async = [&](int64_t i) {
-    if (i >= spec.iterations() || ahead.contains(i)) return;
-    ahead[i] = std::async(std::launch::async, [this, job, i, rank = a.rank()] {
-      return client_->FetchPlan(job, i, rank, kPlanWait);
-    });
-  };
-  auto next_plan = [&](int64_t i) -> absl::StatusOr<proto::ExecutionPlan> {
-    for (int64_t k = i; k <= i + options_.prefetch; ++k) fetch_async(k);
-    while (true) {
-      auto f = std::move(ahead.at(i));
-      ahead.erase(i);
-      auto plan = f.get();
-      if (plan.ok() || plan.status().code() != absl::StatusCode::kDeadlineExceeded) return plan;
-      {
-        MutexLock l(&mu_);
-        if (stop_job_) return absl::AbortedError("job stopped while waiting for its plan");
-      }
-      spdlog::info("job {}: waiting for the plan of iteration {}", job, i);
-      fetch_async(i);
+  // The heartbeat thread may abort the communicator until it is unpublished,
+  // which happens before it is destroyed, whatever way this function ends.
+  struct Unpublish {
+    Executor* self;
+    ~Unpublish() {
+      MutexLock l(&self->mu_);
+      self->comm_ = nullptr;
     }
-  };
+  } unpublish{this};
 
+  PlanPrefetcher plans(
+      [this, job, rank = a.rank()](int64_t i) { return client_->FetchPlan(job, i, rank, kPlanWait); },
+      spec.iterations(), options_.prefetch, [this] {
+        MutexLock l(&mu_);
+        return stop_job_;
+      });
   const int64_t first_iteration = iteration;
-  auto first = next_plan(iteration);
+  auto first = plans.Next(iteration);
   if (!first.ok()) return fail(Annotate(first.status(), absl::StrCat("plan of iteration ", iteration)));
   const std::vector<int32_t> layers(first->layers().begin(), first->layers().end());
   WorkerOptions wo;
   wo.comm_timeout = options_.comm_timeout;
   auto worker = Worker::Create(spec, layers, a.rank(), first->pp_size(), first->dp_size(), comm->get(),
-                               dataset->get(), wo);
+                               dataset->get(), backend_.get(), wo);
   if (!worker.ok()) return fail(worker.status());
 
   const std::string ckpt_dir = ResolvePath(options_.data_root, spec.checkpoint().dir());
@@ -249,44 +243,19 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   info.dp_rank = first->dp_rank();
   info.world = a.world_size();
   info.job_fingerprint = checkpoint::JobFingerprint(spec);
+  Checkpointer checkpointer(ckpt_dir, info);
   if (first_iteration > 0) {
     // Resume: the planner started this job after the latest complete checkpoint.
-    auto shard = checkpoint::ReadShard(ckpt_dir, first_iteration - 1, a.rank());
-    if (!shard.ok()) return fail(Annotate(shard.status(), "resuming"));
-    if (auto s = checkpoint::CheckSameJob(info, *shard); !s.ok()) return fail(Annotate(s, "resuming"));
-    auto load = [&](const std::vector<checkpoint::Tensor>& tensors, auto target) -> absl::Status {
-      std::map<std::string, const std::vector<float>*> by_name;
-      for (const auto& t : tensors) by_name[t.name] = &t.data;
-      for (size_t c = 0; c < (*worker)->chunks().size(); ++c) {
-        std::span<float> dst = target(c);
-        for (const model::ParamInfo& p : (*worker)->chunks()[c]->params()) {
-          auto it = by_name.find(p.name);
-          if (it == by_name.end() || it->second->size() != p.size) {
-            return absl::DataLossError(absl::StrCat("checkpoint shard lacks tensor ", p.name, " of ", p.size, " values"));
-          }
-          std::copy(it->second->begin(), it->second->end(), dst.begin() + p.offset);
-        }
-      }
-      return absl::OkStatus();
-    };
-    absl::Status s = load(shard->params, [&](size_t c) { return (*worker)->params(c); });
-    if (s.ok()) s = load(shard->adam_m, [&](size_t c) { return std::span<float>((*worker)->adam_m()[c]); });
-    if (s.ok()) s = load(shard->adam_v, [&](size_t c) { return std::span<float>((*worker)->adam_v()[c]); });
-    if (!s.ok()) return fail(Annotate(s, "resuming"));
-    (*worker)->set_optimizer_step(shard->optimizer_step);
+    if (auto s = checkpointer.Restore(first_iteration - 1, **worker); !s.ok()) return fail(Annotate(s, "resuming"));
     spdlog::info("job {}: resumed from the checkpoint of iteration {} in {}", job, first_iteration - 1, ckpt_dir);
   }
 
   const int64_t interval = spec.checkpoint().interval();
   for (; iteration < spec.iterations(); ++iteration) {
-    absl::StatusOr<proto::ExecutionPlan> plan =
-        iteration == first_iteration ? std::move(first) : next_plan(iteration);
+    absl::StatusOr<proto::ExecutionPlan> plan = iteration == first_iteration ? std::move(first) : plans.Next(iteration);
     if (!plan.ok()) return fail(Annotate(plan.status(), absl::StrCat("plan of iteration ", iteration)));
     if (!std::equal(plan->layers().begin(), plan->layers().end(), layers.begin(), layers.end())) {
       return fail(absl::FailedPreconditionError(absl::StrCat("iteration ", iteration, ": the plan moves layers")));
-    }
-    if (iteration == first_iteration) {
-      for (int64_t k = iteration + 1; k <= iteration + options_.prefetch; ++k) fetch_async(k);
     }
     auto result = (*worker)->RunIteration(*plan);
     if (!result.ok()) return fail(result.status());
@@ -302,53 +271,63 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     r.set_loss(result->loss);
     r.set_tokens(result->tokens);
     for (auto& t : result->timings) *r.add_timings() = std::move(t);
-    const bool save = interval > 0 && !ckpt_dir.empty() &&
-                      ((iteration + 1) % interval == 0 || iteration + 1 == spec.iterations());
-    if (save) {
-      checkpoint::ShardRef shard;
-      static_cast<checkpoint::ShardInfo&>(shard) = info;
-      shard.iteration = iteration;
-      shard.optimizer_step = (*worker)->optimizer_step();
-      for (size_t c = 0; c < (*worker)->chunks().size(); ++c) {
-        const model::GptStage& st = *(*worker)->chunks()[c];
-        for (const model::ParamInfo& p : st.params()) {
-          shard.params.push_back({p.name, st.param_data().subspan(p.offset, p.size)});
-          shard.adam_m.push_back({p.name, std::span<const float>((*worker)->adam_m()[c]).subspan(p.offset, p.size)});
-          shard.adam_v.push_back({p.name, std::span<const float>((*worker)->adam_v()[c]).subspan(p.offset, p.size)});
-        }
-      }
-      if (auto s = checkpoint::WriteShard(ckpt_dir, shard); !s.ok()) return fail(Annotate(s, "checkpoint"));
+    const bool last = iteration + 1 == spec.iterations();
+    const bool save = interval > 0 && !ckpt_dir.empty() && ((iteration + 1) % interval == 0 || last);
+    if (save && last) {
+      // The job ends with this report: the shard must be on disk before it.
+      absl::Status s = checkpointer.Begin(iteration, **worker);
+      if (s.ok()) s = checkpointer.Wait();
+      if (!s.ok()) return fail(Annotate(s, "checkpoint"));
       r.set_checkpoint_written(true);
     }
     if (auto s = client_->ReportIteration(r); !s.ok()) {
       // The job may have ended meanwhile; otherwise this is worth stopping for.
       return fail(Annotate(s, absl::StrCat("reporting iteration ", iteration)));
     }
-    metrics_.Add("dynapipe_executor_iterations_total", 1, "Iterations this executor completed");
-    metrics_.Add("dynapipe_executor_tokens_total", static_cast<double>(result->tokens), "Real tokens processed");
-    metrics_.Set("dynapipe_executor_peak_memory_mb", result->peak_memory_mb, "Peak memory of the last iteration");
-    metrics_.Set("dynapipe_executor_peak_reserved_mb", result->peak_reserved_mb,
-                 "Peak memory the buffer pool held in the last iteration");
-    metrics_.Set("dynapipe_executor_memory_fragmentation", result->memory_fragmentation,
-                 "Share of the pool's peak reservation never requested");
-    metrics_.Observe("dynapipe_executor_iteration_ms", result->iteration_ms, {10, 50, 100, 500, 1000, 5000, 30000},
-                     "Measured iteration time");
-    const std::string line = absl::StrFormat(
-        "job %s iteration %d/%d: loss %.4f, %.0f tokens/s, %.1f ms (planned %.1f ms), peak %.1f MB%s", job,
-        iteration + 1, spec.iterations(), result->loss, result->tokens / (result->iteration_ms / 1e3),
-        result->iteration_ms, plan->predicted_iteration_ms(), result->peak_memory_mb, save ? ", checkpoint" : "");
-    if (a.rank() == 0) {
-      spdlog::info("{}", line);
-    } else {
-      spdlog::debug("{}", line);
+    if (save && !last) {
+      // The shard is written while the next iterations train; the writer
+      // reports it (the same report, marked) once it is on disk, so the
+      // planner never counts a shard that is not there.
+      r.set_checkpoint_written(true);
+      auto report_written = [this, r] {
+        if (auto s = client_->ReportIteration(r); !s.ok()) {
+          spdlog::warn("job {}: reporting the checkpoint of iteration {}: {}", r.job_id(), r.iteration(), s.message());
+        }
+      };
+      if (auto s = checkpointer.Begin(iteration, **worker, report_written); !s.ok()) {
+        return fail(Annotate(s, "checkpoint"));
+      }
     }
-    MutexLock l(&mu_);
-    last_iteration_ = iteration;
-    last_loss_ = result->loss;
-    last_iteration_ms_ = result->iteration_ms;
+    RecordIteration(job, iteration, spec.iterations(), a.rank(), *result, plan->predicted_iteration_ms(), save);
   }
-  for (auto& [i, f] : ahead) f.wait();
+  if (auto s = checkpointer.Wait(); !s.ok()) return fail(Annotate(s, "checkpoint"));
   return absl::OkStatus();
+}
+
+void Executor::RecordIteration(const std::string& job, int64_t iteration, int64_t iterations, int rank,
+                               const IterationResult& result, double predicted_ms, bool checkpoint) {
+  metrics_.Add("dynapipe_executor_iterations_total", 1, "Iterations this executor completed");
+  metrics_.Add("dynapipe_executor_tokens_total", static_cast<double>(result.tokens), "Real tokens processed");
+  metrics_.Set("dynapipe_executor_peak_memory_mb", result.peak_memory_mb, "Peak memory of the last iteration");
+  metrics_.Set("dynapipe_executor_peak_reserved_mb", result.peak_reserved_mb,
+               "Peak memory the buffer pool held in the last iteration");
+  metrics_.Set("dynapipe_executor_memory_fragmentation", result.memory_fragmentation,
+               "Share of the pool's peak reservation never requested");
+  metrics_.Observe("dynapipe_executor_iteration_ms", result.iteration_ms, {10, 50, 100, 500, 1000, 5000, 30000},
+                   "Measured iteration time");
+  const std::string line = absl::StrFormat(
+      "job %s iteration %d/%d: loss %.4f, %.0f tokens/s, %.1f ms (planned %.1f ms), peak %.1f MB%s", job,
+      iteration + 1, iterations, result.loss, result.tokens / (result.iteration_ms / 1e3), result.iteration_ms,
+      predicted_ms, result.peak_memory_mb, checkpoint ? ", checkpoint" : "");
+  if (rank == 0) {
+    spdlog::info("{}", line);
+  } else {
+    spdlog::debug("{}", line);
+  }
+  MutexLock l(&mu_);
+  last_iteration_ = iteration;
+  last_loss_ = result.loss;
+  last_iteration_ms_ = result.iteration_ms;
 }
 
 std::string Executor::HealthProblem() const {

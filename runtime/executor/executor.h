@@ -17,7 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "proto/services.pb.h"
+#include "runtime/backend/backend.h"
 #include "runtime/comm/comm.h"
+#include "runtime/executor/worker.h"
 #include "src/common/mutex.h"
 #include "src/http/metrics.h"
 #include "src/rpc/planner_client.h"
@@ -28,7 +30,6 @@ struct ExecutorOptions {
   rpc::PlannerClient::Options planner;
   std::string node = "local";
   int device = 0;
-  proto::Backend::Value backend = proto::Backend::cpu;
   std::string data_root;        // relative dataset paths resolve here
   std::string listen_address = "127.0.0.1";  // for peers' connections
   absl::Duration comm_timeout = absl::Seconds(60);
@@ -38,7 +39,8 @@ struct ExecutorOptions {
 
 class Executor {
  public:
-  explicit Executor(ExecutorOptions options);
+  // `backend` is this process's device (runtime/backend/backend.h).
+  Executor(ExecutorOptions options, std::unique_ptr<Backend> backend);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -59,8 +61,12 @@ class Executor {
   void HeartbeatLoop();
   absl::Status RunJob(const proto::Assignment& a);
   void AbortJob(const std::string& why);
+  // Metrics, the log line and the status of one finished iteration.
+  void RecordIteration(const std::string& job, int64_t iteration, int64_t iterations, int rank,
+                       const IterationResult& result, double predicted_ms, bool checkpoint);
 
   ExecutorOptions options_;
+  std::unique_ptr<Backend> backend_;  // used by the thread running jobs
   std::unique_ptr<rpc::PlannerClient> client_;
   http::Metrics metrics_;
   std::atomic<bool> stopping_{false};

@@ -1,24 +1,25 @@
 // dynapipe-executor: one per device. Registers with the planner, takes ranks
-// of jobs, trains, reports. Flags name only this process's identity and
-// addresses; everything about a job comes with the job.
+// of jobs, trains, reports. Flags name only this process's identity, device
+// and addresses; everything about a job comes with the job.
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
-#include <fstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "runtime/executor/executor.h"
+#include "runtime/executor/executor_server.h"
 #include "src/common/logging.h"
-#include "src/http/status_server.h"
 #include "src/rpc/auth.h"
 
 ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address (host:port)");
 ABSL_FLAG(int, device, 0, "device index on this node");
 ABSL_FLAG(std::string, node, "", "node name (default: the host name)");
-ABSL_FLAG(std::string, backend, "cpu", "cpu|cuda");
+ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (fp32, Gloo) or cuda (bf16, NCCL)");
+ABSL_FLAG(std::string, comm, "default",
+          "communicator: default (the backend's own), gloo (cuda: staged through the host) or nccl");
 ABSL_FLAG(std::string, token_file, "", "file holding the shared API token (empty: no authentication)");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate of the planner (enables TLS)");
 ABSL_FLAG(std::string, data_root, "", "directory that relative dataset and checkpoint paths resolve against");
@@ -37,73 +38,51 @@ void OnSignal(int) { g_stop = true; }
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  using dynapipe::runtime::executor::Executor;
+  namespace rt = dynapipe::runtime;
   const std::string name = "executor-" + std::to_string(absl::GetFlag(FLAGS_device));
   if (auto s = dynapipe::InitLogging({name, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_file)}); !s.ok()) {
     std::fprintf(stderr, "dynapipe-executor: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  dynapipe::runtime::executor::ExecutorOptions o;
-  o.planner.address = absl::GetFlag(FLAGS_planner);
-  auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
-  if (!token.ok()) {
-    spdlog::critical("{}", token.status().message());
+  auto fatal = [](const absl::Status& s) {
+    spdlog::critical("{}", s.message());
     return 2;
-  }
-  o.planner.token = *token;
-  o.planner.tls.ca = absl::GetFlag(FLAGS_tls_ca);
-  o.device = absl::GetFlag(FLAGS_device);
-  o.node = absl::GetFlag(FLAGS_node);
-  if (o.node.empty()) {
+  };
+  rt::executor::ExecutorServerOptions o;
+  auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) return fatal(token.status());
+  auto backend = rt::ParseBackendKind(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return fatal(backend.status());
+  auto comm = rt::ParseCommKind(absl::GetFlag(FLAGS_comm));
+  if (!comm.ok()) return fatal(comm.status());
+  o.executor.planner.address = absl::GetFlag(FLAGS_planner);
+  o.executor.planner.token = *token;
+  o.executor.planner.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  o.executor.device = absl::GetFlag(FLAGS_device);
+  o.executor.node = absl::GetFlag(FLAGS_node);
+  if (o.executor.node.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
-    o.node = host;
+    o.executor.node = host;
   }
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "cpu") {
-    spdlog::critical("--backend: \"{}\" is not available in this build (cpu only; the CUDA backend is issue 6)",
-                     backend);
-    return 2;
-  }
-  o.backend = dynapipe::proto::Backend::cpu;
-  o.data_root = absl::GetFlag(FLAGS_data_root);
-  o.listen_address = absl::GetFlag(FLAGS_listen_address);
-  o.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
-  o.prefetch = absl::GetFlag(FLAGS_prefetch);
-  Executor executor(o);
-  std::unique_ptr<dynapipe::http::StatusServer> http;
-  if (absl::GetFlag(FLAGS_http_port) >= 0) {
-    dynapipe::http::StatusServer::Options ho;
-    ho.port = absl::GetFlag(FLAGS_http_port);
-    ho.health = [&] { return executor.HealthProblem(); };
-    ho.status = [&] { return executor.StatusJson(); };
-    ho.metrics = [&] { return executor.MetricsText(); };
-    auto started = dynapipe::http::StatusServer::Start(ho);
-    if (!started.ok()) {
-      spdlog::critical("status endpoint: {}", started.status().message());
-      return 2;
-    }
-    http = std::move(*started);
-    spdlog::info("status endpoint on http://127.0.0.1:{}/status", http->port());
-    if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
-      std::ofstream(pf + ".tmp") << http->port() << "\n";
-      std::rename((pf + ".tmp").c_str(), pf.c_str());
-    }
-  }
+  o.executor.data_root = absl::GetFlag(FLAGS_data_root);
+  o.executor.listen_address = absl::GetFlag(FLAGS_listen_address);
+  o.executor.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  o.executor.prefetch = absl::GetFlag(FLAGS_prefetch);
+  o.backend.kind = *backend;
+  o.backend.device = o.executor.device;
+  o.backend.comm = *comm;
+  o.http_port = absl::GetFlag(FLAGS_http_port);
+  o.port_file = absl::GetFlag(FLAGS_port_file);
+
+  auto server = rt::executor::ExecutorServer::Start(o);
+  if (!server.ok()) return fatal(server.status());
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  absl::Status s;
-  std::atomic<bool> done{false};
-  std::thread runner([&] {
-    s = executor.Run();
-    done = true;
-  });
-  while (!g_stop && !done) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!g_stop && !(*server)->done()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (g_stop) spdlog::info("signal received: stopping");
-  executor.Shutdown();
-  runner.join();
-  if (http) http->Shutdown();
-  if (!s.ok()) {
+  (*server)->Shutdown();
+  if (const absl::Status s = (*server)->Wait(); !s.ok()) {
     spdlog::critical("{}", s.message());
     return 1;
   }

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "planner/service/job_runtime.h"
-#include "runtime/comm/gloo_comm.h"
+#include "runtime/backend/backend.h"
 #include "runtime/comm/kv_store.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
@@ -39,11 +39,12 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       status[r] = [&]() -> absl::Status {
-        ASSIGN_OR_RETURN(auto comm, comm::CreateGlooCommunicator({.rank = r, .size = world, .job_prefix = "local/"},
-                                                                 &kv));
+        // One backend per rank, as one per executor process.
+        ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend({.kind = proto::Backend::cpu}));
+        ASSIGN_OR_RETURN(auto comm, backend->Connect({.rank = r, .size = world, .job_prefix = "local/"}, &kv));
         const auto& layers = plans[0][r].layers();
         ASSIGN_OR_RETURN(auto worker, Worker::Create(spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp,
-                                                     dp, comm.get(), dataset.get(), options));
+                                                     dp, comm.get(), dataset.get(), backend.get(), options));
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < count; ++i) {
           ASSIGN_OR_RETURN(IterationResult res, worker->RunIteration(plans[i][r]));
@@ -51,7 +52,9 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
         }
         wall[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         for (const auto& c : worker->chunks()) {
-          out.final_params[r].insert(out.final_params[r].end(), c->param_data().begin(), c->param_data().end());
+          model::StageState state;
+          RETURN_IF_ERROR(c->ExportState(&state));
+          out.final_params[r].insert(out.final_params[r].end(), state.params.begin(), state.params.end());
         }
         return absl::OkStatus();
       }();

@@ -24,7 +24,7 @@ double MsBetween(Clock::time_point a, Clock::time_point b) {
 // Transfer tags: both sides of a device pair see their transfers in the
 // same order (the planner guarantees it), so the n-th send from A to B is
 // the n-th receive at B from A. Tags also carry the iteration and a kind.
-enum TagKind : uint64_t { kPipeline = 0, kTied = 1 };
+enum TagKind : uint64_t { kPipeline = 0 };
 uint64_t Tag(int64_t iteration, TagKind kind, int from, int to, uint64_t n) {
   return (static_cast<uint64_t>(iteration & 0xffffff) << 40) | (static_cast<uint64_t>(kind) << 36) |
          (static_cast<uint64_t>(from < to ? 0 : 1) << 35) | (n & 0x7ffffffff);
@@ -51,14 +51,32 @@ const char* OpName(const proto::Instruction& ins) {
   return "unknown";
 }
 
-int64_t Elements(const proto::CommOp& op) {
+proto::DType::Value ProtoDType(model::DType d) {
+  return d == model::DType::kF32 ? proto::DType::fp32 : proto::DType::bf16;
+}
+
+// Bytes of a transfer's tensors, whose element type must be the backend's.
+absl::StatusOr<size_t> TransferBytes(const proto::CommOp& op, model::DType dtype) {
   int64_t total = 0;
   for (const proto::TensorShape& s : op.shapes()) {
+    if (s.dtype() != proto::DType::unspecified && s.dtype() != ProtoDType(dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("transfer: the plan's tensor is ",
+                                                     proto::DType::Value_Name(s.dtype()), ", this backend moves ",
+                                                     model::DTypeName(dtype)));
+    }
     int64_t n = 1;
     for (int64_t d : s.dims()) n *= d;
     total += n;
   }
-  return total;
+  return static_cast<size_t>(total) * model::DTypeBytes(dtype);
+}
+
+model::Recompute ToRecompute(proto::RecomputeLevel::Value v) {
+  switch (v) {
+    case proto::RecomputeLevel::selective: return model::Recompute::kSelective;
+    case proto::RecomputeLevel::full: return model::Recompute::kFull;
+    default: return model::Recompute::kNone;
+  }
 }
 
 }  // namespace
@@ -76,36 +94,42 @@ struct Worker::Iter {
 };
 
 Worker::Worker(const proto::JobSpec& spec, int rank, int pp, int dp, comm::Communicator* comm,
-               const data::Dataset* ds, WorkerOptions o)
-    : spec_(spec), rank_(rank), pp_(pp), dp_(dp), comm_(comm), dataset_(ds), options_(o), pool_(CpuAllocator()) {}
+               const data::Dataset* ds, Backend* backend, WorkerOptions o)
+    : spec_(spec), rank_(rank), pp_(pp), dp_(dp), comm_(comm), dataset_(ds), backend_(backend), options_(o) {}
 
 Worker::~Worker() {
-  chunks_.clear();  // stashed activations go back to the pool before it goes
+  chunks_.clear();  // stashed activations go back to the pool before anything else goes
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const proto::JobSpec& spec, std::span<const int32_t> layers,
                                                        int rank, int pp_size, int dp_size, comm::Communicator* comm,
-                                                       const data::Dataset* dataset, WorkerOptions options) {
+                                                       const data::Dataset* dataset, Backend* backend,
+                                                       WorkerOptions options) {
   ASSIGN_OR_RETURN(const model::GptConfig config, model::GptConfig::FromSpec(spec.model()));
   if (layers.empty()) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": plan assigns no layers"));
   if (comm == nullptr || comm->size() != pp_size * dp_size || comm->rank() != rank) {
     return absl::InvalidArgumentError("communicator does not match the job's ranks");
   }
-  std::unique_ptr<Worker> w(new Worker(spec, rank, pp_size, dp_size, comm, dataset, options));
+  if (backend == nullptr) return absl::InvalidArgumentError("worker: no backend");
+  const proto::DType::Value dtype = spec.model().dtype();
+  if (dtype != proto::DType::unspecified && dtype != ProtoDType(backend->activation_dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat("model.dtype: ", proto::DType::Value_Name(dtype), " jobs do not run on ",
+                                                   backend->Describe(), ", which computes in ",
+                                                   model::DTypeName(backend->activation_dtype())));
+  }
+  std::unique_ptr<Worker> w(new Worker(spec, rank, pp_size, dp_size, comm, dataset, backend, options));
   // Chunks: maximal runs of consecutive layers.
   size_t i = 0;
   while (i < layers.size()) {
     size_t j = i + 1;
     while (j < layers.size() && layers[j] == layers[j - 1] + 1) ++j;
-    model::GptStage::Options o;
+    model::StageOptions o;
     o.first_layer = layers[i];
     o.num_layers = static_cast<int>(j - i);
     o.first = o.first_layer == 0;
     o.last = o.first_layer + o.num_layers == config.num_layers;
     o.seed = spec.seed();
-    ASSIGN_OR_RETURN(auto stage, model::GptStage::Create(config, o, &w->pool_));
-    w->m_.emplace_back(stage->param_data().size(), 0.0f);
-    w->v_.emplace_back(stage->param_data().size(), 0.0f);
+    ASSIGN_OR_RETURN(auto stage, backend->CreateStage(config, o));
     w->chunks_.push_back(std::move(stage));
     i = j;
   }
@@ -124,22 +148,20 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   it.start = Clock::now();
   it.loss_scale = 1.0f / static_cast<float>(plan.global_loss_tokens());
   it.slots.resize(static_cast<size_t>(std::max(0, plan.num_buffer_slots())));
-  pool_.ResetPeak();
-  it.result.timings.reserve(plan.instructions_size());
+  BufferPool& pool = backend_->pool();
+  pool.ResetPeak();
+  std::unique_ptr<InstructionTimer> timer = backend_->NewTimer();
+  auto fail = [&](const absl::Status& s, int i) {
+    // Peers blocked on us must fail fast rather than wait out their deadline.
+    comm_->Abort();
+    return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " instruction ", i, " (",
+                                    OpName(plan.instructions(i)), ")"));
+  };
   for (int i = 0; i < plan.instructions_size(); ++i) {
-    const auto t0 = Clock::now();
-    const absl::Status s = Execute(plan, i, &it);
-    if (!s.ok()) {
-      // Peers blocked on us must fail fast rather than wait out their deadline.
-      comm_->Abort();
-      return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " instruction ", i, " (",
-                                      OpName(plan.instructions(i)), ")"));
-    }
-    proto::InstructionTiming t;
-    t.set_index(i);
-    t.set_start_ms(MsBetween(it.start, t0));
-    t.set_end_ms(MsBetween(it.start, Clock::now()));
-    it.result.timings.push_back(t);
+    absl::Status s = timer->Begin(i);
+    if (s.ok()) s = Execute(plan, i, &it);
+    if (s.ok()) s = timer->End(i);
+    if (!s.ok()) return fail(s, i);
   }
   for (auto& [slot, req] : it.pending) {
     return absl::InternalError(absl::StrCat("iteration ", plan.iteration(), ": transfer on slot ", slot,
@@ -151,21 +173,24 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
                                               "backwarded (plan bug)"));
     }
   }
+  ASSIGN_OR_RETURN(it.result.timings, timer->Finish());  // waits for the device's work
   for (const auto& [mb, batch] : it.batches) it.result.tokens += batch.real_tokens;
   it.slots.clear();
   size_t state_bytes = 0;
-  for (const auto& c : chunks_) state_bytes += c->param_data().size() * 4 * sizeof(float);  // params, grads, m, v
-  const PoolStats pool = pool_.stats();
-  it.result.peak_memory_mb = static_cast<double>(pool.peak_in_use_bytes + state_bytes) / (1 << 20);
-  it.result.peak_reserved_mb = static_cast<double>(pool.peak_reserved_bytes + state_bytes) / (1 << 20);
-  it.result.memory_fragmentation = pool.Fragmentation();
+  for (const auto& c : chunks_) state_bytes += c->state_bytes();
+  const PoolStats stats = pool.stats();
+  it.result.peak_memory_mb = static_cast<double>(stats.peak_in_use_bytes + state_bytes) / (1 << 20);
+  it.result.peak_reserved_mb = static_cast<double>(stats.peak_reserved_bytes + state_bytes) / (1 << 20);
+  it.result.memory_fragmentation = stats.Fragmentation();
   it.result.iteration_ms = MsBetween(it.start, Clock::now());
   return std::move(it.result);
 }
 
 absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* it) {
   const proto::Instruction& ins = plan.instructions(index);
-  auto chunk = [&]() -> absl::StatusOr<model::GptStage*> {
+  BufferPool& pool = backend_->pool();
+  const model::DType dtype = backend_->activation_dtype();
+  auto chunk = [&]() -> absl::StatusOr<model::Stage*> {
     if (ins.chunk() < 0 || ins.chunk() >= static_cast<int>(chunks_.size())) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", ins.chunk(), " is not on this rank"));
     }
@@ -195,7 +220,7 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
     if (!it->slots[id].empty() || it->pending.contains(id)) {
       return absl::InvalidArgumentError(absl::StrCat("slot ", id, " is still in use"));
     }
-    it->slots[id] = pool_.Get(bytes);
+    ASSIGN_OR_RETURN(it->slots[id], pool.Get(bytes, backend_->stream()));
     return &it->slots[id];
   };
   auto wait = [&](int id) -> absl::Status {
@@ -207,7 +232,7 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
   };
   auto start = [&](const proto::CommOp& op, bool send) -> absl::Status {
     if (op.buffer_ids_size() != 1) return absl::InvalidArgumentError("transfer: expected one buffer");
-    const size_t bytes = static_cast<size_t>(Elements(op)) * sizeof(float);
+    ASSIGN_OR_RETURN(const size_t bytes, TransferBytes(op, dtype));
     const int id = op.buffer_ids(0);
     const int peer = op.peer();
     if (send) {
@@ -232,40 +257,41 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
       return absl::OkStatus();
     }
     case proto::Instruction::kForward: {
-      ASSIGN_OR_RETURN(model::GptStage * st, chunk());
+      ASSIGN_OR_RETURN(model::Stage * st, chunk());
       ASSIGN_OR_RETURN(const model::TokenBatch* b, batch());
-      const size_t hidden_bytes = static_cast<size_t>(st->HiddenElements(*b)) * sizeof(float);
-      const float* in = nullptr;
+      const size_t hidden_bytes = st->HiddenBytes(*b);
+      const void* in = nullptr;
       if (!st->options().first) {
         if (ins.forward().input_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one input");
         ASSIGN_OR_RETURN(Buffer * src, slot(ins.forward().input_buffers(0), hidden_bytes));
-        in = src->as<const float>();
+        in = src->data();
       }
-      float* out = nullptr;
+      void* out = nullptr;
       if (!st->options().last) {
         if (ins.forward().output_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one output");
         ASSIGN_OR_RETURN(Buffer * dst, fresh(ins.forward().output_buffers(0), hidden_bytes));
-        out = dst->as<float>();
+        out = dst->data();
       }
-      ASSIGN_OR_RETURN(const double loss, st->Forward(ins.micro_batch(), *b, in, out, it->loss_scale));
+      ASSIGN_OR_RETURN(const double loss,
+                       st->Forward(ins.micro_batch(), *b, in, out, it->loss_scale, ToRecompute(ins.forward().recompute())));
       it->loss_sum += loss;
       return absl::OkStatus();
     }
     case proto::Instruction::kBackward: {
-      ASSIGN_OR_RETURN(model::GptStage * st, chunk());
+      ASSIGN_OR_RETURN(model::Stage * st, chunk());
       ASSIGN_OR_RETURN(const model::TokenBatch* b, batch());
-      const size_t hidden_bytes = static_cast<size_t>(st->HiddenElements(*b)) * sizeof(float);
-      const float* dout = nullptr;
+      const size_t hidden_bytes = st->HiddenBytes(*b);
+      const void* dout = nullptr;
       if (!st->options().last) {
         if (ins.backward().grad_input_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient in");
         ASSIGN_OR_RETURN(Buffer * src, slot(ins.backward().grad_input_buffers(0), hidden_bytes));
-        dout = src->as<const float>();
+        dout = src->data();
       }
-      float* din = nullptr;
+      void* din = nullptr;
       if (!st->options().first) {
         if (ins.backward().grad_output_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient out");
         ASSIGN_OR_RETURN(Buffer * dst, fresh(ins.backward().grad_output_buffers(0), hidden_bytes));
-        din = dst->as<float>();
+        din = dst->data();
       }
       return st->Backward(ins.micro_batch(), dout, din);
     }
@@ -290,8 +316,7 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
       std::vector<int> group(peers.begin(), peers.end());
       if (group.size() <= 1) return absl::OkStatus();
       for (auto& c : chunks_) {
-        std::span<float> g = c->grad_data();
-        RETURN_IF_ERROR(comm_->AllReduceSum(group, g.data(), g.size(), Deadline()));
+        RETURN_IF_ERROR(comm_->AllReduceSum(group, c->grads(), c->layout().num_params(), Deadline()));
       }
       return absl::OkStatus();
     }
@@ -301,62 +326,45 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
   return absl::InvalidArgumentError("instruction without an operation");
 }
 
-absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan, Iter* it) {
-  model::GptStage* first = nullptr;
-  model::GptStage* last = nullptr;
+absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan, Iter*) {
+  model::Stage* first = nullptr;
+  model::Stage* last = nullptr;
   for (auto& c : chunks_) {
-    if (!c->HasSharedEmbedding()) continue;
+    if (!c->layout().HasSharedEmbedding()) continue;
     (c->options().first ? first : last) = c.get();
   }
-  auto wte_grad = [](model::GptStage* s) {
-    const model::ParamInfo* p = s->FindParam("wte");
-    return s->grad_data().subspan(p->offset, p->size);
-  };
+  auto wte = [](model::Stage* s) { return s->layout().FindParam("wte"); };
   if (first != nullptr && last != nullptr) {  // both copies on this device
-    std::span<float> a = wte_grad(first), b = wte_grad(last);
-    for (size_t i = 0; i < a.size(); ++i) b[i] = a[i] += b[i];
-    return absl::OkStatus();
+    return backend_->SumPair(first->grads() + wte(first)->offset, last->grads() + wte(last)->offset,
+                             wte(first)->size);
   }
-  model::GptStage* mine = first != nullptr ? first : last;
+  model::Stage* mine = first != nullptr ? first : last;
   if (mine == nullptr) return absl::OkStatus();
-  // The other copy sits on the group's other end of the pipeline.
-  const int peer = plan.dp_rank() * pp_ + (first != nullptr ? pp_ - 1 : 0);
-  std::span<float> g = wte_grad(mine);
-  std::vector<float> theirs(g.size()), own(g.begin(), g.end());
-  const size_t bytes = g.size() * sizeof(float);
-  ASSIGN_OR_RETURN(auto send, comm_->Send(peer, Tag(it->iteration, kTied, rank_, peer, 0), own.data(), bytes));
-  ASSIGN_OR_RETURN(auto recv, comm_->Recv(peer, Tag(it->iteration, kTied, peer, rank_, 0), theirs.data(), bytes));
-  RETURN_IF_ERROR(recv->Wait(Deadline()));
-  RETURN_IF_ERROR(send->Wait(Deadline()));
-  // Same order of addition on both ends (first + last), so the copies stay
-  // bit-identical.
-  if (first != nullptr) {
-    for (size_t i = 0; i < g.size(); ++i) g[i] = own[i] + theirs[i];
-  } else {
-    for (size_t i = 0; i < g.size(); ++i) g[i] = theirs[i] + own[i];
-  }
-  return absl::OkStatus();
+  // The other copy sits on the group's other end of the pipeline: both ends
+  // sum their copies (one addition per element, so both get the same bits).
+  const int base = plan.dp_rank() * pp_;
+  const int pair[2] = {base, base + pp_ - 1};
+  return comm_->AllReduceSum(pair, mine->grads() + wte(mine)->offset, wte(mine)->size, Deadline());
 }
 
 absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
   RETURN_IF_ERROR(ExchangeTiedEmbedding(plan, it));
   // One world-wide sum gives the global gradient norm (each parameter
-  // counted once: data-parallel group 0 only, the head's wte copy skipped)
-  // and the global loss (every group's last stage).
+  // counted once: data-parallel group 0 only, each stage's norm group) and
+  // the global loss (every group's last stage).
   double sums[2] = {0, 0};
   for (auto& c : chunks_) {
-    if (plan.dp_rank() == 0) {
-      for (const model::ParamInfo& p : c->params()) {
-        if (p.name == "wte" && c->HasSharedEmbedding() && !c->options().first) continue;
-        for (float x : c->grad_data().subspan(p.offset, p.size)) sums[0] += static_cast<double>(x) * x;
-      }
-    }
+    if (plan.dp_rank() == 0) RETURN_IF_ERROR(c->AddGradSumOfSquares(&sums[0]));
     if (c->options().last) sums[1] += it->loss_sum;
   }
   if (comm_->size() > 1) {
     std::vector<int> world(comm_->size());
     std::iota(world.begin(), world.end(), 0);
-    RETURN_IF_ERROR(comm_->AllReduceSum(world, sums, 2, Deadline()));
+    // Through the backend's memory: NCCL reduces device buffers only.
+    ASSIGN_OR_RETURN(Buffer scratch, backend_->pool().Get(sizeof(sums), backend_->stream()));
+    RETURN_IF_ERROR(backend_->CopyFromHost(scratch.data(), sums, sizeof(sums)));
+    RETURN_IF_ERROR(comm_->AllReduceSum(world, scratch.as<double>(), 2, Deadline()));
+    RETURN_IF_ERROR(backend_->CopyToHost(sums, scratch.data(), sizeof(sums)));
   }
   const double norm = std::sqrt(sums[0]);
   it->result.loss = sums[1];
@@ -364,24 +372,15 @@ absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
   if (!std::isfinite(norm) || !std::isfinite(sums[1])) {
     return absl::InternalError(absl::StrCat("non-finite loss ", sums[1], " or gradient norm ", norm));
   }
-  std::vector<std::span<float>> grads;
-  for (auto& c : chunks_) grads.push_back(c->grad_data());
-  optim::ClipByGlobalNorm(grads, spec_.optimizer().grad_clip(), norm);
-  const optim::AdamWConfig cfg = optim::FromSpec(spec_.optimizer());
-  optim::AdamWConfig no_decay = cfg;
-  no_decay.weight_decay = 0;  // biases and LayerNorm gains
-  const double lr = optim::LearningRate(spec_.optimizer(), step_, spec_.iterations());
-  it->result.lr = lr;
-  ++step_;
-  for (size_t k = 0; k < chunks_.size(); ++k) {
-    model::GptStage& c = *chunks_[k];
-    for (const model::ParamInfo& p : c.params()) {
-      optim::AdamWStep(c.param_data().subspan(p.offset, p.size), c.grad_data().subspan(p.offset, p.size),
-                       std::span<float>(m_[k]).subspan(p.offset, p.size),
-                       std::span<float>(v_[k]).subspan(p.offset, p.size), p.shape.size() >= 2 ? cfg : no_decay, lr,
-                       step_);
-    }
-    c.ZeroGrads();
+  model::OptimizerStepArgs args;
+  args.adamw = optim::FromSpec(spec_.optimizer());
+  args.lr = optim::LearningRate(spec_.optimizer(), step_, spec_.iterations());
+  args.step = ++step_;
+  args.grad_scale = optim::ClipFactor(spec_.optimizer().grad_clip(), norm);
+  it->result.lr = args.lr;
+  for (auto& c : chunks_) {
+    RETURN_IF_ERROR(c->OptimizerStep(args));
+    RETURN_IF_ERROR(c->ZeroGrads());
   }
   return absl::OkStatus();
 }

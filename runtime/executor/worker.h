@@ -6,10 +6,11 @@
 // Nothing here knows about RPC or Redis: the executor daemon feeds plans in
 // and ships reports out, tests drive workers directly.
 //
-// The interpreter is written against the Communicator and BufferPool
-// interfaces only; a CUDA backend swaps the allocator, the kernels behind
-// GptStage and the communicator (NCCL) without touching the instruction
-// semantics here.
+// The interpreter is written against the backend seam only
+// (runtime/backend/backend.h: memory, model::Stage, Communicator): the same
+// code drives the CPU backend (fp32, Gloo) and a CUDA device (bf16 kernels,
+// NCCL). Tensors it moves are the backend's buffers; slot sizes come from the
+// plan's tensor shapes and the backend's activation type.
 
 #include <cstdint>
 #include <map>
@@ -22,10 +23,10 @@
 #include "proto/job.pb.h"
 #include "proto/plan.pb.h"
 #include "proto/report.pb.h"
+#include "runtime/backend/backend.h"
 #include "runtime/comm/comm.h"
 #include "runtime/data/dataset.h"
-#include "runtime/memory/buffer_pool.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/stage.h"
 
 namespace dynapipe::runtime::executor {
 
@@ -39,38 +40,37 @@ struct IterationResult {
   double grad_norm = 0;   // before clipping
   double lr = 0;
   int64_t tokens = 0;     // real tokens this rank processed
-  double iteration_ms = 0;
+  double iteration_ms = 0;  // host time, the device's work included
   double peak_memory_mb = 0;      // requested activation/buffer peak + model and optimizer state
   double peak_reserved_mb = 0;    // the same, with the pool's reservation instead of its requests
   double memory_fragmentation = 0;  // of the pool's peak reservation (PoolStats::Fragmentation)
-  std::vector<proto::InstructionTiming> timings;
+  std::vector<proto::InstructionTiming> timings;  // on the backend's clock (device time on CUDA)
 };
 
 class Worker {
  public:
   // `layers`: the model layers this rank runs, in order (from its plans).
+  // `backend` makes the stages and holds their memory; it and `comm` (made
+  // by the same backend) must outlive the worker.
   static absl::StatusOr<std::unique_ptr<Worker>> Create(const proto::JobSpec& spec, std::span<const int32_t> layers,
                                                         int rank, int pp_size, int dp_size, comm::Communicator* comm,
-                                                        const data::Dataset* dataset, WorkerOptions options);
+                                                        const data::Dataset* dataset, Backend* backend,
+                                                        WorkerOptions options);
   ~Worker();
 
   // Interprets the plan (it must be this rank's); errors name the iteration,
   // the instruction index and its operation.
   absl::StatusOr<IterationResult> RunIteration(const proto::ExecutionPlan& plan);
 
-  // Model and optimizer state, for checkpoints: per chunk, parameters and
-  // the two AdamW moments, named like the parameters.
-  const std::vector<std::unique_ptr<model::GptStage>>& chunks() const { return chunks_; }
-  std::vector<std::vector<float>>& adam_m() { return m_; }
-  std::vector<std::vector<float>>& adam_v() { return v_; }
+  // The model chunks (checkpoints export and import their state).
+  const std::vector<std::unique_ptr<model::Stage>>& chunks() const { return chunks_; }
   int64_t optimizer_step() const { return step_; }
   void set_optimizer_step(int64_t s) { step_ = s; }
-  std::span<float> params(size_t chunk) { return chunks_[chunk]->param_data(); }
-  BufferPool& pool() { return pool_; }
+  Backend& backend() { return *backend_; }
 
  private:
   Worker(const proto::JobSpec& spec, int rank, int pp, int dp, comm::Communicator* comm, const data::Dataset* ds,
-         WorkerOptions o);
+         Backend* backend, WorkerOptions o);
   struct Iter;  // per-iteration interpreter state
   absl::Status Execute(const proto::ExecutionPlan& plan, int index, Iter* it);
   absl::Status OptimizerStep(const proto::ExecutionPlan& plan, Iter* it);
@@ -81,10 +81,9 @@ class Worker {
   int rank_, pp_, dp_;
   comm::Communicator* comm_;
   const data::Dataset* dataset_;
+  Backend* backend_;
   WorkerOptions options_;
-  BufferPool pool_;
-  std::vector<std::unique_ptr<model::GptStage>> chunks_;
-  std::vector<std::vector<float>> m_, v_;
+  std::vector<std::unique_ptr<model::Stage>> chunks_;
   int64_t step_ = 0;
 };
 

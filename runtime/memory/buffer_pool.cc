@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 
@@ -63,12 +64,14 @@ size_t BufferPool::SizeClass(size_t bytes) {
 }
 
 BufferPool::~BufferPool() {
-  Trim(/*wait_pending=*/true);
+  if (absl::Status s = Trim(/*wait_pending=*/true); !s.ok()) {
+    spdlog::error("buffer pool: {} (its blocks are leaked, not reused)", s.message());
+  }
   MutexLock l(&mu_);
   if (stats_.in_use_bytes != 0) spdlog::error("buffer pool destroyed with {} bytes still in use", stats_.in_use_bytes);
 }
 
-Buffer BufferPool::Get(size_t bytes, StreamHandle stream) {
+absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
   Buffer b;
   if (bytes == 0) return b;
   const size_t block = SizeClass(bytes);
@@ -92,15 +95,25 @@ Buffer BufferPool::Get(size_t bytes, StreamHandle stream) {
   }
   if (data == nullptr) {
     data = allocator_->Allocate(block);
+    absl::Status trimmed;
     if (data == nullptr) {
-      Trim(/*wait_pending=*/true);  // cached blocks of other classes or streams may make room
+      trimmed = Trim(/*wait_pending=*/true);  // cached blocks of other classes or streams may make room
       data = allocator_->Allocate(block);
     }
     if (data == nullptr) {
-      const PoolStats s = stats();
-      CheckFailed(__FILE__, __LINE__, "data != nullptr", fmt::format("out of memory allocating a pool block of {} bytes ({} bytes requested; {} in use, "
-                                      "{} reserved after returning the cache)",
-                                      block, bytes, s.in_use_bytes, s.reserved_bytes - block));
+      PoolStats s;
+      {
+        MutexLock l(&mu_);
+        stats_.in_use_bytes -= bytes;
+        stats_.block_bytes -= block;
+        stats_.reserved_bytes -= block;
+        s = stats_;
+      }
+      const std::string what =
+          absl::StrCat("out of memory allocating a pool block of ", block, " bytes (", bytes, " requested; ",
+                       s.in_use_bytes, " in use, ", s.reserved_bytes, " reserved after returning the cache)");
+      if (!trimmed.ok()) return absl::DeadlineExceededError(absl::StrCat(what, "; ", trimmed.message()));
+      return absl::ResourceExhaustedError(what);
     }
   }
   b.pool_ = this;
@@ -151,7 +164,7 @@ void BufferPool::ResetPeak() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
-void BufferPool::Trim(bool wait_pending) {
+absl::Status BufferPool::Trim(bool wait_pending) {
   std::vector<std::pair<void*, size_t>> to_free;
   std::vector<Pending> waiting;
   {
@@ -169,14 +182,33 @@ void BufferPool::Trim(bool wait_pending) {
     for (const Pending& p : waiting) stats_.reserved_bytes -= p.block;
     ++stats_.trims;
   }
+  absl::Status status;
+  std::vector<Pending> stuck;
   for (Pending& p : waiting) {
-    for (StreamFences::Fence f : p.fences) {
-      fences_->Wait(f);
-      fences_->Release(f);
+    const absl::Time deadline = absl::Now() + fence_timeout_;
+    bool passed = true;
+    for (StreamFences::Fence f : p.fences) passed = passed && fences_->WaitUntil(f, deadline);
+    if (!passed) {
+      status = absl::DeadlineExceededError(absl::StrCat("a device fence of a pending ", p.block,
+                                                        "-byte pool block did not pass within ",
+                                                        absl::FormatDuration(fence_timeout_)));
+      stuck.push_back(std::move(p));
+      continue;
     }
+    for (StreamFences::Fence f : p.fences) fences_->Release(f);
     to_free.emplace_back(p.data, p.block);
   }
   for (const auto& [p, block] : to_free) allocator_->Free(p, block);
+  if (!stuck.empty()) {
+    // Back to pending: their memory may still be in use on the device.
+    MutexLock l(&mu_);
+    for (Pending& p : stuck) {
+      stats_.pending_bytes += p.block;
+      stats_.reserved_bytes += p.block;
+      pending_.push_back(std::move(p));
+    }
+  }
+  return status;
 }
 
 }  // namespace dynapipe::runtime

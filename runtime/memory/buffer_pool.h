@@ -23,6 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "src/common/mutex.h"
 
 namespace dynapipe::runtime {
@@ -51,8 +54,9 @@ class StreamFences {
   virtual Fence Record(StreamHandle stream) = 0;
   // Whether the work before `fence` has finished (does not block).
   virtual bool Passed(Fence fence) = 0;
-  // Blocks until the work before `fence` has finished.
-  virtual void Wait(Fence fence) = 0;
+  // Blocks until the work before `fence` has finished or `deadline` passed;
+  // false in the second case.
+  virtual bool WaitUntil(Fence fence, absl::Time deadline) = 0;
   // The fence is no longer needed.
   virtual void Release(Fence fence) = 0;
 };
@@ -115,18 +119,23 @@ struct PoolStats {
 class BufferPool {
  public:
   // `fences` may be null where every stream is the host (CPU).
-  explicit BufferPool(Allocator* allocator, StreamFences* fences = nullptr)
-      : allocator_(allocator), fences_(fences) {}
-  // Waits for pending fences, then returns every cached block.
+  // `fence_timeout` bounds every wait for a fence (a hung device).
+  explicit BufferPool(Allocator* allocator, StreamFences* fences = nullptr,
+                      absl::Duration fence_timeout = absl::Minutes(1))
+      : allocator_(allocator), fences_(fences), fence_timeout_(fence_timeout) {}
+  // Waits (bounded) for pending fences, then returns every cached block; a
+  // block whose fence never passes is leaked with an error logged.
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
   // A buffer of at least `bytes` (uninitialised) for work on `stream`; empty
   // for 0 bytes. When the allocator fails, the cache (of every stream) is
-  // returned to it and the allocation retried; aborts with the pool's figures
-  // if it still fails (the planner's memory model was wrong).
-  Buffer Get(size_t bytes, StreamHandle stream = 0);
+  // returned to it and the allocation retried. RESOURCE_EXHAUSTED with the
+  // pool's figures if it still fails (the planner's memory model was wrong),
+  // DEADLINE_EXCEEDED if a pending block's fence did not pass within the
+  // fence timeout: the caller fails its work, the process goes on.
+  absl::StatusOr<Buffer> Get(size_t bytes, StreamHandle stream = 0);
   // The size class `bytes` is rounded up to.
   static size_t SizeClass(size_t bytes);
 
@@ -134,8 +143,10 @@ class BufferPool {
   // Starts a new peak measurement (e.g. per iteration) from current usage.
   void ResetPeak();
   // Returns cached blocks to the allocator; with `wait_pending`, first waits
-  // for the fences of pending blocks and returns those too.
-  void Trim(bool wait_pending = false);
+  // for the fences of pending blocks (each until the fence timeout) and
+  // returns those too. DEADLINE_EXCEEDED when a fence did not pass: that
+  // block stays pending.
+  absl::Status Trim(bool wait_pending = false);
 
  private:
   friend class Buffer;
@@ -151,6 +162,7 @@ class BufferPool {
 
   Allocator* allocator_;
   StreamFences* fences_;
+  absl::Duration fence_timeout_;
   mutable Mutex mu_;
   // (stream, size class) -> free blocks.
   std::map<std::pair<StreamHandle, size_t>, std::vector<void*>> cache_ ABSL_GUARDED_BY(mu_);

@@ -32,15 +32,18 @@ class ManualFences final : public StreamFences {
     return recorded.size() - 1;
   }
   bool Passed(Fence f) override { return f < passed_upto; }
-  void Wait(Fence f) override {
+  bool WaitUntil(Fence f, absl::Time) override {
     ++waits;
+    if (stuck) return false;
     passed_upto = std::max<size_t>(passed_upto, f + 1);
+    return true;
   }
   void Release(Fence) override { ++released; }
   std::vector<StreamHandle> recorded;
   size_t passed_upto = 0;
   int waits = 0;
   int released = 0;
+  bool stuck = false;  // a hung device: waits run out
 };
 
 constexpr StreamHandle kCompute = 11, kComm = 22;
@@ -64,7 +67,7 @@ TEST_CASE("freed blocks are reused across varying shapes; peak tracks live bytes
     BufferPool pool(&alloc);
     // "Iteration" 1: three buffers live at once.
     {
-      Buffer a = pool.Get(1000), b = pool.Get(5000), c = pool.Get(100);
+      Buffer a = *pool.Get(1000), b = *pool.Get(5000), c = *pool.Get(100);
       std::memset(b.data(), 1, b.bytes());
       CHECK(pool.stats().in_use_bytes == 6100);
     }
@@ -74,7 +77,7 @@ TEST_CASE("freed blocks are reused across varying shapes; peak tracks live bytes
     pool.ResetPeak();
     // "Iteration" 2: different sizes in the same classes come from the cache.
     {
-      Buffer a = pool.Get(900), b = pool.Get(4700);
+      Buffer a = *pool.Get(900), b = *pool.Get(4700);
       CHECK(pool.stats().hits == 2);
       CHECK(pool.stats().peak_in_use_bytes == 5600);
       Buffer moved = std::move(a);
@@ -83,7 +86,7 @@ TEST_CASE("freed blocks are reused across varying shapes; peak tracks live bytes
     }
     CHECK(alloc.allocations == 3);
     CHECK(pool.stats().reserved_bytes == alloc.live);
-    pool.Trim();
+    REQUIRE(pool.Trim().ok());
     CHECK(alloc.live == 0);
     CHECK(pool.stats().reserved_bytes == 0);
   }
@@ -95,17 +98,17 @@ TEST_CASE("a freed block is reused only by its own stream", "[memory]") {
   BufferPool pool(&alloc, &fences);
   void* first = nullptr;
   {
-    Buffer a = pool.Get(1000, kCompute);
+    Buffer a = *pool.Get(1000, kCompute);
     CHECK(a.stream() == kCompute);
     first = a.data();
   }
   {
     // Another stream could still be running kernels that read the block.
-    Buffer b = pool.Get(1000, kComm);
+    Buffer b = *pool.Get(1000, kComm);
     CHECK(b.data() != first);
     CHECK(pool.stats().misses == 2);
   }
-  Buffer c = pool.Get(1000, kCompute);
+  Buffer c = *pool.Get(1000, kCompute);
   CHECK(c.data() == first);
   CHECK(pool.stats().hits == 1);
   CHECK(fences.recorded.empty());  // same-stream reuse needs no fence
@@ -117,7 +120,7 @@ TEST_CASE("a block used on another stream is reused once that stream's fence has
   BufferPool pool(&alloc, &fences);
   void* sent = nullptr;
   {
-    Buffer a = pool.Get(4096, kCompute);
+    Buffer a = *pool.Get(4096, kCompute);
     sent = a.data();
     a.RecordUse(kComm);  // e.g. a pipeline send reads it on the comm stream
     a.RecordUse(kComm);
@@ -126,12 +129,12 @@ TEST_CASE("a block used on another stream is reused once that stream's fence has
   REQUIRE(fences.recorded == std::vector<StreamHandle>{kComm});
   CHECK(pool.stats().pending_bytes == 4096);
   {
-    Buffer b = pool.Get(4096, kCompute);  // the send may still be reading `sent`
+    Buffer b = *pool.Get(4096, kCompute);  // the send may still be reading `sent`
     CHECK(b.data() != sent);
   }
   fences.passed_upto = 1;
-  Buffer c = pool.Get(4096, kCompute);
-  Buffer d = pool.Get(4096, kCompute);
+  Buffer c = *pool.Get(4096, kCompute);
+  Buffer d = *pool.Get(4096, kCompute);
   CHECK((c.data() == sent || d.data() == sent));  // both cached blocks are reused, no new allocation
   CHECK(alloc.allocations == 2);
   CHECK(fences.released == 1);
@@ -144,7 +147,7 @@ TEST_CASE("destroying the pool waits for pending fences before freeing", "[memor
   ManualFences fences;
   {
     BufferPool pool(&alloc, &fences);
-    Buffer a = pool.Get(300, kCompute);
+    Buffer a = *pool.Get(300, kCompute);
     a.RecordUse(kComm);
     a.Release();
     CHECK(fences.waits == 0);
@@ -160,12 +163,12 @@ TEST_CASE("out of memory returns other streams' cached blocks and pending ones, 
   ManualFences fences;
   BufferPool pool(&alloc, &fences);
   {
-    Buffer a = pool.Get(4096, kComm);
-    Buffer b = pool.Get(4096, kCompute);
+    Buffer a = *pool.Get(4096, kComm);
+    Buffer b = *pool.Get(4096, kCompute);
     b.RecordUse(kComm);
   }
   CHECK(alloc.live == 8192);
-  Buffer big = pool.Get(8000, kCompute);  // a class of 8192: only fits after both blocks go back
+  Buffer big = *pool.Get(8000, kCompute);  // a class of 8192: only fits after both blocks go back
   CHECK(!big.empty());
   CHECK(pool.stats().trims == 1);
   CHECK(fences.waits == 1);
@@ -177,16 +180,59 @@ TEST_CASE("block bytes and fragmentation account for size-class rounding and cac
   CountingAllocator alloc;
   BufferPool pool(&alloc);
   {
-    Buffer a = pool.Get(1025);  // class 1280
+    Buffer a = *pool.Get(1025);  // class 1280
     CHECK(pool.stats().block_bytes == 1280);
     CHECK(pool.stats().in_use_bytes == 1025);
   }
   pool.ResetPeak();
-  Buffer b = pool.Get(2000);  // class 2048; the 1280 block stays cached
+  Buffer b = *pool.Get(2000);  // class 2048; the 1280 block stays cached
   const PoolStats s = pool.stats();
   CHECK(s.block_bytes == 2048);
   CHECK(s.peak_reserved_bytes == 1280 + 2048);
   CHECK(s.Fragmentation() == Approx(1.0 - 2000.0 / (1280 + 2048)));
+}
+
+
+TEST_CASE("out of memory is an error the caller gets, not an abort; the pool stays usable", "[memory]") {
+  CountingAllocator alloc;
+  alloc.capacity = 8192;
+  BufferPool pool(&alloc);
+  Buffer a = *pool.Get(4096);
+  absl::StatusOr<Buffer> big = pool.Get(8000);
+  REQUIRE(!big.ok());
+  CHECK(big.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(big.status().message().find("out of memory") != std::string::npos);
+  // The failed request left the figures as they were.
+  CHECK(pool.stats().in_use_bytes == 4096);
+  CHECK(pool.stats().reserved_bytes == 4096);
+  a.Release();
+  absl::StatusOr<Buffer> again = pool.Get(8000);  // the cached 4096 block goes back first
+  REQUIRE(again.ok());
+  CHECK(pool.stats().reserved_bytes == 8192);
+}
+
+TEST_CASE("a fence that never passes bounds an out-of-memory retry instead of hanging", "[memory]") {
+  CountingAllocator alloc;
+  alloc.capacity = 8192;
+  ManualFences fences;
+  fences.stuck = true;
+  {
+    BufferPool pool(&alloc, &fences, absl::Milliseconds(10));
+    {
+      Buffer b = *pool.Get(4096, kCompute);
+      b.RecordUse(kComm);  // pending on a fence of the comm stream that never passes
+    }
+    Buffer c = *pool.Get(4096, kCompute);
+    absl::StatusOr<Buffer> big = pool.Get(8000, kCompute);
+    REQUIRE(!big.ok());
+    CHECK(big.status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(big.status().message().find("did not pass") != std::string::npos);
+    // The stuck block is still pending: never handed out while the device may use it.
+    CHECK(pool.stats().pending_bytes == 4096);
+  }
+  // Destroying the pool leaked the stuck block rather than freeing memory in use.
+  CHECK(alloc.live == 4096);
+
 }
 
 }  // namespace

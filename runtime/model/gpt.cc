@@ -1,8 +1,8 @@
 #include "runtime/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/backend/cpu/ops.h"
@@ -12,60 +12,23 @@ namespace dynapipe::runtime::model {
 
 namespace cpu = ::dynapipe::runtime::cpu;
 
-absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
-  if (spec.kind() != proto::ModelKind::gpt) {
-    return absl::InvalidArgumentError(absl::StrCat("model.kind: ", proto::ModelKind::Value_Name(spec.kind()),
-                                                   " is not supported by the executor (gpt only)"));
-  }
-  GptConfig c;
-  c.num_layers = spec.num_layers();
-  c.hidden = spec.hidden();
-  c.heads = spec.heads();
-  c.ffn = spec.ffn() > 0 ? spec.ffn() : 4 * spec.hidden();
-  c.vocab = spec.vocab();
-  c.max_positions = spec.max_positions();
-  c.tie_embeddings = spec.tie_embeddings();
-  c.attention = spec.attention() == proto::AttentionKernel::materialized ? cpu::AttentionKernel::kMaterialized
-                                                                         : cpu::AttentionKernel::kVarlen;
-  auto positive = [](int v, const char* field) -> absl::Status {
-    if (v > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be positive, got ", v));
-  };
-  RETURN_IF_ERROR(positive(c.num_layers, "num_layers"));
-  RETURN_IF_ERROR(positive(c.hidden, "hidden"));
-  RETURN_IF_ERROR(positive(c.heads, "heads"));
-  RETURN_IF_ERROR(positive(c.vocab, "vocab"));
-  RETURN_IF_ERROR(positive(c.max_positions, "max_positions"));
-  if (c.hidden % c.heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.heads: ", c.heads, " does not divide model.hidden ", c.hidden));
-  }
-  return c;
+namespace {
+
+cpu::AttentionKernel CpuKernel(AttentionKernel k) {
+  return k == AttentionKernel::kMaterialized ? cpu::AttentionKernel::kMaterialized : cpu::AttentionKernel::kVarlen;
 }
 
-float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std) {
-  // FNV-1a of the name, then splitmix64 of (seed, name, index): stable across
-  // processes, builds and stage splits.
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ULL;
-  auto mix = [](uint64_t z) {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  };
-  const uint64_t base = mix(seed ^ mix(h)) + 2 * index;
-  const double u1 = (static_cast<double>(mix(base) >> 11) + 0.5) * 0x1.0p-53;
-  const double u2 = static_cast<double>(mix(base + 1) >> 11) * 0x1.0p-53;
-  return static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
-}
+}  // namespace
+
+// What backward needs from one layer's forward. With Recompute::kFull only
+// x survives forward; with kSelective everything but att.
+struct GptStage::LayerActs {
+  Buffer x;  // layer input (N, C)
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, x2, ln2, ln2_mean, ln2_rstd, fc, gelu;
+};
 
 // What backward needs from one micro-batch's forward.
 struct GptStage::Stash {
-  struct LayerActs {
-    Buffer x;  // layer input (N, C)
-    Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, x2, ln2, ln2_mean, ln2_rstd, fc, gelu;
-  };
   int64_t rows = 0, seq = 0;
   std::vector<int32_t> tokens, positions, segments;
   std::vector<LayerActs> layers;
@@ -76,179 +39,165 @@ struct GptStage::Stash {
   float loss_scale = 0;
 };
 
-absl::StatusOr<std::unique_ptr<GptStage>> GptStage::Create(const GptConfig& config, const Options& options,
+absl::StatusOr<std::unique_ptr<GptStage>> GptStage::Create(const GptConfig& config, const StageOptions& options,
                                                            BufferPool* pool) {
-  if (options.num_layers < 0 || options.first_layer < 0 ||
-      options.first_layer + options.num_layers > config.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("stage layers [", options.first_layer, ", ",
-                                                   options.first_layer + options.num_layers,
-                                                   ") are outside the model's ", config.num_layers, " layers"));
-  }
-  if (options.first != (options.first_layer == 0) || options.last != (options.first_layer + options.num_layers ==
-                                                                       config.num_layers)) {
-    return absl::InvalidArgumentError("stage: first/last flags disagree with its layer range");
-  }
-  std::unique_ptr<GptStage> stage(new GptStage(config, options, pool));
-  stage->Build();
-  return stage;
+  if (pool == nullptr) return absl::InvalidArgumentError("GptStage: pool is null");
+  ASSIGN_OR_RETURN(GptLayout layout, GptLayout::Make(config, options));
+  return std::unique_ptr<GptStage>(new GptStage(std::move(layout), pool));
 }
 
-GptStage::GptStage(const GptConfig& c, const Options& o, BufferPool* pool) : config_(c), options_(o), pool_(pool) {}
+GptStage::GptStage(GptLayout layout, BufferPool* pool) : layout_(std::move(layout)), pool_(pool) {
+  const size_t n = layout_.num_params();
+  params_data_.assign(n, 0.0f);
+  grads_data_.assign(n, 0.0f);
+  m_.assign(n, 0.0f);
+  v_.assign(n, 0.0f);
+  layout_.Initialize(params_data_);
+}
+
 GptStage::~GptStage() = default;
 
-size_t GptStage::Add(const std::string& name, std::vector<int64_t> shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  const size_t offset = params_.empty() ? 0 : params_.back().offset + params_.back().size;
-  params_.push_back(ParamInfo{name, std::move(shape), offset, n});
-  return offset;
+absl::StatusOr<Buffer> GptStage::Get(int64_t floats) {
+  return pool_->Get(static_cast<size_t>(floats) * sizeof(float));
 }
 
-void GptStage::Build() {
-  const int64_t C = config_.hidden, F = config_.ffn, V = config_.vocab, NP = config_.max_positions;
-  const bool head_uses_wte = options_.last && config_.tie_embeddings;
-  if (options_.first || head_uses_wte) wte_ = Add("wte", {V, C});
-  if (options_.first) wpe_ = Add("wpe", {NP, C});
-  for (int i = 0; i < options_.num_layers; ++i) {
-    const std::string p = absl::StrCat("h.", options_.first_layer + i, ".");
-    Layer l;
-    l.ln1_w = Add(p + "ln1.w", {C});
-    l.ln1_b = Add(p + "ln1.b", {C});
-    l.qkv_w = Add(p + "attn.qkv.w", {3 * C, C});
-    l.qkv_b = Add(p + "attn.qkv.b", {3 * C});
-    l.proj_w = Add(p + "attn.proj.w", {C, C});
-    l.proj_b = Add(p + "attn.proj.b", {C});
-    l.ln2_w = Add(p + "ln2.w", {C});
-    l.ln2_b = Add(p + "ln2.b", {C});
-    l.fc_w = Add(p + "mlp.fc.w", {F, C});
-    l.fc_b = Add(p + "mlp.fc.b", {F});
-    l.mproj_w = Add(p + "mlp.proj.w", {C, F});
-    l.mproj_b = Add(p + "mlp.proj.b", {C});
-    layers_.push_back(l);
-  }
-  if (options_.last) {
-    lnf_w_ = Add("lnf.w", {C});
-    lnf_b_ = Add("lnf.b", {C});
-    head_ = head_uses_wte ? wte_ : Add("lm_head.w", {V, C});
-  }
-  const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
-  params_data_.assign(total, 0.0f);
-  grads_data_.assign(total, 0.0f);
-  // GPT-2 initialisation; residual projections scaled by depth.
-  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.num_layers));
-  for (const ParamInfo& p : params_) {
-    float* w = P(p.offset);
-    const std::string_view n = p.name;
-    if (n.ends_with("ln1.w") || n.ends_with("ln2.w") || n == "lnf.w") {
-      std::fill(w, w + p.size, 1.0f);
-    } else if (n.ends_with(".b")) {
-      std::fill(w, w + p.size, 0.0f);
-    } else {
-      const float std = n.ends_with("proj.w") ? residual_std : 0.02f;
-      for (size_t i = 0; i < p.size; ++i) w[i] = InitNormal(options_.seed, p.name, i, std);
-    }
-  }
+absl::Status GptStage::ZeroGrads() {
+  std::fill(grads_data_.begin(), grads_data_.end(), 0.0f);
+  return absl::OkStatus();
 }
 
-const ParamInfo* GptStage::FindParam(const std::string& name) const {
-  for (const ParamInfo& p : params_) {
-    if (p.name == name) return &p;
-  }
-  return nullptr;
-}
-
-void GptStage::ZeroGrads() { std::fill(grads_data_.begin(), grads_data_.end(), 0.0f); }
-
-bool GptStage::HasSharedEmbedding() const {
-  return config_.tie_embeddings && options_.first != options_.last;
-}
-
-absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
-  const size_t n = static_cast<size_t>(b.rows * b.seq);
-  if (b.rows <= 0 || b.seq <= 0 || b.tokens.size() != n || b.positions.size() != n || b.segments.size() != n ||
-      b.targets.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-batch tensors do not match its shape ", b.rows, "x", b.seq));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (b.tokens[i] < 0 || b.tokens[i] >= c.vocab || b.targets[i] >= c.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("token id outside the vocabulary of ", c.vocab));
-    }
-    if (b.positions[i] < 0 || b.positions[i] >= c.max_positions) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("position ", b.positions[i], " outside the model's ", c.max_positions, " positions"));
-    }
+absl::Status GptStage::AddGradSumOfSquares(double* sum) {
+  for (const ParamRun& r : layout_.NormRuns()) {
+    for (size_t i = r.offset; i < r.offset + r.size; ++i) *sum += static_cast<double>(grads_data_[i]) * grads_data_[i];
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
-                                         float loss_scale) {
+absl::Status GptStage::OptimizerStep(const OptimizerStepArgs& args) {
+  if (args.grad_scale != 1.0) {
+    for (float& x : grads_data_) x = static_cast<float>(x * args.grad_scale);
+  }
+  optim::AdamWConfig no_decay = args.adamw;
+  no_decay.weight_decay = 0;
+  for (const ParamInfo& p : layout_.params()) {
+    auto span = [&](std::vector<float>& v) { return std::span<float>(v).subspan(p.offset, p.size); };
+    optim::AdamWStep(span(params_data_), span(grads_data_), span(m_), span(v_), p.decay ? args.adamw : no_decay,
+                     args.lr, args.step);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptStage::ExportState(StageState* out) {
+  out->params = params_data_;
+  out->adam_m = m_;
+  out->adam_v = v_;
+  return absl::OkStatus();
+}
+
+absl::Status GptStage::ImportState(const StageState& in) {
+  const size_t n = layout_.num_params();
+  if (in.params.size() != n || in.adam_m.size() != n || in.adam_v.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("stage state of ", in.params.size(), "/", in.adam_m.size(), "/",
+                                                   in.adam_v.size(), " values for a stage of ", n, " parameters"));
+  }
+  params_data_ = in.params;
+  m_ = in.adam_m;
+  v_ = in.adam_v;
+  return absl::OkStatus();
+}
+
+absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B,
+                                    int64_t T, float* out) {
+  const int64_t N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
+  ASSIGN_OR_RETURN(a.ln1, Get(N * C));
+  ASSIGN_OR_RETURN(a.ln1_mean, Get(N));
+  ASSIGN_OR_RETURN(a.ln1_rstd, Get(N));
+  cpu::LayerNormForward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), a.x.as<float>(),
+                        P(l.ln1_w), P(l.ln1_b), N, C);
+  ASSIGN_OR_RETURN(a.qkv, Get(N * 3 * C));
+  cpu::MatmulForward(a.qkv.as<float>(), a.ln1.as<float>(), P(l.qkv_w), P(l.qkv_b), N, C, 3 * C);
+  ASSIGN_OR_RETURN(a.atty, Get(N * C));
+  ASSIGN_OR_RETURN(a.att, Get(B * NH * T * T));
+  cpu::AttentionForward(a.atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), segments, B, T, C, NH,
+                        CpuKernel(config().attention));
+  ASSIGN_OR_RETURN(a.x2, Get(N * C));
+  float* x2 = a.x2.as<float>();
+  cpu::MatmulForward(x2, a.atty.as<float>(), P(l.proj_w), P(l.proj_b), N, C, C);
+  const float* xin = a.x.as<float>();
+  for (int64_t k = 0; k < N * C; ++k) x2[k] += xin[k];
+  ASSIGN_OR_RETURN(a.ln2, Get(N * C));
+  ASSIGN_OR_RETURN(a.ln2_mean, Get(N));
+  ASSIGN_OR_RETURN(a.ln2_rstd, Get(N));
+  cpu::LayerNormForward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), x2, P(l.ln2_w),
+                        P(l.ln2_b), N, C);
+  ASSIGN_OR_RETURN(a.fc, Get(N * F));
+  ASSIGN_OR_RETURN(a.gelu, Get(N * F));
+  cpu::MatmulForward(a.fc.as<float>(), a.ln2.as<float>(), P(l.fc_w), P(l.fc_b), N, C, F);
+  cpu::GeluForward(a.gelu.as<float>(), a.fc.as<float>(), N * F);
+  if (out != nullptr) {
+    cpu::MatmulForward(out, a.gelu.as<float>(), P(l.mproj_w), P(l.mproj_b), N, F, C);
+    for (int64_t k = 0; k < N * C; ++k) out[k] += x2[k];
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in_v,
+                                         void* hidden_out_v, float loss_scale, Recompute recompute) {
+  const auto* hidden_in = static_cast<const float*>(hidden_in_v);
+  auto* hidden_out = static_cast<float*>(hidden_out_v);
+  const StageOptions& o = options();
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " forwarded twice"));
-  RETURN_IF_ERROR(CheckTokenBatch(batch, config_));
-  if (!options_.first && hidden_in == nullptr) return absl::InvalidArgumentError("stage input: missing");
-  if (!options_.last && hidden_out == nullptr) return absl::InvalidArgumentError("stage output: missing");
-  const int64_t B = batch.rows, T = batch.seq, N = B * T, C = config_.hidden, F = config_.ffn,
-                V = config_.vocab, NH = config_.heads;
+  RETURN_IF_ERROR(CheckTokenBatch(batch, config()));
+  if (!o.first && hidden_in == nullptr) return absl::InvalidArgumentError("stage input: missing");
+  if (!o.last && hidden_out == nullptr) return absl::InvalidArgumentError("stage output: missing");
+  const int64_t B = batch.rows, T = batch.seq, N = B * T, C = config().hidden, V = config().vocab;
   auto s = std::make_unique<Stash>();
   s->rows = B;
   s->seq = T;
   s->segments = batch.segments;
-  if (options_.first) {
+  if (o.first) {
     s->tokens = batch.tokens;
     s->positions = batch.positions;
   }
   s->loss_scale = loss_scale;
-  auto get = [&](int64_t floats) { return pool_->Get(static_cast<size_t>(floats) * sizeof(float)); };
 
-  Buffer x = get(N * C);
-  if (options_.first) {
-    cpu::EmbeddingForward(x.as<float>(), batch.tokens.data(), batch.positions.data(), P(wte_), P(wpe_), N, C);
+  ASSIGN_OR_RETURN(Buffer x, Get(N * C));
+  if (o.first) {
+    cpu::EmbeddingForward(x.as<float>(), batch.tokens.data(), batch.positions.data(), P(layout_.wte()),
+                          P(layout_.wpe()), N, C);
   } else {
     std::memcpy(x.data(), hidden_in, N * C * sizeof(float));  // the plan may free its slot after this
   }
-  s->layers.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& l = layers_[i];
-    Stash::LayerActs& a = s->layers[i];
+  const auto& layers = layout_.layers();
+  s->layers.resize(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerActs& a = s->layers[i];
     a.x = std::move(x);
-    a.ln1 = get(N * C), a.ln1_mean = get(N), a.ln1_rstd = get(N);
-    cpu::LayerNormForward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), a.x.as<float>(),
-                          P(l.ln1_w), P(l.ln1_b), N, C);
-    a.qkv = get(N * 3 * C);
-    cpu::MatmulForward(a.qkv.as<float>(), a.ln1.as<float>(), P(l.qkv_w), P(l.qkv_b), N, C, 3 * C);
-    a.atty = get(N * C), a.att = get(B * NH * T * T);
-    cpu::AttentionForward(a.atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), batch.segments.data(), B, T, C,
-                          NH, config_.attention);
-    a.x2 = get(N * C);
-    float* x2 = a.x2.as<float>();
-    cpu::MatmulForward(x2, a.atty.as<float>(), P(l.proj_w), P(l.proj_b), N, C, C);
-    const float* xin = a.x.as<float>();
-    for (int64_t k = 0; k < N * C; ++k) x2[k] += xin[k];
-    a.ln2 = get(N * C), a.ln2_mean = get(N), a.ln2_rstd = get(N);
-    cpu::LayerNormForward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), x2, P(l.ln2_w),
-                          P(l.ln2_b), N, C);
-    a.fc = get(N * F), a.gelu = get(N * F);
-    cpu::MatmulForward(a.fc.as<float>(), a.ln2.as<float>(), P(l.fc_w), P(l.fc_b), N, C, F);
-    cpu::GeluForward(a.gelu.as<float>(), a.fc.as<float>(), N * F);
     // The layer's output goes straight to the stage output when nothing
     // follows on this stage but a send.
-    const bool to_output = i + 1 == layers_.size() && !options_.last;
+    const bool to_output = i + 1 == layers.size() && !o.last;
     Buffer next;
     float* out;
     if (to_output) {
       out = hidden_out;
     } else {
-      next = get(N * C);
+      ASSIGN_OR_RETURN(next, Get(N * C));
       out = next.as<float>();
     }
-    cpu::MatmulForward(out, a.gelu.as<float>(), P(l.mproj_w), P(l.mproj_b), N, F, C);
-    for (int64_t k = 0; k < N * C; ++k) out[k] += x2[k];
+    RETURN_IF_ERROR(LayerForward(layers[i], a, s->segments.data(), B, T, out));
+    if (recompute == Recompute::kFull) {
+      Buffer keep = std::move(a.x);
+      a = LayerActs{};
+      a.x = std::move(keep);
+    } else if (recompute == Recompute::kSelective) {
+      a.att.Release();
+    }
     x = std::move(next);
   }
-  if (layers_.empty() && !options_.last) std::memcpy(hidden_out, x.data(), N * C * sizeof(float));
+  if (layers.empty() && !o.last) std::memcpy(hidden_out, x.data(), N * C * sizeof(float));
 
   double loss = 0;
-  if (options_.last) {
+  if (o.last) {
     for (int64_t k = 0; k < N; ++k) {
       if (batch.targets[k] >= 0) {
         s->scored.push_back(k);
@@ -257,16 +206,18 @@ absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const 
     }
     const int64_t M = static_cast<int64_t>(s->scored.size());
     if (M > 0) {
-      s->xs = get(M * C);
+      ASSIGN_OR_RETURN(s->xs, Get(M * C));
       const float* xf = x.as<float>();
       for (int64_t r = 0; r < M; ++r) std::memcpy(s->xs.as<float>() + r * C, xf + s->scored[r] * C, C * sizeof(float));
-      s->lnf = get(M * C), s->lnf_mean = get(M), s->lnf_rstd = get(M);
+      ASSIGN_OR_RETURN(s->lnf, Get(M * C));
+      ASSIGN_OR_RETURN(s->lnf_mean, Get(M));
+      ASSIGN_OR_RETURN(s->lnf_rstd, Get(M));
       cpu::LayerNormForward(s->lnf.as<float>(), s->lnf_mean.as<float>(), s->lnf_rstd.as<float>(), s->xs.as<float>(),
-                            P(lnf_w_), P(lnf_b_), M, C);
-      Buffer logits = get(M * V);
-      cpu::MatmulForward(logits.as<float>(), s->lnf.as<float>(), P(head_), static_cast<const float*>(nullptr), M, C,
-                         V);
-      s->probs = get(M * V);
+                            P(layout_.lnf_w()), P(layout_.lnf_b()), M, C);
+      ASSIGN_OR_RETURN(Buffer logits, Get(M * V));
+      cpu::MatmulForward(logits.as<float>(), s->lnf.as<float>(), P(layout_.head()), static_cast<const float*>(nullptr),
+                         M, C, V);
+      ASSIGN_OR_RETURN(s->probs, Get(M * V));
       loss = cpu::CrossEntropyForward(s->probs.as<float>(), logits.as<float>(), s->targets.data(), loss_scale, M, V);
     }
   }
@@ -274,35 +225,39 @@ absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const 
   return loss;
 }
 
-absl::Status GptStage::Backward(int mb, const float* dhidden_out, float* dhidden_in) {
+absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden_in_v) {
+  const auto* dhidden_out = static_cast<const float*>(dhidden_out_v);
+  auto* dhidden_in = static_cast<float*>(dhidden_in_v);
+  const StageOptions& o = options();
   auto it = stash_.find(mb);
   if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " was not forwarded"));
-  if (!options_.last && dhidden_out == nullptr) return absl::InvalidArgumentError("output gradient: missing");
-  if (!options_.first && dhidden_in == nullptr) return absl::InvalidArgumentError("input gradient: missing");
+  if (!o.last && dhidden_out == nullptr) return absl::InvalidArgumentError("output gradient: missing");
+  if (!o.first && dhidden_in == nullptr) return absl::InvalidArgumentError("input gradient: missing");
   std::unique_ptr<Stash> s = std::move(it->second);
   stash_.erase(it);
-  const int64_t B = s->rows, T = s->seq, N = B * T, C = config_.hidden, F = config_.ffn, V = config_.vocab,
-                NH = config_.heads;
-  auto get = [&](int64_t floats) { return pool_->Get(static_cast<size_t>(floats) * sizeof(float)); };
+  const int64_t B = s->rows, T = s->seq, N = B * T, C = config().hidden, F = config().ffn, V = config().vocab,
+                NH = config().heads;
   auto zero = [](Buffer& b) { std::memset(b.data(), 0, b.bytes()); };
 
   // Gradient of the residual stream, accumulated layer by layer downwards.
-  Buffer dres = get(N * C);
-  if (options_.last) {
+  ASSIGN_OR_RETURN(Buffer dres, Get(N * C));
+  if (o.last) {
     zero(dres);
     const int64_t M = static_cast<int64_t>(s->scored.size());
     if (M > 0) {
-      Buffer dlogits = get(M * V);
+      ASSIGN_OR_RETURN(Buffer dlogits, Get(M * V));
       zero(dlogits);
       cpu::CrossEntropyBackward(dlogits.as<float>(), s->probs.as<float>(), s->targets.data(), s->loss_scale, M, V);
       s->probs.Release();
-      Buffer dlnf = get(M * C), dxs = get(M * C);
+      ASSIGN_OR_RETURN(Buffer dlnf, Get(M * C));
+      ASSIGN_OR_RETURN(Buffer dxs, Get(M * C));
       zero(dlnf);
       zero(dxs);
-      cpu::MatmulBackward(dlnf.as<float>(), G(head_), static_cast<float*>(nullptr), dlogits.as<const float>(),
-                          s->lnf.as<const float>(), P(head_), M, C, V);
-      cpu::LayerNormBackward(dxs.as<float>(), G(lnf_w_), G(lnf_b_), dlnf.as<const float>(), s->xs.as<const float>(),
-                             P(lnf_w_), s->lnf_mean.as<const float>(), s->lnf_rstd.as<const float>(), M, C);
+      cpu::MatmulBackward(dlnf.as<float>(), G(layout_.head()), static_cast<float*>(nullptr),
+                          dlogits.as<const float>(), s->lnf.as<const float>(), P(layout_.head()), M, C, V);
+      cpu::LayerNormBackward(dxs.as<float>(), G(layout_.lnf_w()), G(layout_.lnf_b()), dlnf.as<const float>(),
+                             s->xs.as<const float>(), P(layout_.lnf_w()), s->lnf_mean.as<const float>(),
+                             s->lnf_rstd.as<const float>(), M, C);
       for (int64_t r = 0; r < M; ++r) {
         std::memcpy(dres.as<float>() + s->scored[r] * C, dxs.as<float>() + r * C, C * sizeof(float));
       }
@@ -310,11 +265,25 @@ absl::Status GptStage::Backward(int mb, const float* dhidden_out, float* dhidden
   } else {
     std::memcpy(dres.data(), dhidden_out, N * C * sizeof(float));
   }
-  Buffer dF1 = get(N * F), dF2 = get(N * F), dln = get(N * C), datty = get(N * C), dqkv = get(N * 3 * C);
+  ASSIGN_OR_RETURN(Buffer dF1, Get(N * F));
+  ASSIGN_OR_RETURN(Buffer dF2, Get(N * F));
+  ASSIGN_OR_RETURN(Buffer dln, Get(N * C));
+  ASSIGN_OR_RETURN(Buffer datty, Get(N * C));
+  ASSIGN_OR_RETURN(Buffer dqkv, Get(N * 3 * C));
   float* dr = dres.as<float>();
-  for (size_t i = layers_.size(); i-- > 0;) {
-    const Layer& l = layers_[i];
-    Stash::LayerActs& a = s->layers[i];
+  const auto& layers = layout_.layers();
+  for (size_t i = layers.size(); i-- > 0;) {
+    const GptLayout::Layer& l = layers[i];
+    LayerActs& a = s->layers[i];
+    if (a.ln1.empty()) {
+      RETURN_IF_ERROR(LayerForward(l, a, s->segments.data(), B, T, nullptr));  // kFull: the whole layer again
+    } else if (a.att.empty()) {
+      // kSelective: the attention probabilities again (its output is stashed).
+      ASSIGN_OR_RETURN(a.att, Get(B * NH * T * T));
+      ASSIGN_OR_RETURN(Buffer atty, Get(N * C));
+      cpu::AttentionForward(atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), s->segments.data(), B, T, C, NH,
+                            CpuKernel(config().attention));
+    }
     // MLP branch.
     zero(dF1);
     cpu::MatmulBackward(dF1.as<float>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const float>(), P(l.mproj_w), N,
@@ -332,37 +301,38 @@ absl::Status GptStage::Backward(int mb, const float* dhidden_out, float* dhidden
                         C);
     zero(dqkv);
     cpu::AttentionBackward(dqkv.as<float>(), datty.as<const float>(), a.qkv.as<const float>(), a.att.as<const float>(),
-                           s->segments.data(), B, T, C, NH, config_.attention);
+                           s->segments.data(), B, T, C, NH, CpuKernel(config().attention));
     zero(dln);
     cpu::MatmulBackward(dln.as<float>(), G(l.qkv_w), G(l.qkv_b), dqkv.as<const float>(), a.ln1.as<const float>(),
                         P(l.qkv_w), N, C, 3 * C);
     cpu::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), dln.as<const float>(), a.x.as<const float>(), P(l.ln1_w),
                            a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N, C);
-    a = Stash::LayerActs{};  // release this layer's activations early
+    a = LayerActs{};  // release this layer's activations early
   }
-  if (options_.first) {
-    cpu::EmbeddingBackward(G(wte_), G(wpe_), dr, s->tokens.data(), s->positions.data(), N, C);
+  if (o.first) {
+    cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dr, s->tokens.data(), s->positions.data(), N, C);
   } else {
     std::memcpy(dhidden_in, dr, N * C * sizeof(float));
   }
   return absl::OkStatus();
 }
 
-absl::Status GptStage::Infer(const TokenBatch& batch, const float* hidden_in, float* out) {
+absl::Status GptStage::Infer(const TokenBatch& batch, const void* hidden_in, void* out) {
   // Run the training forward on a private key, then drop the stash; the last
   // stage computes the head for every position by scoring them all.
   constexpr int kInferKey = -1;
-  const int64_t N = batch.rows * batch.seq, C = config_.hidden, V = config_.vocab;
-  if (!options_.last) {
-    RETURN_IF_ERROR(Forward(kInferKey, batch, hidden_in, out, 0.0f).status());
+  const int64_t N = batch.rows * batch.seq, C = config().hidden, V = config().vocab;
+  if (!options().last) {
+    RETURN_IF_ERROR(Forward(kInferKey, batch, hidden_in, out, 0.0f, Recompute::kFull).status());
     stash_.erase(kInferKey);
     return absl::OkStatus();
   }
   TokenBatch all = batch;
   for (int64_t k = 0; k < N; ++k) all.targets[k] = std::max(all.targets[k], 0);
-  RETURN_IF_ERROR(Forward(kInferKey, all, hidden_in, nullptr, 0.0f).status());
+  RETURN_IF_ERROR(Forward(kInferKey, all, hidden_in, nullptr, 0.0f, Recompute::kFull).status());
   const Stash& s = *stash_.at(kInferKey);
-  cpu::MatmulForward(out, s.lnf.as<const float>(), P(head_), static_cast<const float*>(nullptr), N, C, V);
+  cpu::MatmulForward(static_cast<float*>(out), s.lnf.as<const float>(), P(layout_.head()),
+                     static_cast<const float*>(nullptr), N, C, V);
   stash_.erase(kInferKey);
   return absl::OkStatus();
 }

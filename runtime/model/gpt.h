@@ -1,19 +1,17 @@
 #pragma once
 
-// A GPT decoder (pre-LayerNorm, GELU MLP, learned positions, optionally tied
-// LM head) cut into pipeline stages. A stage owns a contiguous layer range;
-// the first stage also embeds, the last stage also applies the final
-// LayerNorm, the LM head and the loss. With a tied head and more than one
-// stage, first and last stage each hold a copy of `wte`; their gradients are
-// summed across the two before the optimizer step (TiedEmbeddingGrad), so the
-// copies stay identical.
-//
-// Parameters are initialised from the seed and each tensor's name alone, so
-// a model has the same weights however it is split into stages.
+// The GPT pipeline stage on the CPU backend: fp32 parameters, gradients,
+// AdamW moments and activations in host memory, kernels of
+// runtime/backend/cpu. The model, its layout and its initial values are
+// runtime/model/layout.h's, shared with the CUDA stage; the interface is the
+// backend seam of runtime/model/stage.h.
 //
 // Forward stashes the activations backward needs, per micro-batch, in pool
-// buffers; Backward releases them. Several micro-batches may be in flight
-// (pipeline schedules run forwards ahead of backwards).
+// buffers; Backward releases them. With Recompute::kSelective the attention
+// probabilities (B, heads, T, T) are dropped after forward and recomputed in
+// backward; with kFull only each layer's input is kept and the whole layer
+// is recomputed. Recomputation runs the same arithmetic in the same order,
+// so results are bit-identical whatever is kept.
 
 #include <cstdint>
 #include <map>
@@ -23,123 +21,71 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/model.pb.h"
-#include "runtime/backend/cpu/ops.h"
 #include "runtime/memory/buffer_pool.h"
+#include "runtime/model/layout.h"
+#include "runtime/model/stage.h"
 
 namespace dynapipe::runtime::model {
 
-struct GptConfig {
-  int num_layers = 0;
-  int hidden = 0;
-  int heads = 0;
-  int ffn = 0;
-  int vocab = 0;
-  int max_positions = 0;
-  bool tie_embeddings = true;
-  cpu::AttentionKernel attention = cpu::AttentionKernel::kVarlen;
-
-  // INVALID_ARGUMENT naming the field for a spec this model cannot run.
-  static absl::StatusOr<GptConfig> FromSpec(const proto::ModelSpec& spec);
-};
-
-// One micro-batch as the model sees it: rows x seq token grids, row-major.
-struct TokenBatch {
-  int64_t rows = 0;
-  int64_t seq = 0;
-  std::vector<int32_t> tokens;     // pad where no sample
-  std::vector<int32_t> positions;  // within each sample
-  std::vector<int32_t> segments;   // sample within the row; -1: padding
-  std::vector<int32_t> targets;    // next token where scored, else -1
-  int64_t real_tokens = 0;         // segments >= 0
-  int64_t loss_tokens = 0;         // targets >= 0
-};
-
-// INVALID_ARGUMENT when the batch's tensors do not match its shape, or a
-// token id or position lies outside the model (the embedding kernels of both
-// backends trust them).
-absl::Status CheckTokenBatch(const TokenBatch& batch, const GptConfig& config);
-
-struct ParamInfo {
-  std::string name;  // e.g. "wte", "h.3.attn.qkv.w", "lnf.b"
-  std::vector<int64_t> shape;
-  size_t offset = 0;  // in the stage's flat parameter (and gradient) array
-  size_t size = 0;
-};
-
-class GptStage {
+class GptStage final : public Stage {
  public:
-  struct Options {
-    int first_layer = 0;
-    int num_layers = 0;
-    bool first = true;  // embeds
-    bool last = true;   // final LayerNorm, head, loss
-    uint64_t seed = 1;
-  };
-  static absl::StatusOr<std::unique_ptr<GptStage>> Create(const GptConfig& config, const Options& options,
+  using Options = StageOptions;
+  // `pool` holds the activations (host memory) and must outlive the stage.
+  static absl::StatusOr<std::unique_ptr<GptStage>> Create(const GptConfig& config, const StageOptions& options,
                                                           BufferPool* pool);
-  ~GptStage();
+  ~GptStage() override;
   GptStage(const GptStage&) = delete;
   GptStage& operator=(const GptStage&) = delete;
 
-  const GptConfig& config() const { return config_; }
-  const Options& options() const { return options_; }
-  const std::vector<ParamInfo>& params() const { return params_; }
-  const ParamInfo* FindParam(const std::string& name) const;
+  // Stage.
+  const GptLayout& layout() const override { return layout_; }
+  DType activation_dtype() const override { return DType::kF32; }
+  size_t state_bytes() const override { return layout_.num_params() * 4 * sizeof(float); }
+  absl::StatusOr<double> Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
+                                 float loss_scale, Recompute recompute) override;
+  absl::Status Backward(int mb, const void* dhidden_out, void* dhidden_in) override;
+  absl::Status Infer(const TokenBatch& batch, const void* hidden_in, void* out) override;
+  size_t in_flight() const override { return stash_.size(); }
+  float* grads() override { return grads_data_.data(); }
+  absl::Status ZeroGrads() override;
+  absl::Status AddGradSumOfSquares(double* sum) override;
+  absl::Status OptimizerStep(const OptimizerStepArgs& args) override;
+  absl::Status ExportState(StageState* out) override;
+  absl::Status ImportState(const StageState& in) override;
+
+  // Forward keeping everything (kNone).
+  absl::StatusOr<double> Forward(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
+                                 float loss_scale) {
+    return Forward(mb, batch, hidden_in, hidden_out, loss_scale, Recompute::kNone);
+  }
+
+  // Host views for CPU-only code (evaluation, reference tests).
+  const std::vector<ParamInfo>& params() const { return layout_.params(); }
+  const ParamInfo* FindParam(const std::string& name) const { return layout_.FindParam(name); }
   std::span<float> param_data() { return params_data_; }
   std::span<float> grad_data() { return grads_data_; }
   std::span<const float> param_data() const { return params_data_; }
   std::span<const float> grad_data() const { return grads_data_; }
-  void ZeroGrads();
-  // Whether this stage holds a copy of the tied embedding that another stage
-  // also holds (tied head, first != last).
-  bool HasSharedEmbedding() const;
-
+  bool HasSharedEmbedding() const { return layout_.HasSharedEmbedding(); }
   // Elements of the hidden-state tensor crossing a stage boundary.
-  int64_t HiddenElements(const TokenBatch& batch) const { return batch.rows * batch.seq * config_.hidden; }
-
-  // Forward of micro-batch `mb`. The first stage reads batch.tokens and
-  // positions, later stages `hidden_in` (rows, seq, hidden). Stages other
-  // than the last write `hidden_out`. The last stage returns the loss summed
-  // over scored tokens, each weighted by `loss_scale` (1 / loss tokens of the
-  // global batch); other stages return 0.
-  absl::StatusOr<double> Forward(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
-                                 float loss_scale);
-  // Backward of micro-batch `mb`, accumulating parameter gradients.
-  // `dhidden_out`: gradient of this stage's output (null on the last stage).
-  // `dhidden_in`: receives the gradient of the stage input (not written on
-  // the first stage; may be null there).
-  absl::Status Backward(int mb, const float* dhidden_out, float* dhidden_in);
-  // Forward without keeping anything for backward (evaluation): like
-  // Forward, except that the last stage writes the logits of every position,
-  // (rows * seq, vocab), to `out`; other stages write the hidden state.
-  absl::Status Infer(const TokenBatch& batch, const float* hidden_in, float* out);
-  // Micro-batches forwarded but not yet backwarded.
-  size_t in_flight() const { return stash_.size(); }
+  int64_t HiddenElements(const TokenBatch& batch) const { return batch.rows * batch.seq * config().hidden; }
 
  private:
   struct Stash;
-  struct Layer {  // parameter offsets
-    size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
-  };
-  GptStage(const GptConfig& c, const Options& o, BufferPool* pool);
-  void Build();
+  struct LayerActs;
+  GptStage(GptLayout layout, BufferPool* pool);
+  // Fills every activation of layer `l` from a.x; writes the layer's output
+  // (N, C) to `out` unless it is null (recomputation needs no output).
+  absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B, int64_t T,
+                            float* out);
+  absl::StatusOr<Buffer> Get(int64_t floats);
   float* P(size_t offset) { return params_data_.data() + offset; }
   float* G(size_t offset) { return grads_data_.data() + offset; }
-  size_t Add(const std::string& name, std::vector<int64_t> shape);
 
-  GptConfig config_;
-  Options options_;
+  GptLayout layout_;
   BufferPool* pool_;
-  std::vector<ParamInfo> params_;
-  std::vector<float> params_data_;
-  std::vector<float> grads_data_;
-  std::vector<Layer> layers_;
-  size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;
+  std::vector<float> params_data_, grads_data_, m_, v_;
   std::map<int, std::unique_ptr<Stash>> stash_;
 };
-
-// Deterministic N(0, std) value number `index` of the tensor `name`.
-float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std);
 
 }  // namespace dynapipe::runtime::model

@@ -69,7 +69,8 @@ struct Result {
 
 // Runs the micro-batches through a whole-model stage; gradients accumulate.
 Result RunSplit(const std::vector<proto::MicroBatch>& mbs, const data::Dataset& ds, float scale,
-                GptConfig config = TinyConfig()) {
+                GptConfig config = TinyConfig(), Recompute recompute = Recompute::kNone,
+                size_t* peak_bytes = nullptr) {
   BufferPool pool(CpuAllocator());
   auto stage = GptStage::Create(config, {0, 4, true, true, 7}, &pool);
   REQUIRE(stage.ok());
@@ -77,10 +78,12 @@ Result RunSplit(const std::vector<proto::MicroBatch>& mbs, const data::Dataset& 
   for (size_t m = 0; m < mbs.size(); ++m) {
     auto b = BuildTokenBatch(mbs[m], ds, 64);
     REQUIRE(b.ok());
-    auto loss = (*stage)->Forward(static_cast<int>(m), *b, nullptr, nullptr, scale);
+    auto loss = (*stage)->Forward(static_cast<int>(m), *b, nullptr, nullptr, scale, recompute);
     REQUIRE(loss.ok());
     r.loss += *loss;
   }
+  // What forward kept for backward, all micro-batches in flight.
+  if (peak_bytes != nullptr) *peak_bytes = pool.stats().in_use_bytes;
   for (size_t m = mbs.size(); m-- > 0;) REQUIRE((*stage)->Backward(static_cast<int>(m), nullptr, nullptr).ok());
   r.grads.assign((*stage)->grad_data().begin(), (*stage)->grad_data().end());
   return r;
@@ -182,7 +185,7 @@ TEST_CASE("split invariance: one micro-batch, a dynamic split and packed rows gi
   spec.set_attention(proto::AttentionKernel::materialized);
   auto from_spec = GptConfig::FromSpec(spec);
   REQUIRE(from_spec.ok());
-  CHECK(from_spec->attention == cpu::AttentionKernel::kMaterialized);
+  CHECK(from_spec->attention == AttentionKernel::kMaterialized);
   materialized.attention = from_spec->attention;
   const Result am = RunSplit({Mb(6, max_len, one)}, *ds, scale, materialized);
   const Result cm = RunSplit({Mb(2, 64, packed)}, *ds, scale, materialized);
@@ -257,6 +260,30 @@ TEST_CASE("stages chained give the whole model's loss and gradients; initialisat
   const ParamInfo* w = (*ref)->FindParam("wte");
   CHECK(RelDiff(wte_sum, std::vector<float>(whole.grads.begin() + w->offset, whole.grads.begin() + w->offset + w->size)) <=
         1e-5);
+}
+
+TEST_CASE("recomputation (selective, full) keeps less and gives bit-identical loss and gradients", "[model]") {
+  auto ds = MakeDataset(6);
+  auto placed = [&](int id, int row, int offset) {
+    const data::SampleView v = ds->sample(id);
+    return Placed{id, static_cast<int>(v.input.size() + v.target.size()), static_cast<int>(v.target.size()), row,
+                  offset};
+  };
+  // Padded rows, and one packed row of two samples.
+  const Placed p4 = placed(4, 0, 0), p5 = placed(5, 0, p4.len);
+  const std::vector<proto::MicroBatch> mbs = {Mb(2, 40, {placed(0, 0, 0), placed(1, 1, 0)}),
+                                              Mb(1, 40, {placed(2, 0, 0)}), Mb(1, 64, {p4, p5})};
+  const float scale = 1.0f / 50;
+  size_t kept_none = 0, kept_selective = 0, kept_full = 0;
+  const Result none = RunSplit(mbs, *ds, scale, TinyConfig(), Recompute::kNone, &kept_none);
+  const Result selective = RunSplit(mbs, *ds, scale, TinyConfig(), Recompute::kSelective, &kept_selective);
+  const Result full = RunSplit(mbs, *ds, scale, TinyConfig(), Recompute::kFull, &kept_full);
+  CHECK(kept_selective < kept_none);
+  CHECK(kept_full < kept_selective);
+  CHECK(selective.loss == none.loss);
+  CHECK(full.loss == none.loss);
+  CHECK(selective.grads == none.grads);
+  CHECK(full.grads == none.grads);
 }
 
 }  // namespace

@@ -159,7 +159,7 @@ class CpuProfiledStage final : public ProfiledStage {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (float& v : in) v = normal(rng);
     for (float& v : dout) v = normal(rng) * 1e-3f;
-    stage_->ZeroGrads();
+    RETURN_IF_ERROR(stage_->ZeroGrads());
     const size_t base = pool_.stats().in_use_bytes;
     pool_.ResetPeak();
     StageRun r;

@@ -35,9 +35,14 @@ double GlobalNorm(std::span<const std::span<const float>> grads) {
   return std::sqrt(sum);
 }
 
-double ClipByGlobalNorm(std::span<const std::span<float>> grads, double max_norm, double norm) {
+double ClipFactor(double max_norm, double norm) {
   if (max_norm <= 0 || norm <= max_norm) return 1.0;
-  const double f = max_norm / (norm + 1e-6);
+  return max_norm / (norm + 1e-6);
+}
+
+double ClipByGlobalNorm(std::span<const std::span<float>> grads, double max_norm, double norm) {
+  const double f = ClipFactor(max_norm, norm);
+  if (f == 1.0) return f;
   for (auto g : grads) {
     for (float& x : g) x = static_cast<float>(x * f);
   }

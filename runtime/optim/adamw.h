@@ -25,8 +25,12 @@ double LearningRate(const proto::OptimizerSpec& spec, int64_t step, int64_t tota
 // sqrt(sum of squares) over every gradient span.
 double GlobalNorm(std::span<const std::span<const float>> grads);
 
-// Scales every gradient by min(1, max_norm / norm); returns the factor (1 when
-// max_norm <= 0 or the norm is already below it).
+// The clipping factor: max_norm / (norm + 1e-6) when max_norm > 0 and the
+// norm exceeds it, else 1.
+double ClipFactor(double max_norm, double norm);
+
+// Scales every gradient by ClipFactor (each x becomes float(x * factor));
+// returns the factor.
 double ClipByGlobalNorm(std::span<const std::span<float>> grads, double max_norm, double norm);
 
 // One AdamW update of `params` in place; `m` and `v` are the moment buffers

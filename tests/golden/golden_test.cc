@@ -178,7 +178,7 @@ std::unique_ptr<GptStage> MakeStage(const Golden& g, int first_layer, int num_la
     REQUIRE(t.shape == p.shape);
     std::copy(t.f32.begin(), t.f32.end(), (*stage)->param_data().begin() + p.offset);
   }
-  (*stage)->ZeroGrads();
+  REQUIRE((*stage)->ZeroGrads().ok());
   return std::move(*stage);
 }
 

@@ -1,5 +1,7 @@
 #include "runtime/backend/cuda/device_memory.h"
 
+#include <algorithm>
+
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 
@@ -60,10 +62,14 @@ bool CudaEventFences::Passed(Fence fence) {
   return true;
 }
 
-void CudaEventFences::Wait(Fence fence) {
-  if (const cudaError_t err = cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(fence)); err != cudaSuccess) {
-    spdlog::error("cudaEventSynchronize: {}", cudaGetErrorString(err));
+bool CudaEventFences::WaitUntil(Fence fence, absl::Time deadline) {
+  absl::Duration nap = absl::Microseconds(50);
+  while (!Passed(fence)) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(nap);
+    nap = std::min(nap * 2, absl::Milliseconds(1));
   }
+  return true;
 }
 
 void CudaEventFences::Release(Fence fence) {

@@ -42,7 +42,9 @@ class CudaEventFences final : public StreamFences {
 
   Fence Record(StreamHandle stream) override;
   bool Passed(Fence fence) override;
-  void Wait(Fence fence) override;
+  // Polls the event (sleeping 50 us .. 1 ms between polls) until it passes
+  // or the deadline: a hung kernel must not hang the host.
+  bool WaitUntil(Fence fence, absl::Time deadline) override;
   void Release(Fence fence) override;
 
   // Events created so far (live and free), for tests.

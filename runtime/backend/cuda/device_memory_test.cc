@@ -19,7 +19,7 @@ TEST_CASE("device blocks come back per stream and wait for other streams' use", 
     void* sent = nullptr;
     Gate gate;
     {
-      Buffer a = pool.Get(1 << 20, Handle(compute.get()));
+      Buffer a = *pool.Get(1 << 20, Handle(compute.get()));
       CUDA_REQUIRE(cudaMemsetAsync(a.data(), 1, a.bytes(), compute.get()));
       sent = a.data();
       // The send on the comm stream is held back by the gate.
@@ -29,19 +29,33 @@ TEST_CASE("device blocks come back per stream and wait for other streams' use", 
     }
     CHECK(pool.stats().pending_bytes == BufferPool::SizeClass(1 << 20));
     {
-      Buffer b = pool.Get(1 << 20, Handle(compute.get()));
+      Buffer b = *pool.Get(1 << 20, Handle(compute.get()));
       CHECK(b.data() != sent);  // the comm stream has not used it yet
     }
     gate.Open();
     comm.Sync();
-    Buffer c = pool.Get(1 << 20, Handle(compute.get()));
-    Buffer d = pool.Get(1 << 20, Handle(compute.get()));
+    Buffer c = *pool.Get(1 << 20, Handle(compute.get()));
+    Buffer d = *pool.Get(1 << 20, Handle(compute.get()));
     CHECK((c.data() == sent || d.data() == sent));
     CHECK(pool.stats().misses == 2);
     CHECK(pool.stats().pending_bytes == 0);
     CHECK(fences.events_created() == 1);
   }
   CUDA_REQUIRE(cudaDeviceSynchronize());
+}
+
+TEST_CASE("a fence behind a stuck stream times out instead of blocking the host", "[gpu]") {
+  CudaEventFences fences;
+  Stream comm;
+  Gate gate;
+  gate.Block(comm.get());
+  const StreamFences::Fence f = fences.Record(Handle(comm.get()));
+  const absl::Time t0 = absl::Now();
+  CHECK_FALSE(fences.WaitUntil(f, t0 + absl::Milliseconds(50)));
+  CHECK(absl::Now() - t0 < absl::Seconds(5));
+  gate.Open();
+  CHECK(fences.WaitUntil(f, absl::Now() + absl::Seconds(60)));
+  fences.Release(f);
 }
 
 TEST_CASE("an impossible device allocation returns null instead of breaking the context", "[gpu]") {

@@ -1,0 +1,66 @@
+#include "runtime/executor/plan_prefetcher.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <map>
+#include <mutex>
+
+namespace dynapipe::runtime::executor {
+namespace {
+
+// A planner whose plans become ready after a number of timed-out attempts.
+struct FakePlanner {
+  std::mutex mu;
+  std::map<int64_t, int> attempts;
+  std::map<int64_t, int> not_ready;  // attempts answered DEADLINE_EXCEEDED first
+  int64_t wrong_iteration = -1;      // answered with another iteration's plan
+  absl::StatusOr<proto::ExecutionPlan> Fetch(int64_t i) {
+    std::lock_guard<std::mutex> l(mu);
+    if (attempts[i]++ < not_ready[i]) return absl::DeadlineExceededError("not planned yet");
+    proto::ExecutionPlan p;
+    p.set_iteration(i == wrong_iteration ? i + 100 : i);
+    return p;
+  }
+};
+
+TEST_CASE("plans come in order, fetched ahead, and a plan not ready yet is asked for again", "[executor]") {
+  FakePlanner planner;
+  planner.not_ready[1] = 3;
+  PlanPrefetcher plans([&](int64_t i) { return planner.Fetch(i); }, 5, 2, [] { return false; });
+  auto p0 = plans.Next(0);
+  REQUIRE(p0.ok());
+  CHECK(p0->iteration() == 0);
+  auto p1 = plans.Next(1);
+  REQUIRE(p1.ok());
+  CHECK(p1->iteration() == 1);
+  CHECK(planner.attempts[1] == 4);
+  for (int64_t i = 2; i < 5; ++i) REQUIRE(plans.Next(i).ok());
+  // Never past the job's end, and each iteration fetched once when ready.
+  CHECK(planner.attempts.count(5) == 0);
+  CHECK(planner.attempts[3] == 1);
+  CHECK(plans.Next(5).status().code() == absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE("a stopped job ends the wait for its plan; a plan of another iteration is refused", "[executor]") {
+  FakePlanner planner;
+  planner.not_ready[0] = 1000000;
+  std::atomic<bool> stopped{false};
+  PlanPrefetcher plans(
+      [&](int64_t i) {
+        stopped = planner.attempts[0] >= 3;
+        return planner.Fetch(i);
+      },
+      3, 0, [&] { return stopped.load(); });
+  CHECK(plans.Next(0).status().code() == absl::StatusCode::kAborted);
+
+  FakePlanner wrong;
+  wrong.wrong_iteration = 1;
+  PlanPrefetcher other([&](int64_t i) { return wrong.Fetch(i); }, 3, 1, [] { return false; });
+  REQUIRE(other.Next(0).ok());
+  auto p = other.Next(1);
+  CHECK(p.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(p.status().message().find("iteration 101") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::executor

@@ -1,0 +1,185 @@
+#include "runtime/model/layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::model {
+
+size_t DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+const char* DTypeName(DType dtype) { return dtype == DType::kF32 ? "fp32" : "bf16"; }
+
+absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
+  if (spec.kind() != proto::ModelKind::gpt) {
+    return absl::InvalidArgumentError(absl::StrCat("model.kind: ", proto::ModelKind::Value_Name(spec.kind()),
+                                                   " is not supported by the executor (gpt only)"));
+  }
+  GptConfig c;
+  c.num_layers = spec.num_layers();
+  c.hidden = spec.hidden();
+  c.heads = spec.heads();
+  c.ffn = spec.ffn() > 0 ? spec.ffn() : 4 * spec.hidden();
+  c.vocab = spec.vocab();
+  c.max_positions = spec.max_positions();
+  c.tie_embeddings = spec.tie_embeddings();
+  c.attention = spec.attention() == proto::AttentionKernel::materialized ? AttentionKernel::kMaterialized
+                                                                         : AttentionKernel::kVarlen;
+  auto positive = [](int v, const char* field) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be positive, got ", v));
+  };
+  RETURN_IF_ERROR(positive(c.num_layers, "num_layers"));
+  RETURN_IF_ERROR(positive(c.hidden, "hidden"));
+  RETURN_IF_ERROR(positive(c.heads, "heads"));
+  RETURN_IF_ERROR(positive(c.vocab, "vocab"));
+  RETURN_IF_ERROR(positive(c.max_positions, "max_positions"));
+  if (c.hidden % c.heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.heads: ", c.heads, " does not divide model.hidden ", c.hidden));
+  }
+  return c;
+}
+
+absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
+  const size_t n = static_cast<size_t>(b.rows * b.seq);
+  if (b.rows <= 0 || b.seq <= 0 || b.tokens.size() != n || b.positions.size() != n || b.segments.size() != n ||
+      b.targets.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch tensors do not match its shape ", b.rows, "x", b.seq));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (b.tokens[i] < 0 || b.tokens[i] >= c.vocab || b.targets[i] >= c.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id outside the vocabulary of ", c.vocab));
+    }
+    if (b.positions[i] < 0 || b.positions[i] >= c.max_positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", b.positions[i], " outside the model's ", c.max_positions, " positions"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std) {
+  // FNV-1a of the name, then splitmix64 of (seed, name, index): stable across
+  // processes, builds and stage splits.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ULL;
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  const uint64_t base = mix(seed ^ mix(h)) + 2 * index;
+  const double u1 = (static_cast<double>(mix(base) >> 11) + 0.5) * 0x1.0p-53;
+  const double u2 = static_cast<double>(mix(base + 1) >> 11) * 0x1.0p-53;
+  return static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+}
+
+absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOptions& options) {
+  if (options.num_layers < 0 || options.first_layer < 0 ||
+      options.first_layer + options.num_layers > config.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("stage layers [", options.first_layer, ", ",
+                                                   options.first_layer + options.num_layers,
+                                                   ") are outside the model's ", config.num_layers, " layers"));
+  }
+  if (options.first != (options.first_layer == 0) ||
+      options.last != (options.first_layer + options.num_layers == config.num_layers)) {
+    return absl::InvalidArgumentError("stage: first/last flags disagree with its layer range");
+  }
+  GptLayout l(config, options);
+  const int64_t C = config.hidden, F = config.ffn, V = config.vocab, NP = config.max_positions;
+  const bool head_uses_wte = options.last && config.tie_embeddings;
+  if (options.first || head_uses_wte) l.wte_ = l.Add("wte", {V, C});
+  if (options.first) l.wpe_ = l.Add("wpe", {NP, C});
+  for (int i = 0; i < options.num_layers; ++i) {
+    const std::string p = absl::StrCat("h.", options.first_layer + i, ".");
+    Layer y;
+    y.ln1_w = l.Add(p + "ln1.w", {C});
+    y.ln1_b = l.Add(p + "ln1.b", {C});
+    y.qkv_w = l.Add(p + "attn.qkv.w", {3 * C, C});
+    y.qkv_b = l.Add(p + "attn.qkv.b", {3 * C});
+    y.proj_w = l.Add(p + "attn.proj.w", {C, C});
+    y.proj_b = l.Add(p + "attn.proj.b", {C});
+    y.ln2_w = l.Add(p + "ln2.w", {C});
+    y.ln2_b = l.Add(p + "ln2.b", {C});
+    y.fc_w = l.Add(p + "mlp.fc.w", {F, C});
+    y.fc_b = l.Add(p + "mlp.fc.b", {F});
+    y.mproj_w = l.Add(p + "mlp.proj.w", {C, F});
+    y.mproj_b = l.Add(p + "mlp.proj.b", {C});
+    l.layers_.push_back(y);
+  }
+  if (options.last) {
+    l.lnf_w_ = l.Add("lnf.w", {C});
+    l.lnf_b_ = l.Add("lnf.b", {C});
+    l.head_ = head_uses_wte ? l.wte_ : l.Add("lm_head.w", {V, C});
+  }
+  return l;
+}
+
+size_t GptLayout::Add(const std::string& name, std::vector<int64_t> shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  const size_t offset = num_params_;
+  ParamInfo p{name, std::move(shape), offset, n};
+  p.decay = p.shape.size() >= 2;
+  // The last stage's copy of a tied embedding is the same parameter as the
+  // first stage's: counted there.
+  p.in_norm = !(name == "wte" && HasSharedEmbedding() && !options_.first);
+  params_.push_back(std::move(p));
+  num_params_ += n;
+  return offset;
+}
+
+const ParamInfo* GptLayout::FindParam(const std::string& name) const {
+  for (const ParamInfo& p : params_) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+namespace {
+
+template <typename Pred>
+std::vector<ParamRun> Runs(const std::vector<ParamInfo>& params, Pred pred) {
+  std::vector<ParamRun> out;
+  for (const ParamInfo& p : params) {
+    if (!pred(p) || p.size == 0) continue;
+    if (!out.empty() && out.back().offset + out.back().size == p.offset) {
+      out.back().size += p.size;
+    } else {
+      out.push_back({p.offset, p.size});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<ParamRun> GptLayout::DecayRuns(bool want) const {
+  return Runs(params_, [want](const ParamInfo& p) { return p.decay == want; });
+}
+
+std::vector<ParamRun> GptLayout::NormRuns() const {
+  return Runs(params_, [](const ParamInfo& p) { return p.in_norm; });
+}
+
+void GptLayout::Initialize(std::span<float> out) const {
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.num_layers));
+  for (const ParamInfo& p : params_) {
+    float* w = out.data() + p.offset;
+    const std::string_view n = p.name;
+    if (n.ends_with("ln1.w") || n.ends_with("ln2.w") || n == "lnf.w") {
+      std::fill(w, w + p.size, 1.0f);
+    } else if (n.ends_with(".b")) {
+      std::fill(w, w + p.size, 0.0f);
+    } else {
+      const float std = n.ends_with("proj.w") ? residual_std : 0.02f;
+      for (size_t i = 0; i < p.size; ++i) w[i] = InitNormal(options_.seed, p.name, i, std);
+    }
+  }
+}
+
+}  // namespace dynapipe::runtime::model

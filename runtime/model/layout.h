@@ -1,0 +1,153 @@
+#pragma once
+
+// What every backend's GPT stage shares: the model config, the micro-batch
+// tensors, and one parameter layout with its initialisation. A stage owns a
+// contiguous layer range; the first stage also embeds, the last stage also
+// applies the final LayerNorm, the LM head and the loss. With a tied head
+// and more than one stage, first and last stage each hold a copy of `wte`.
+//
+// The layout is the contract between backends, checkpoints and the
+// optimizer: tensor names, shapes and offsets in one flat array (in this
+// order, packed with no gaps), and the two parameter groups the optimizer
+// treats differently:
+//   - weight decay applies to matrices only (embeddings, projections, the
+//     head), never to biases or LayerNorm gains;
+//   - the global gradient norm counts each parameter of the model once, so
+//     the last stage's copy of a tied `wte` does not count (the first
+//     stage's does).
+// Values are initialised from the seed and each tensor's name alone, so a
+// model has the same weights however it is split and whichever backend
+// holds it.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/model.pb.h"
+
+namespace dynapipe::runtime::model {
+
+// Which attention kernel a backend runs (model.attention): varlen computes
+// only the pairs inside one sample; materialized every causal pair of a row,
+// masked afterwards (Megatron-LM's packing). Results are the same.
+enum class AttentionKernel { kVarlen, kMaterialized };
+
+// What a forward keeps for backward (the plan's RecomputeLevel): everything;
+// everything but the attention internals, recomputed in backward
+// (selective); or only each layer's input, the whole layer recomputed in
+// backward (full).
+enum class Recompute { kNone, kSelective, kFull };
+
+// Element types of the tensors crossing stage boundaries.
+enum class DType { kF32, kBF16 };
+size_t DTypeBytes(DType dtype);
+const char* DTypeName(DType dtype);
+
+struct GptConfig {
+  int num_layers = 0;
+  int hidden = 0;
+  int heads = 0;
+  int ffn = 0;
+  int vocab = 0;
+  int max_positions = 0;
+  bool tie_embeddings = true;
+  AttentionKernel attention = AttentionKernel::kVarlen;
+
+  // INVALID_ARGUMENT naming the field for a spec this model cannot run.
+  static absl::StatusOr<GptConfig> FromSpec(const proto::ModelSpec& spec);
+};
+
+// One micro-batch as the model sees it: rows x seq token grids, row-major.
+struct TokenBatch {
+  int64_t rows = 0;
+  int64_t seq = 0;
+  std::vector<int32_t> tokens;     // pad where no sample
+  std::vector<int32_t> positions;  // within each sample
+  std::vector<int32_t> segments;   // sample within the row; -1: padding
+  std::vector<int32_t> targets;    // next token where scored, else -1
+  int64_t real_tokens = 0;         // segments >= 0
+  int64_t loss_tokens = 0;         // targets >= 0
+};
+
+// INVALID_ARGUMENT when the batch's tensors do not match its shape, or a
+// token id or position lies outside the model (the embedding kernels of both
+// backends trust them).
+absl::Status CheckTokenBatch(const TokenBatch& batch, const GptConfig& config);
+
+// Which part of the model a stage holds.
+struct StageOptions {
+  int first_layer = 0;
+  int num_layers = 0;
+  bool first = true;  // embeds
+  bool last = true;   // final LayerNorm, head, loss
+  uint64_t seed = 1;
+};
+
+struct ParamInfo {
+  std::string name;  // e.g. "wte", "h.3.attn.qkv.w", "lnf.b"
+  std::vector<int64_t> shape;
+  size_t offset = 0;  // in the stage's flat parameter (and gradient, moment) arrays
+  size_t size = 0;
+  bool decay = false;    // AdamW applies weight decay (matrices)
+  bool in_norm = false;  // counts in the global gradient norm
+};
+
+// A run of consecutive parameters [offset, offset + size) sharing a group.
+struct ParamRun {
+  size_t offset = 0;
+  size_t size = 0;
+};
+
+class GptLayout {
+ public:
+  struct Layer {  // parameter offsets
+    size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
+  };
+
+  // INVALID_ARGUMENT for a layer range outside the model or first/last flags
+  // that disagree with it.
+  static absl::StatusOr<GptLayout> Make(const GptConfig& config, const StageOptions& options);
+
+  const GptConfig& config() const { return config_; }
+  const StageOptions& options() const { return options_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo* FindParam(const std::string& name) const;
+  // Parameters in the flat arrays.
+  size_t num_params() const { return num_params_; }
+  const std::vector<Layer>& layers() const { return layers_; }
+  size_t wte() const { return wte_; }
+  size_t wpe() const { return wpe_; }
+  size_t lnf_w() const { return lnf_w_; }
+  size_t lnf_b() const { return lnf_b_; }
+  size_t head() const { return head_; }
+  // Whether this stage holds a copy of the tied embedding that another stage
+  // also holds (tied head, first != last).
+  bool HasSharedEmbedding() const { return config_.tie_embeddings && options_.first != options_.last; }
+  // Maximal runs of consecutive parameters with decay == want (resp.
+  // in_norm == want), for kernels that take one range per launch.
+  std::vector<ParamRun> DecayRuns(bool want) const;
+  std::vector<ParamRun> NormRuns() const;
+  // Writes the initial values (GPT-2 initialisation, residual projections
+  // scaled by depth) into `out` (num_params() floats).
+  void Initialize(std::span<float> out) const;
+
+ private:
+  GptLayout(const GptConfig& c, const StageOptions& o) : config_(c), options_(o) {}
+  size_t Add(const std::string& name, std::vector<int64_t> shape);
+
+  GptConfig config_;
+  StageOptions options_;
+  std::vector<ParamInfo> params_;
+  size_t num_params_ = 0;
+  std::vector<Layer> layers_;
+  size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;
+};
+
+// Deterministic N(0, std) value number `index` of the tensor `name`.
+float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std);
+
+}  // namespace dynapipe::runtime::model

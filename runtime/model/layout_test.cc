@@ -1,0 +1,103 @@
+#include "runtime/model/layout.h"
+
+#include <catch2/catch.hpp>
+#include <numeric>
+#include <set>
+
+namespace dynapipe::runtime::model {
+namespace {
+
+GptConfig Config(bool tied) {
+  GptConfig c;
+  c.num_layers = 4;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn = 64;
+  c.vocab = 40;
+  c.max_positions = 16;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+GptLayout Layout(const GptConfig& c, int first, int n) {
+  StageOptions o{first, n, first == 0, first + n == c.num_layers, 7};
+  auto l = GptLayout::Make(c, o);
+  REQUIRE(l.ok());
+  return *l;
+}
+
+size_t Total(const std::vector<ParamRun>& runs) {
+  size_t n = 0;
+  for (const ParamRun& r : runs) n += r.size;
+  return n;
+}
+
+TEST_CASE("weight decay applies to matrices only: never to biases or LayerNorm gains", "[model]") {
+  const GptLayout l = Layout(Config(true), 0, 4);
+  int decayed = 0;
+  for (const ParamInfo& p : l.params()) {
+    INFO(p.name);
+    const bool matrix = p.name == "wte" || p.name == "wpe" || p.name.ends_with(".w") && !p.name.ends_with("ln1.w") &&
+                                                                  !p.name.ends_with("ln2.w") && p.name != "lnf.w";
+    CHECK(p.decay == matrix);
+    decayed += p.decay ? 1 : 0;
+  }
+  CHECK(decayed == 2 + 4 * 4);  // wte, wpe; qkv, proj, fc, mlp proj per layer
+  // The runs cover every parameter exactly once, in order, maximal.
+  const auto yes = l.DecayRuns(true), no = l.DecayRuns(false);
+  CHECK(Total(yes) + Total(no) == l.num_params());
+  for (const auto* runs : {&yes, &no}) {
+    for (size_t i = 1; i < runs->size(); ++i) CHECK((*runs)[i - 1].offset + (*runs)[i - 1].size < (*runs)[i].offset);
+  }
+}
+
+TEST_CASE("the global norm counts a tied embedding once: the first stage's copy", "[model]") {
+  const GptConfig c = Config(true);
+  const GptLayout first = Layout(c, 0, 2), last = Layout(c, 2, 2), whole = Layout(c, 0, 4);
+  REQUIRE(first.HasSharedEmbedding());
+  REQUIRE(last.HasSharedEmbedding());
+  CHECK_FALSE(whole.HasSharedEmbedding());
+  CHECK(first.FindParam("wte")->in_norm);
+  REQUIRE(last.FindParam("wte") != nullptr);
+  CHECK_FALSE(last.FindParam("wte")->in_norm);
+  CHECK(whole.FindParam("wte")->in_norm);
+  // Every parameter of the model counts exactly once over the two stages.
+  CHECK(Total(first.NormRuns()) + Total(last.NormRuns()) == whole.num_params());
+  CHECK(Total(last.NormRuns()) == last.num_params() - last.FindParam("wte")->size);
+  // Untied: the head is its own parameter and counts.
+  const GptLayout untied_last = Layout(Config(false), 2, 2);
+  CHECK(untied_last.FindParam("wte") == nullptr);
+  CHECK(untied_last.FindParam("lm_head.w")->in_norm);
+  CHECK(Total(untied_last.NormRuns()) == untied_last.num_params());
+}
+
+TEST_CASE("layouts pack tensors without gaps and initialise by name, whatever the split", "[model]") {
+  const GptConfig c = Config(true);
+  const GptLayout whole = Layout(c, 0, 4), mid = Layout(c, 1, 2);
+  size_t next = 0;
+  for (const ParamInfo& p : mid.params()) {
+    CHECK(p.offset == next);
+    next += p.size;
+  }
+  CHECK(next == mid.num_params());
+  std::vector<float> a(whole.num_params()), b(mid.num_params());
+  whole.Initialize(a);
+  mid.Initialize(b);
+  for (const ParamInfo& p : mid.params()) {
+    const ParamInfo* q = whole.FindParam(p.name);
+    REQUIRE(q != nullptr);
+    CHECK(std::equal(b.begin() + p.offset, b.begin() + p.offset + p.size, a.begin() + q->offset));
+  }
+  CHECK(b[mid.FindParam("h.1.ln1.w")->offset] == 1.0f);
+  CHECK(b[mid.FindParam("h.1.ln1.b")->offset] == 0.0f);
+  CHECK(b[mid.FindParam("h.1.attn.qkv.w")->offset] != 0.0f);
+}
+
+TEST_CASE("a layer range outside the model is refused", "[model]") {
+  const GptConfig c = Config(true);
+  CHECK(GptLayout::Make(c, {3, 2, false, true, 1}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(GptLayout::Make(c, {0, 2, false, false, 1}).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::model
