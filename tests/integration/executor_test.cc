@@ -6,7 +6,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -221,6 +225,50 @@ TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; 
   CHECK(s2.start_iteration() >= 3);
   CHECK(s2.start_iteration() <= *latest + 1);
   CHECK(s2.start_iteration() % 3 == 0);
+}
+
+// Runs a shell command, collecting its output; its wait status.
+int RunCapturing(const std::string& cmd, std::string* out) {
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out->append(buf, n);
+  return ::pclose(pipe);
+}
+
+TEST_CASE("dynapipe-executor --backend cuda without a GPU stops at start with one line saying so") {
+  // timeout: where a GPU and a CUDA build exist the executor starts instead
+  // (and would wait for its planner); that case belongs to deploy/gpu_checks.sh.
+  const std::string cmd = "timeout 20 " + RunfilesRoot() +
+                          "/runtime/executor/dynapipe-executor --backend=cuda --planner=127.0.0.1:1 "
+                          "--http_port=-1 2>&1";
+  std::string out;
+  const int status = RunCapturing(cmd, &out);
+  INFO(out);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 124) {
+    SUCCEED("a CUDA device is visible here: the executor started");
+    return;
+  }
+  CHECK(WEXITSTATUS(status) == 2);
+  CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  CHECK(out.find("--backend cuda: ") != std::string::npos);
+  CHECK((out.find("no CUDA device") != std::string::npos || out.find("no CUDA backend") != std::string::npos));
+  CHECK(out.find("registered") == std::string::npos);  // it never got as far as the planner
+}
+
+TEST_CASE("dynapipe-executor refuses an unknown backend or communicator naming the flag") {
+  for (const char* flags : {"--backend=tpu", "--comm=mpi", "--backend=cpu --comm=nccl"}) {
+    const std::string cmd = "timeout 20 " + RunfilesRoot() + "/runtime/executor/dynapipe-executor " + flags +
+                            " --planner=127.0.0.1:1 --http_port=-1 2>&1";
+    std::string out;
+    const int status = RunCapturing(cmd, &out);
+    INFO(flags << ": " << out);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    CHECK((out.find("--backend") != std::string::npos || out.find("--comm") != std::string::npos));
+  }
 }
 
 }  // namespace
