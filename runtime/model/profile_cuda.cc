@@ -16,6 +16,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
+// Bounds every host wait for the device (a hung kernel, a lost device).
+constexpr std::chrono::seconds kWaitTimeout = std::chrono::minutes(5);
+
 // Everything the CUDA stages of one profile share: the stream, the device
 // pool, and the events that time forward and backward.
 struct Device {
@@ -26,8 +29,11 @@ struct Device {
   cudaEvent_t start = nullptr, mid = nullptr, end = nullptr;
 
   ~Device() {
-    if (stream != nullptr) cudaStreamSynchronize(stream);
-    pool.reset();  // before the stream goes: its blocks belong to the stream
+    // The pool goes before the stream (its blocks belong to the stream), once
+    // the stream's work is over; if it never ends, the pool is leaked rather
+    // than freed under running kernels.
+    if (stream != nullptr && end != nullptr && !Wait("profile teardown").ok()) (void)pool.release();
+    pool.reset();
     for (cudaEvent_t e : {start, mid, end}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
@@ -39,12 +45,17 @@ struct Device {
     for (cudaEvent_t* e : {&start, &mid, &end}) CUDA_RETURN_IF_ERROR(cudaEventCreate(e));
     return absl::OkStatus();
   }
+  // Waits for the work queued on the stream so far, with the deadline.
+  absl::Status Wait(const char* what) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(end, stream));
+    return cuda::WaitForEvent(end, kWaitTimeout, what);
+  }
 };
 
 class CudaProfiledStage final : public ProfiledStage {
  public:
   static absl::StatusOr<std::unique_ptr<ProfiledStage>> Create(Device* device, const GptConfig& config,
-                                                               const GptStage::Options& options) {
+                                                               const StageOptions& options) {
     auto self = std::unique_ptr<CudaProfiledStage>(new CudaProfiledStage(device));
     ASSIGN_OR_RETURN(self->stage_, CudaGptStage::Create(config, options, device->stream, device->pool.get()));
     return std::unique_ptr<ProfiledStage>(std::move(self));
@@ -52,30 +63,33 @@ class CudaProfiledStage final : public ProfiledStage {
   double param_mb() const override { return static_cast<double>(stage_->num_params()) * sizeof(float) / 1e6; }
 
   absl::StatusOr<StageRun> Run(const TokenBatch& batch, std::mt19937_64& rng) override {
-    const GptStage::Options& o = stage_->options();
+    const StageOptions& o = stage_->options();
     const int64_t hidden = stage_->HiddenElements(batch);
     const StreamHandle s = cuda::Handle(device_->stream);
     BufferPool& pool = *device_->pool;
     Buffer in, out, dout, din;
-    if (!o.first) in = RandomBf16(hidden, 1.0f, rng);
-    if (!o.last) {
-      out = pool.Get(hidden * sizeof(bf16), s);
-      dout = RandomBf16(hidden, 1e-3f, rng);
+    if (!o.first) {
+      ASSIGN_OR_RETURN(in, RandomBf16(hidden, 1.0f, rng));
     }
-    if (!o.first) din = pool.Get(hidden * sizeof(bf16), s);
+    if (!o.last) {
+      ASSIGN_OR_RETURN(out, pool.Get(hidden * sizeof(bf16), s));
+      ASSIGN_OR_RETURN(dout, RandomBf16(hidden, 1e-3f, rng));
+    }
+    if (!o.first) {
+      ASSIGN_OR_RETURN(din, pool.Get(hidden * sizeof(bf16), s));
+    }
     RETURN_IF_ERROR(stage_->ZeroGrads());
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(device_->stream));  // staging done before timing
+    RETURN_IF_ERROR(device_->Wait("profile staging"));  // staging done before timing
     const size_t base = pool.stats().in_use_bytes;
     pool.ResetPeak();
     CUDA_RETURN_IF_ERROR(cudaEventRecord(device_->start, device_->stream));
-    RETURN_IF_ERROR(stage_->Forward(0, batch, in.as<const bf16>(), out.as<bf16>(),
-                                    1.0f / static_cast<float>(batch.loss_tokens))
+    RETURN_IF_ERROR(stage_->Forward(0, batch, in.data(), out.data(), 1.0f / static_cast<float>(batch.loss_tokens),
+                                    Recompute::kNone)
                         .status());
     CUDA_RETURN_IF_ERROR(cudaEventRecord(device_->mid, device_->stream));
     const size_t stored = pool.stats().in_use_bytes - base;
-    RETURN_IF_ERROR(stage_->Backward(0, dout.as<const bf16>(), din.as<bf16>()));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(device_->end, device_->stream));
-    RETURN_IF_ERROR(cuda::WaitForEvent(device_->end, std::chrono::minutes(5), "profile run"));
+    RETURN_IF_ERROR(stage_->Backward(0, dout.data(), din.data()));
+    RETURN_IF_ERROR(device_->Wait("profile run"));  // records `end`
     float fw = 0, bw = 0;
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fw, device_->start, device_->mid));
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&bw, device_->mid, device_->end));
@@ -92,19 +106,17 @@ class CudaProfiledStage final : public ProfiledStage {
   explicit CudaProfiledStage(Device* device) : device_(device) {}
 
   // n bf16 values N(0, std) on the device (staged through fp32).
-  Buffer RandomBf16(int64_t n, float std, std::mt19937_64& rng) {
+  absl::StatusOr<Buffer> RandomBf16(int64_t n, float std, std::mt19937_64& rng) {
     std::normal_distribution<float> normal(0.0f, std);
     host_.resize(n);
     for (float& v : host_) v = normal(rng);
     const StreamHandle s = cuda::Handle(device_->stream);
-    Buffer f32 = device_->pool->Get(n * sizeof(float), s);
-    Buffer out = device_->pool->Get(n * sizeof(bf16), s);
-    // Synchronous from pageable memory: host_ may be reused at once.
-    if (cudaMemcpyAsync(f32.data(), host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, device_->stream) !=
-            cudaSuccess ||
-        !cuda::CastF32ToBf16(f32.as<float>(), out.as<uint16_t>(), n, device_->stream).ok()) {
-      return Buffer();  // the stage then reports the missing input
-    }
+    ASSIGN_OR_RETURN(Buffer f32, device_->pool->Get(n * sizeof(float), s));
+    ASSIGN_OR_RETURN(Buffer out, device_->pool->Get(n * sizeof(bf16), s));
+    // Staged at once from pageable memory: host_ may be reused on return.
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(f32.data(), host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, device_->stream));
+    RETURN_IF_ERROR(cuda::CastF32ToBf16(f32.as<float>(), out.as<uint16_t>(), n, device_->stream));
     return out;
   }
 
@@ -126,7 +138,7 @@ absl::StatusOr<proto::CostProfile> ProfileGptCuda(const GptConfig& config, const
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, dev));
   Device device;
   RETURN_IF_ERROR(device.Init());
-  return ProfileLayers(config, options, prop.name, [&](const GptConfig& c, const GptStage::Options& o) {
+  return ProfileLayers(config, options, prop.name, [&](const GptConfig& c, const StageOptions& o) {
     return CudaProfiledStage::Create(&device, c, o);
   });
 }

@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/cost_profile.pb.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/layout.h"
 #include "runtime/model/profile.h"
 
 namespace dynapipe::runtime::model {

@@ -17,6 +17,13 @@ __global__ void ResidualAddKernel(bf16* out, const bf16* a, const bf16* b, int64
   }
 }
 
+__global__ void AddF32Kernel(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
 __global__ void GatherRowsKernel(bf16* out, const bf16* in, const int32_t* rows, int64_t M, int64_t C) {
   const int64_t n = M * C;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -52,6 +59,14 @@ absl::Status ResidualAdd(bf16* out, const bf16* a, const bf16* b, int64_t n, cud
   }
   ResidualAddKernel<<<GridFor(n), kThreads, 0, stream>>>(out, a, b, n);
   return CudaStatus(cudaGetLastError(), "ResidualAdd launch");
+}
+
+absl::Status AddF32(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("AddF32: n must be >= 0, got ", n));
+  if (n == 0) return absl::OkStatus();
+  if (out == nullptr || a == nullptr || b == nullptr) return absl::InvalidArgumentError("AddF32: null device pointer");
+  AddF32Kernel<<<GridFor(n), kThreads, 0, stream>>>(out, a, b, n);
+  return CudaStatus(cudaGetLastError(), "AddF32 launch");
 }
 
 absl::Status GatherRows(bf16* out, const bf16* in, const int32_t* rows, int64_t M, int64_t C, cudaStream_t stream) {

@@ -1,8 +1,10 @@
 #pragma once
 
 // The small element-wise kernels of the GPT stage (runtime/model/gpt_cuda.h):
-// the residual add, and the gather / scatter of the rows the LM head scores.
-// bf16 in and out, fp32 arithmetic, one rounding per written element.
+// the residual add, and the gather / scatter of the rows the LM head scores
+// (bf16 in and out, fp32 arithmetic, one rounding per written element); and
+// the fp32 sum the CUDA backend (runtime/backend/cuda_backend.h) uses for the
+// two copies of a tied embedding's gradient.
 // Launchers are asynchronous on `stream` and return the launch status. Row
 // indices are trusted to lie inside the indexed tensor (not checked on the
 // device, as the embedding's token ids: its row count is not even passed).
@@ -23,6 +25,13 @@ absl::Status ResidualAdd(__nv_bfloat16* out,      // (n)
                          const __nv_bfloat16* a,  // (n)
                          const __nv_bfloat16* b,  // (n)
                          int64_t n, cudaStream_t stream);
+
+// out[i] = a[i] + b[i] in fp32 (the CPU's `a[i] + b[i]`, bit for bit). out may
+// alias a or b, as ResidualAdd.
+absl::Status AddF32(float* out,      // (n)
+                    const float* a,  // (n)
+                    const float* b,  // (n)
+                    int64_t n, cudaStream_t stream);
 
 // out[r, :] = in[rows[r], :]. Rows may repeat. out must not overlap in.
 absl::Status GatherRows(__nv_bfloat16* out,       // (M, C)

@@ -63,6 +63,29 @@ TEST_CASE("ResidualAdd adds in fp32 and rounds once, in place too", "[gpu]") {
   CheckResidualAdd(100003, 13);  // not a multiple of the block
 }
 
+TEST_CASE("AddF32 matches the host's fp32 sum bit for bit, in place too", "[gpu]") {
+  Stream stream;
+  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+    INFO("n=" << n);
+    // Different scales, so the sums round.
+    const std::vector<float> a = RandomNormal(n, 31 + n, 5.0f), b = RandomNormal(n, 32 + n, 1e-3f);
+    std::vector<float> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = a[i] + b[i];
+    DeviceArray<float> da(a), db(b), out(std::vector<float>(n, -7.0f));
+    REQUIRE_OK(AddF32(out.get(), da.get(), db.get(), n, stream.get()));
+    const std::vector<float> got = out.Download();
+    CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+    CHECK(got != a);  // the addend mattered
+    // In place into the first operand: the backend's SumPair does this.
+    REQUIRE_OK(AddF32(da.get(), da.get(), db.get(), n, stream.get()));
+    const std::vector<float> in_place = da.Download();
+    CHECK(std::memcmp(in_place.data(), want.data(), n * sizeof(float)) == 0);
+  }
+  CHECK(AddF32(nullptr, nullptr, nullptr, 0, nullptr).ok());
+  CHECK(AddF32(nullptr, nullptr, nullptr, -1, nullptr).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(AddF32(nullptr, nullptr, nullptr, 4, nullptr).code() == absl::StatusCode::kInvalidArgument);
+}
+
 // Distinct rows in [0, N), shuffled.
 std::vector<int32_t> DistinctRows(int64_t N, int64_t M, uint64_t seed) {
   REQUIRE(M <= N);

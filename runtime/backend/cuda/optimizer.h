@@ -2,15 +2,23 @@
 
 // AdamW on fp32 master weights with the bf16 compute copy, and the sum of
 // squares behind the global gradient norm. Same math as the CPU's
-// runtime/optim/adamw.h (decoupled weight decay applied to every parameter,
-// bias correction 1 - beta^step); arithmetic here is fp32 per element, the
-// bias corrections are computed in double on the host. Launchers are
-// asynchronous on `stream` and return the launch status.
+// runtime/optim/adamw.h (decoupled weight decay, bias correction
+// 1 - beta^step); arithmetic here is fp32 per element, the bias corrections
+// are computed in double on the host. Launchers are asynchronous on `stream`
+// and return the launch status.
 //
-// Gradient clipping: the caller sums SumOfSquares over every gradient tensor
-// into one device double, copies it to the host, takes sqrt, and passes the
-// clipping factor (optim::ClipByGlobalNorm's rule) as AdamWParams::grad_scale,
-// so the gradients are never rescaled in a separate pass.
+// A launch updates one contiguous range with one weight decay. Which
+// parameters decay is the caller's business: the GPT stage
+// (runtime/model/gpt_cuda.h) launches once per run of the layout's decay
+// group (GptLayout::DecayRuns(true), matrices) with the job's weight decay
+// and once per run of the rest (biases, LayerNorm gains) with 0, as the CPU
+// stage does.
+//
+// Gradient clipping: the caller sums SumOfSquares over the runs of the
+// layout's norm group (GptLayout::NormRuns) into one device double, copies it
+// to the host, takes sqrt, and passes the clipping factor
+// (optim::ClipByGlobalNorm's rule) as AdamWParams::grad_scale, so the
+// gradients are never rescaled in a separate pass.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>

@@ -105,6 +105,37 @@ TEST_CASE("AdamWStep without a bf16 copy updates the fp32 state only", "[gpu]") 
   CHECK(RelativeError(d_params.Download(), params) <= 1e-6);
 }
 
+TEST_CASE("AdamWStep on a sub-range (the GPT stage's parameter groups) touches that range only", "[gpu]") {
+  // Zero gradients: only the decay term moves a parameter, p -> p (1 - lr wd).
+  const int64_t n = 1000, begin = 8, count = 200;
+  const std::vector<float> params = RandomNormal(n, 41), zeros(n, 0.0f);
+  DeviceArray<float> d_params(params), d_grads(zeros), d_m(zeros), d_v(zeros);
+  DeviceArray<bf16> d_bf16(std::vector<bf16>(n, HostBf16(7.0f)));
+  const AdamWParams decay{0.1f, 0.9f, 0.95f, 1e-8f, 0.5f, 1};
+  AdamWParams no_decay = decay;
+  no_decay.weight_decay = 0;
+  Stream stream;
+  REQUIRE_OK(AdamWStep(d_params.get() + begin, d_bf16.get() + begin, d_grads.get() + begin, d_m.get() + begin,
+                       d_v.get() + begin, count, decay, stream.get()));
+  REQUIRE_OK(AdamWStep(d_params.get() + begin + count, d_bf16.get() + begin + count, d_grads.get() + begin + count,
+                       d_m.get() + begin + count, d_v.get() + begin + count, 16, no_decay, stream.get()));
+  const std::vector<float> got = d_params.Download();
+  const std::vector<bf16> copy = d_bf16.Download();
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("i=" << i);
+    if (i >= begin && i < begin + count) {
+      REQUIRE(std::abs(got[i] - params[i] * 0.95f) <= 1e-6f * std::abs(params[i]));
+      REQUIRE(Bits(copy[i]) == Bits(HostBf16(got[i])));
+    } else if (i >= begin + count && i < begin + count + 16) {
+      REQUIRE(got[i] == params[i]);  // no decay, no gradient: unchanged
+      REQUIRE(Bits(copy[i]) == Bits(HostBf16(params[i])));
+    } else {
+      REQUIRE(got[i] == params[i]);  // outside both launches
+      REQUIRE(Bits(copy[i]) == Bits(HostBf16(7.0f)));
+    }
+  }
+}
+
 double HostSumOfSquares(const std::vector<float>& x, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];

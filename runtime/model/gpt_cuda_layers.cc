@@ -1,0 +1,328 @@
+// CudaGptStage: forward (training and inference) and backward passes.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/backend/cuda/cross_entropy.h"
+#include "runtime/backend/cuda/cuda_status.h"
+#include "runtime/backend/cuda/elementwise.h"
+#include "runtime/backend/cuda/embedding.h"
+#include "runtime/backend/cuda/gelu.h"
+#include "runtime/backend/cuda/layernorm.h"
+#include "runtime/model/gpt_cuda.h"
+#include "runtime/model/gpt_cuda_stash.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::model {
+
+namespace cuda = ::dynapipe::runtime::cuda;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+constexpr size_t kBf16 = sizeof(bf16), kF32 = sizeof(float);
+// Offsets of the int32 regions in Stash::ints: 256-byte multiples.
+constexpr int64_t kIntAlign = 64;
+int64_t AlignInts(int64_t n) { return (n + kIntAlign - 1) / kIntAlign * kIntAlign; }
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+absl::Status Zero(const Buffer& b, cudaStream_t stream) {
+  if (b.empty()) return absl::OkStatus();
+  return cuda::CudaStatus(cudaMemsetAsync(b.data(), 0, b.bytes(), stream), "cudaMemsetAsync");
+}
+
+absl::Status CopyD2D(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  return cuda::CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync D2D");
+}
+
+}  // namespace
+
+absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B,
+                                        int64_t T, bf16* out) {
+  const int64_t N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
+  cudaStream_t st = stream_;
+  ASSIGN_OR_RETURN(a.ln1, GetBf16(N * C));
+  ASSIGN_OR_RETURN(a.ln1_mean, GetF32(N));
+  ASSIGN_OR_RETURN(a.ln1_rstd, GetF32(N));
+  RETURN_IF_ERROR(cuda::LayerNormForward(a.ln1.as<bf16>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(),
+                                         a.x.as<const bf16>(), W(l.ln1_w), W(l.ln1_b), N, C, st));
+  ASSIGN_OR_RETURN(a.qkv, GetBf16(N * 3 * C));
+  RETURN_IF_ERROR(matmul_->Forward(a.qkv.as<bf16>(), a.ln1.as<const bf16>(), W(l.qkv_w), W(l.qkv_b), N, C, 3 * C, st));
+  ASSIGN_OR_RETURN(a.atty, GetBf16(N * C));
+  ASSIGN_OR_RETURN(a.lse, GetF32(B * NH * T));
+  RETURN_IF_ERROR(cuda::AttentionForward(a.atty.as<bf16>(), a.lse.as<float>(), a.qkv.as<const bf16>(), segments, B, T,
+                                         C, NH, attention_mode_, st));
+  ASSIGN_OR_RETURN(a.x2, GetBf16(N * C));
+  RETURN_IF_ERROR(matmul_->Forward(a.x2.as<bf16>(), a.atty.as<const bf16>(), W(l.proj_w), W(l.proj_b), N, C, C, st));
+  RETURN_IF_ERROR(cuda::ResidualAdd(a.x2.as<bf16>(), a.x2.as<const bf16>(), a.x.as<const bf16>(), N * C, st));
+  ASSIGN_OR_RETURN(a.ln2, GetBf16(N * C));
+  ASSIGN_OR_RETURN(a.ln2_mean, GetF32(N));
+  ASSIGN_OR_RETURN(a.ln2_rstd, GetF32(N));
+  RETURN_IF_ERROR(cuda::LayerNormForward(a.ln2.as<bf16>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
+                                         a.x2.as<const bf16>(), W(l.ln2_w), W(l.ln2_b), N, C, st));
+  ASSIGN_OR_RETURN(a.fc, GetBf16(N * F));
+  ASSIGN_OR_RETURN(a.gelu, GetBf16(N * F));
+  RETURN_IF_ERROR(matmul_->Forward(a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b), N, C, F, st));
+  RETURN_IF_ERROR(cuda::GeluForward(a.gelu.as<bf16>(), a.fc.as<const bf16>(), N * F, st));
+  if (out != nullptr) {
+    RETURN_IF_ERROR(matmul_->Forward(out, a.gelu.as<const bf16>(), W(l.mproj_w), W(l.mproj_b), N, F, C, st));
+    RETURN_IF_ERROR(cuda::ResidualAdd(out, out, a.x2.as<const bf16>(), N * C, st));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(const TokenBatch& batch,
+                                                                              const bf16* hidden_in, bf16* hidden_out,
+                                                                              Recompute recompute) {
+  const StageOptions& o = options();
+  RETURN_IF_ERROR(CheckTokenBatch(batch, config()));
+  if (!o.first && hidden_in == nullptr) return absl::InvalidArgumentError("stage input: missing");
+  if (!o.last && hidden_out == nullptr) return absl::InvalidArgumentError("stage output: missing");
+  if (!o.last && !layout_.layers().empty() && !Aligned16(hidden_out)) {
+    return absl::InvalidArgumentError("stage output: not 16-byte aligned");  // written by cuBLASLt
+  }
+  const int64_t B = batch.rows, T = batch.seq, N = B * T, C = config().hidden;
+  cudaStream_t st = stream_;
+  auto s = std::make_unique<Stash>();
+  s->rows = B;
+  s->seq = T;
+
+  // Token-level int32 inputs, one upload from pageable memory (a first
+  // version: pinned staging would make it truly asynchronous). CUDA stages a
+  // pageable host -> device copy before cudaMemcpyAsync returns; the source
+  // is kept with the stash all the same, so the upload does not depend on
+  // that.
+  std::vector<int32_t> scored, targets;
+  if (o.last) {
+    for (int64_t k = 0; k < N; ++k) {
+      if (batch.targets[k] >= 0) {
+        scored.push_back(static_cast<int32_t>(k));
+        targets.push_back(batch.targets[k]);
+      }
+    }
+  }
+  const int64_t M = static_cast<int64_t>(scored.size());
+  s->scored_count = M;
+  const int64_t o_pos = AlignInts(N), o_seg = o_pos + AlignInts(N), o_scored = o_seg + AlignInts(N),
+                o_targets = o_scored + AlignInts(M), total = o_targets + AlignInts(M);
+  std::vector<int32_t> ints(static_cast<size_t>(total), 0);
+  std::copy(batch.tokens.begin(), batch.tokens.end(), ints.begin());
+  std::copy(batch.positions.begin(), batch.positions.end(), ints.begin() + o_pos);
+  std::copy(batch.segments.begin(), batch.segments.end(), ints.begin() + o_seg);
+  std::copy(scored.begin(), scored.end(), ints.begin() + o_scored);
+  std::copy(targets.begin(), targets.end(), ints.begin() + o_targets);
+  ASSIGN_OR_RETURN(s->ints, Get(ints.size() * sizeof(int32_t)));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(s->ints.data(), ints.data(), ints.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  s->host_ints = std::move(ints);
+  const int32_t* dints = s->ints.as<const int32_t>();
+  s->tokens = dints;
+  s->positions = dints + o_pos;
+  s->segments = dints + o_seg;
+  s->scored = dints + o_scored;
+  s->targets = dints + o_targets;
+
+  ASSIGN_OR_RETURN(Buffer x, GetBf16(N * C));
+  if (o.first) {
+    RETURN_IF_ERROR(cuda::EmbeddingForward(x.as<bf16>(), s->tokens, s->positions, W(layout_.wte()),
+                                           W(layout_.wpe()), N, C, st));
+  } else {
+    // Copied, as on the CPU: the plan may reuse the input's slot afterwards.
+    RETURN_IF_ERROR(CopyD2D(x.data(), hidden_in, static_cast<size_t>(N * C) * kBf16, st));
+  }
+  const std::vector<GptLayout::Layer>& layers = layout_.layers();
+  s->layers.resize(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerActs& a = s->layers[i];
+    a.x = std::move(x);
+    // The last layer of a stage that is not the last writes the stage output.
+    const bool to_output = i + 1 == layers.size() && !o.last;
+    Buffer next;
+    bf16* out;
+    if (to_output) {
+      out = hidden_out;
+    } else {
+      ASSIGN_OR_RETURN(next, GetBf16(N * C));
+      out = next.as<bf16>();
+    }
+    RETURN_IF_ERROR(LayerForward(layers[i], a, s->segments, B, T, out));
+    // kSelective keeps everything: the attention's stash is its lse already.
+    if (recompute == Recompute::kFull) {
+      Buffer keep = std::move(a.x);
+      a = LayerActs{};  // back to the pool (stream-ordered reuse)
+      a.x = std::move(keep);
+    }
+    x = std::move(next);
+  }
+  if (layers.empty() && !o.last) {
+    RETURN_IF_ERROR(CopyD2D(hidden_out, x.data(), static_cast<size_t>(N * C) * kBf16, st));
+  }
+
+  if (o.last && M > 0) {
+    ASSIGN_OR_RETURN(s->xs, GetBf16(M * C));
+    RETURN_IF_ERROR(cuda::GatherRows(s->xs.as<bf16>(), x.as<const bf16>(), s->scored, M, C, st));
+    ASSIGN_OR_RETURN(s->lnf, GetBf16(M * C));
+    ASSIGN_OR_RETURN(s->lnf_mean, GetF32(M));
+    ASSIGN_OR_RETURN(s->lnf_rstd, GetF32(M));
+    RETURN_IF_ERROR(cuda::LayerNormForward(s->lnf.as<bf16>(), s->lnf_mean.as<float>(), s->lnf_rstd.as<float>(),
+                                           s->xs.as<const bf16>(), W(layout_.lnf_w()), W(layout_.lnf_b()), M, C,
+                                           st));
+  }
+  return s;
+}
+
+absl::StatusOr<double> CudaGptStage::Loss(const Stash& s) {
+  const int64_t M = s.scored_count, C = config().hidden, V = config().vocab;
+  if (M == 0) return 0.0;
+  cudaStream_t st = stream_;
+  // Loss only: the logits (M, V) are not kept; Backward recomputes them.
+  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
+  ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
+  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
+  RETURN_IF_ERROR(
+      matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(layout_.head()), nullptr, M, C, V, st));
+  RETURN_IF_ERROR(Zero(loss_sum, st));
+  RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), nullptr,
+                                            logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_->loss, loss_sum.data(), kF32, cudaMemcpyDeviceToHost, st));
+  RETURN_IF_ERROR(WaitStream("CudaGptStage::Forward loss"));
+  return static_cast<double>(host_->loss);
+}
+
+absl::StatusOr<double> CudaGptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in,
+                                             void* hidden_out, float loss_scale, Recompute recompute) {
+  if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " forwarded twice"));
+  ASSIGN_OR_RETURN(std::unique_ptr<Stash> s,
+                   RunForward(batch, static_cast<const bf16*>(hidden_in), static_cast<bf16*>(hidden_out), recompute));
+  s->loss_scale = loss_scale;
+  double loss = 0;
+  if (options().last) {
+    ASSIGN_OR_RETURN(loss, Loss(*s));
+  }
+  stash_[mb] = std::move(s);
+  return loss;
+}
+
+absl::Status CudaGptStage::Infer(const TokenBatch& batch, const void* hidden_in, void* out_v) {
+  auto* out = static_cast<bf16*>(out_v);
+  if (out == nullptr) return absl::InvalidArgumentError("Infer: output missing");
+  if (!options().last) {
+    // Keeps only layer inputs while it runs; the stash goes on return.
+    return RunForward(batch, static_cast<const bf16*>(hidden_in), out, Recompute::kFull).status();
+  }
+  if (!Aligned16(out)) return absl::InvalidArgumentError("Infer: logits not 16-byte aligned");
+  // Every position scored: the stash's final LayerNorm then holds all N rows
+  // in token order, and the head runs over them.
+  TokenBatch all = batch;
+  for (int32_t& t : all.targets) t = std::max(t, 0);
+  ASSIGN_OR_RETURN(std::unique_ptr<Stash> s,
+                   RunForward(all, static_cast<const bf16*>(hidden_in), nullptr, Recompute::kFull));
+  const int64_t N = batch.rows * batch.seq, C = config().hidden, V = config().vocab;
+  if (s->scored_count != N) return absl::InternalError("Infer: not every position was scored");
+  return matmul_->Forward(out, s->lnf.as<const bf16>(), W(layout_.head()), nullptr, N, C, V, stream_);
+}
+
+absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden_in_v) {
+  const auto* dhidden_out = static_cast<const bf16*>(dhidden_out_v);
+  auto* dhidden_in = static_cast<bf16*>(dhidden_in_v);
+  const StageOptions& o = options();
+  auto it = stash_.find(mb);
+  if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " was not forwarded"));
+  if (!o.last && dhidden_out == nullptr) return absl::InvalidArgumentError("output gradient: missing");
+  if (!o.first && dhidden_in == nullptr) return absl::InvalidArgumentError("input gradient: missing");
+  std::unique_ptr<Stash> s = std::move(it->second);
+  stash_.erase(it);
+  const int64_t B = s->rows, T = s->seq, N = B * T, C = config().hidden, F = config().ffn, V = config().vocab,
+                NH = config().heads, M = s->scored_count;
+  cudaStream_t st = stream_;
+  const size_t head = layout_.head(), lnf_w = layout_.lnf_w(), lnf_b = layout_.lnf_b();
+
+  // Gradient of the residual stream (bf16), accumulated layer by layer downwards.
+  ASSIGN_OR_RETURN(Buffer dres, GetBf16(N * C));
+  if (o.last) {
+    RETURN_IF_ERROR(Zero(dres, st));
+    if (M > 0) {
+      // Recompute the logits from the stashed final LayerNorm output (one
+      // (M, C) x (C, V) product) rather than keep (M, V) per micro-batch in
+      // flight; the fused kernel then adds the gradient into zeroed dlogits.
+      ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
+      ASSIGN_OR_RETURN(Buffer dlogits, GetBf16(M * V));
+      ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
+      ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
+      RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), s->lnf.as<const bf16>(), W(head), nullptr, M, C, V, st));
+      RETURN_IF_ERROR(Zero(dlogits, st));
+      RETURN_IF_ERROR(Zero(loss_sum, st));
+      RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), dlogits.as<bf16>(),
+                                                logits.as<const bf16>(), s->targets, s->loss_scale, M, V, st));
+      logits.Release();
+      ASSIGN_OR_RETURN(Buffer dlnf, GetBf16(M * C));
+      ASSIGN_OR_RETURN(Buffer dxs, GetBf16(M * C));
+      RETURN_IF_ERROR(Zero(dlnf, st));
+      RETURN_IF_ERROR(matmul_->Backward(dlnf.as<bf16>(), G(head), nullptr, dlogits.as<const bf16>(),
+                                        s->lnf.as<const bf16>(), W(head), M, C, V, st));
+      dlogits.Release();
+      RETURN_IF_ERROR(Zero(dxs, st));
+      RETURN_IF_ERROR(cuda::LayerNormBackward(dxs.as<bf16>(), G(lnf_w), G(lnf_b), dlnf.as<const bf16>(),
+                                              s->xs.as<const bf16>(), W(lnf_w), s->lnf_mean.as<const float>(),
+                                              s->lnf_rstd.as<const float>(), M, C, st));
+      RETURN_IF_ERROR(cuda::ScatterAddRows(dres.as<bf16>(), dxs.as<const bf16>(), s->scored, M, C, st));
+    }
+  } else {
+    RETURN_IF_ERROR(CopyD2D(dres.data(), dhidden_out, static_cast<size_t>(N * C) * kBf16, st));
+  }
+  const std::vector<GptLayout::Layer>& layers = layout_.layers();
+  if (!layers.empty()) {
+    ASSIGN_OR_RETURN(Buffer dF1, GetBf16(N * F));
+    ASSIGN_OR_RETURN(Buffer dF2, GetBf16(N * F));
+    ASSIGN_OR_RETURN(Buffer dln, GetBf16(N * C));
+    ASSIGN_OR_RETURN(Buffer datty, GetBf16(N * C));
+    ASSIGN_OR_RETURN(Buffer dqkv, GetBf16(N * 3 * C));
+    ASSIGN_OR_RETURN(Buffer scratch, GetF32(cuda::AttentionBackwardScratchElements(B, T, C, NH)));
+    bf16* dr = dres.as<bf16>();
+    for (size_t i = layers.size(); i-- > 0;) {
+      const GptLayout::Layer& l = layers[i];
+      LayerActs& a = s->layers[i];
+      // kFull: the whole layer again from its input (the same kernels on the
+      // same values, so the same activations), without its output product.
+      if (a.ln1.empty()) RETURN_IF_ERROR(LayerForward(l, a, s->segments, B, T, nullptr));
+      // MLP branch.
+      RETURN_IF_ERROR(Zero(dF1, st));
+      RETURN_IF_ERROR(matmul_->Backward(dF1.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const bf16>(),
+                                        W(l.mproj_w), N, F, C, st));
+      RETURN_IF_ERROR(Zero(dF2, st));
+      RETURN_IF_ERROR(cuda::GeluBackward(dF2.as<bf16>(), a.fc.as<const bf16>(), dF1.as<const bf16>(), N * F, st));
+      RETURN_IF_ERROR(Zero(dln, st));
+      RETURN_IF_ERROR(matmul_->Backward(dln.as<bf16>(), G(l.fc_w), G(l.fc_b), dF2.as<const bf16>(),
+                                        a.ln2.as<const bf16>(), W(l.fc_w), N, C, F, st));
+      RETURN_IF_ERROR(cuda::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), dln.as<const bf16>(), a.x2.as<const bf16>(),
+                                              W(l.ln2_w), a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(),
+                                              N, C, st));
+      // Attention branch.
+      RETURN_IF_ERROR(Zero(datty, st));
+      RETURN_IF_ERROR(matmul_->Backward(datty.as<bf16>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const bf16>(),
+                                        W(l.proj_w), N, C, C, st));
+      RETURN_IF_ERROR(Zero(dqkv, st));
+      RETURN_IF_ERROR(cuda::AttentionBackward(dqkv.as<bf16>(), datty.as<const bf16>(), a.qkv.as<const bf16>(),
+                                              a.atty.as<const bf16>(), a.lse.as<const float>(), s->segments, B, T, C,
+                                              NH, attention_mode_, scratch.as<float>(), st));
+      RETURN_IF_ERROR(Zero(dln, st));
+      RETURN_IF_ERROR(matmul_->Backward(dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), dqkv.as<const bf16>(),
+                                        a.ln1.as<const bf16>(), W(l.qkv_w), N, C, 3 * C, st));
+      RETURN_IF_ERROR(cuda::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), dln.as<const bf16>(), a.x.as<const bf16>(),
+                                              W(l.ln1_w), a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(),
+                                              N, C, st));
+      a = LayerActs{};  // back to the pool early (stream-ordered reuse)
+    }
+  }
+  if (o.first) {
+    RETURN_IF_ERROR(cuda::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dres.as<const bf16>(), s->tokens,
+                                            s->positions, N, C, st));
+  } else {
+    RETURN_IF_ERROR(CopyD2D(dhidden_in, dres.data(), static_cast<size_t>(N * C) * kBf16, st));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dynapipe::runtime::model
