@@ -131,12 +131,18 @@ TEST_CASE("one NCCL rank all-reduces a device buffer over itself through the bac
   REQUIRE_OK(comm.status());
   const std::vector<float> x{1.5f, -2.0f, 3.25f};
   auto d = backend->pool().Get(x.size() * sizeof(float), backend->stream());
+  auto e = backend->pool().Get(x.size() * sizeof(float), backend->stream());
   REQUIRE_OK(d.status());
+  REQUIRE_OK(e.status());
   REQUIRE_OK(backend->CopyFromHost(d->data(), x.data(), x.size() * sizeof(float)));
+  REQUIRE_OK(backend->CopyFromHost(e->data(), x.data(), x.size() * sizeof(float)));
+  // Queued on the compute stream and not waited for: the all-reduce must be
+  // ordered after it (the sum over one rank is its input, 2x).
+  REQUIRE_OK(backend->SumPair(d->as<float>(), e->as<float>(), x.size()));
   REQUIRE_OK((*comm)->AllReduceSum(std::vector<int>{0}, d->as<float>(), x.size(), absl::Now() + absl::Seconds(30)));
   std::vector<float> got(x.size());
   REQUIRE_OK(backend->CopyToHost(got.data(), d->data(), got.size() * sizeof(float)));
-  CHECK(got == x);
+  CHECK(got == std::vector<float>{3.0f, -4.0f, 6.5f});
   comm->reset();
 }
 

@@ -11,8 +11,11 @@ class StagedRequest final : public Request {
  public:
   // `device` is null for sends (nothing comes back).
   StagedRequest(std::unique_ptr<Request> inner, std::vector<char> staging, void* device,
-                const StagingCopies* copies)
-      : inner_(std::move(inner)), staging_(std::move(staging)), device_(device), copies_(copies) {}
+                std::shared_ptr<const StagingCopies> copies)
+      : staging_(std::move(staging)), inner_(std::move(inner)), device_(device), copies_(std::move(copies)) {}
+  // The host transfer goes first (aborting it if unfinished): it may still
+  // write into the staging buffer.
+  ~StagedRequest() override { inner_.reset(); }
 
   absl::Status Wait(absl::Time deadline) override {
     if (done_) return result_;
@@ -23,10 +26,10 @@ class StagedRequest final : public Request {
   }
 
  private:
-  std::unique_ptr<Request> inner_;  // destroyed first: it may still reference staging_
   std::vector<char> staging_;
+  std::unique_ptr<Request> inner_;  // uses staging_
   void* device_;
-  const StagingCopies* copies_;
+  std::shared_ptr<const StagingCopies> copies_;  // requests may outlive their communicator
   bool done_ = false;
   absl::Status result_;
 };
@@ -34,22 +37,22 @@ class StagedRequest final : public Request {
 class StagedCommunicator final : public Communicator {
  public:
   StagedCommunicator(std::unique_ptr<Communicator> host, StagingCopies copies)
-      : host_(std::move(host)), copies_(std::move(copies)) {}
+      : host_(std::move(host)), copies_(std::make_shared<const StagingCopies>(std::move(copies))) {}
 
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
 
   absl::StatusOr<std::unique_ptr<Request>> Send(int peer, uint64_t tag, const void* data, size_t bytes) override {
     std::vector<char> staging(bytes);
-    RETURN_IF_ERROR(copies_.to_host(staging.data(), data, bytes));
+    RETURN_IF_ERROR(copies_->to_host(staging.data(), data, bytes));
     ASSIGN_OR_RETURN(std::unique_ptr<Request> inner, host_->Send(peer, tag, staging.data(), bytes));
-    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(staging), nullptr, &copies_));
+    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(staging), nullptr, copies_));
   }
 
   absl::StatusOr<std::unique_ptr<Request>> Recv(int peer, uint64_t tag, void* data, size_t bytes) override {
     std::vector<char> staging(bytes);
     ASSIGN_OR_RETURN(std::unique_ptr<Request> inner, host_->Recv(peer, tag, staging.data(), bytes));
-    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(staging), data, &copies_));
+    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(staging), data, copies_));
   }
 
   absl::Status GroupStart() override { return host_->GroupStart(); }
@@ -68,13 +71,13 @@ class StagedCommunicator final : public Communicator {
   template <typename T>
   absl::Status Reduce(absl::Span<const int> group, T* data, size_t n, absl::Time deadline) {
     std::vector<T> staging(n);
-    RETURN_IF_ERROR(copies_.to_host(staging.data(), data, n * sizeof(T)));
+    RETURN_IF_ERROR(copies_->to_host(staging.data(), data, n * sizeof(T)));
     RETURN_IF_ERROR(host_->AllReduceSum(group, staging.data(), n, deadline));
-    return copies_.from_host(data, staging.data(), n * sizeof(T));
+    return copies_->from_host(data, staging.data(), n * sizeof(T));
   }
 
   std::unique_ptr<Communicator> host_;
-  StagingCopies copies_;
+  std::shared_ptr<const StagingCopies> copies_;
 };
 
 }  // namespace

@@ -88,6 +88,25 @@ TEST_CASE("host-staged transfers snapshot the sent bytes and land in the device 
   CHECK(da[1] == 15.0);
 }
 
+TEST_CASE("a staged receive dropped before its data came aborts cleanly; its request outlives the communicator",
+          "[comm]") {
+  MemoryKeyValueStore store;
+  Copies copies[2];
+  auto comms = Connect(&store, copies);
+  REQUIRE((comms[0] && comms[1]));
+  std::vector<float> got(256), other(256);
+  auto late = comms[0]->Recv(1, 4, other.data(), other.size() * sizeof(float));
+  REQUIRE(late.ok());
+  {
+    auto recv = comms[1]->Recv(0, 3, got.data(), got.size() * sizeof(float));
+    REQUIRE(recv.ok());
+  }  // destroyed unfinished: the host transfer is aborted before its staging buffer goes
+  CHECK(copies[1].from_host == 0);
+  comms[0].reset();
+  // Waiting after the communicator is gone ends (aborted), never touching freed state.
+  CHECK_FALSE((*late)->Wait(absl::Now() + absl::Seconds(5)).ok());
+}
+
 TEST_CASE("a failed device copy fails the operation that needed it", "[comm]") {
   MemoryKeyValueStore store;
   Copies copies[2];

@@ -154,26 +154,45 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   auto fail = [&](const absl::Status& s, int i) {
     // Peers blocked on us must fail fast rather than wait out their deadline.
     comm_->Abort();
+    if (i >= plan.instructions_size()) {
+      return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " end of plan"));
+    }
     return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " instruction ", i, " (",
                                     OpName(plan.instructions(i)), ")"));
   };
+  // Runs of transfer starts are issued as one group: NCCL launches them
+  // together (an exchange with one peer cannot deadlock, and they overlap
+  // the compute that follows); a no-op for Gloo.
+  auto is_start = [&](int i) {
+    if (i < 0 || i >= plan.instructions_size()) return false;
+    const auto op = plan.instructions(i).op_case();
+    return op == proto::Instruction::kSendActivationStart || op == proto::Instruction::kSendGradStart ||
+           op == proto::Instruction::kRecvActivationStart || op == proto::Instruction::kRecvGradStart;
+  };
   for (int i = 0; i < plan.instructions_size(); ++i) {
+    const bool group_start = is_start(i) && !is_start(i - 1), group_end = is_start(i) && !is_start(i + 1);
     absl::Status s = timer->Begin(i);
+    if (s.ok() && group_start) s = comm_->GroupStart();
     if (s.ok()) s = Execute(plan, i, &it);
+    if (s.ok() && group_end) s = comm_->GroupEnd();
     if (s.ok()) s = timer->End(i);
     if (!s.ok()) return fail(s, i);
   }
+  // Plan bugs and a device that does not finish fail the iteration like any
+  // instruction: the communicator is aborted, so peers do not wait out their
+  // deadlines for transfers this rank dropped.
+  const int last = plan.instructions_size();  // "end of plan"
   for (auto& [slot, req] : it.pending) {
-    return absl::InternalError(absl::StrCat("iteration ", plan.iteration(), ": transfer on slot ", slot,
-                                            " never finished (plan bug)"));
+    return fail(absl::InternalError(absl::StrCat("transfer on slot ", slot, " never finished (plan bug)")), last);
   }
   for (const auto& c : chunks_) {
     if (c->in_flight() != 0) {
-      return absl::InternalError(absl::StrCat("iteration ", plan.iteration(), ": micro-batches forwarded but never "
-                                              "backwarded (plan bug)"));
+      return fail(absl::InternalError("micro-batches forwarded but never backwarded (plan bug)"), last);
     }
   }
-  ASSIGN_OR_RETURN(it.result.timings, timer->Finish());  // waits for the device's work
+  absl::StatusOr<std::vector<proto::InstructionTiming>> timings = timer->Finish();  // waits for the device's work
+  if (!timings.ok()) return fail(timings.status(), last);
+  it.result.timings = std::move(*timings);
   for (const auto& [mb, batch] : it.batches) it.result.tokens += batch.real_tokens;
   it.slots.clear();
   size_t state_bytes = 0;
