@@ -13,7 +13,7 @@
 namespace dynapipe::runtime::executor {
 
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
-                                        WorkerOptions options) {
+                                        WorkerOptions options, BackendOptions backend_options) {
   ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
   ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset,
                    data::Dataset::Open(ResolvePath(data_root, spec.dataset().path())));
@@ -40,7 +40,8 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
     threads.emplace_back([&, r] {
       status[r] = [&]() -> absl::Status {
         // One backend per rank, as one per executor process.
-        ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend({.kind = proto::Backend::cpu}));
+        ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(backend_options));
+        RETURN_IF_ERROR(backend->BindThread());
         ASSIGN_OR_RETURN(auto comm, backend->Connect({.rank = r, .size = world, .job_prefix = "local/"}, &kv));
         const auto& layers = plans[0][r].layers();
         ASSIGN_OR_RETURN(auto worker, Worker::Create(spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp,

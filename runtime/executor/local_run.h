@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
+#include "runtime/backend/backend.h"
 #include "runtime/executor/worker.h"
 
 namespace dynapipe::runtime::executor {
@@ -24,9 +25,10 @@ struct LocalRunResult {
   double wall_s = 0;                                   // iterations only (no planning, no setup)
 };
 
-// Iterations [first, first + count) of `spec` (dataset paths relative to
-// `data_root`).
+// Iterations [0, count) of `spec` (dataset paths relative to `data_root`),
+// each rank on a backend of its own made from `backend` (the CPU by default;
+// CUDA ranks share the one device).
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
-                                        WorkerOptions options = {});
+                                        WorkerOptions options = {}, BackendOptions backend = {});
 
 }  // namespace dynapipe::runtime::executor
