@@ -1,53 +1,347 @@
 #!/usr/bin/env bash
-# Runs the CUDA checks of a GPU bundle on a machine with a GPU (a lent device
-# machine, or a cluster node) and writes one log and a summary.
+# The whole GPU validation in one command, on a machine with a GPU and nothing
+# of ours installed (a lent device machine, or a cluster node): the CUDA test
+# binaries, a one-rank end-to-end training job, and the GPU profiler.
 #
 #   deploy/bundle.sh --gpu-checks                 # here: out/bundle/dynapipe-gpu-bundle.tar.gz
-#   deploy/gpu_checks.sh BUNDLE.tar.gz OUT_DIR    # there
+#   bash deploy/gpu_checks.sh BUNDLE.tar.gz OUT   # there
 #
-# OUT_DIR/gpu-checks.log holds the device, driver and every test's output;
-# OUT_DIR/gpu-checks-summary.txt one line per test binary and the totals.
-# Exit status 0 only when every test binary passed.
+# Needs only bash, coreutils, tar, grep, sed and awk there, plus the NVIDIA
+# driver and the CUDA runtime, cuBLAS and NCCL (bin/dynapipe-env finds them).
+# Redis comes with the bundle; no curl, python or network is used.
+#
+# Time: at most about 8 minutes in all (TOTAL_BUDGET_S). Every step runs
+# under `timeout -k`, so a hang is a failure, never a stuck session:
+#   test binaries   each at most TEST_LIMIT_S, all together TESTS_BUDGET_S
+#   end-to-end job  E2E_BUDGET_S: dataset, Redis, planner, one CUDA executor
+#   profiler        PROFILE_BUDGET_S, a small grid
+#
+# OUT gets at most 7 files, each written as the run goes (a run killed
+# half-way still leaves what it did):
+#   gpu-checks-summary.txt  device lines, one line per test binary, e2e,
+#                           profile, totals (also printed to stdout)
+#   gpu-checks.log          nvidia-smi, every test binary's Catch2 output,
+#                           the profiler's output
+#   e2e.log                 the job's steps, `dynapipe watch` (one line per
+#                           iteration: loss, ms, tokens/s), the final status
+#   planner.log, executor.log, redis.log   the daemons' output
+#   profile.json            the cost profile of the cuda-tiny model
+# Exit status 0 only when every test binary, the job and the profiler passed.
 set -uo pipefail
 
-bundle="${1:?usage: gpu_checks.sh BUNDLE.tar.gz OUT_DIR}"
-out="${2:?usage: gpu_checks.sh BUNDLE.tar.gz OUT_DIR}"
+TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-450}  # + timeout -k and daemon shutdown grace: under 8 minutes
+TEST_LIMIT_S=${TEST_LIMIT_S:-90}
+TESTS_BUDGET_S=${TESTS_BUDGET_S:-240}
+E2E_BUDGET_S=${E2E_BUDGET_S:-150}
+PROFILE_BUDGET_S=${PROFILE_BUDGET_S:-60}
+KILL_AFTER_S=10  # timeout -k: SIGKILL this long after SIGTERM
+
+usage="usage: gpu_checks.sh BUNDLE.tar.gz OUT_DIR"
+bundle="${1:?$usage}"
+out="${2:?$usage}"
 mkdir -p "$out"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-tar -xzf "$bundle" -C "$work" || { echo "gpu_checks: cannot unpack $bundle" >&2; exit 1; }
-root="$work/dynapipe-gpu"
+out="$(cd "$out" && pwd)"
 log="$out/gpu-checks.log"
 summary="$out/gpu-checks-summary.txt"
+e2e_log="$out/e2e.log"
 : >"$log"
 : >"$summary"
 
+work="$(mktemp -d)"
+daemons=()  # pids of background `timeout` processes (each wraps one daemon)
+
+stop_daemons() {  # SIGTERM every daemon, newest first; SIGKILL whatever is left after 10 s
+  local i pid deadline=$((SECONDS + 10))
+  for ((i = ${#daemons[@]} - 1; i >= 0; --i)); do kill -TERM "${daemons[i]}" 2>/dev/null; done
+  for pid in ${daemons[@]+"${daemons[@]}"}; do
+    while kill -0 "$pid" 2>/dev/null; do
+      # timeout leads its own process group: SIGKILL the group, daemon included.
+      if [ $SECONDS -ge $deadline ]; then kill -KILL -- "-$pid" "$pid" 2>/dev/null; break; fi
+      sleep 0.1
+    done
+  done
+  daemons=()
+}
+trap 'stop_daemons; rm -rf "$work"' EXIT
+trap 'echo "gpu_checks: interrupted after ${SECONDS}s" >>"$summary"; exit 143' TERM INT
+
+say() { echo "$*" | tee -a "$summary"; }      # a summary line, shown as it is written
+note() { echo "$*" >>"$e2e_log"; }             # a step of the end-to-end job
+left() {  # left DEADLINE: seconds until SECONDS reaches DEADLINE, at most what the total budget leaves
+  local to_deadline=$(($1 - SECONDS)) to_total=$((TOTAL_BUDGET_S - SECONDS))
+  echo $((to_total < to_deadline ? to_total : to_deadline))
+}
+limited() {  # limited SECS CMD...: CMD under timeout -k (SECS at least 1)
+  local secs=$1; shift
+  [ "$secs" -lt 1 ] && secs=1
+  timeout -k "$KILL_AFTER_S" "$secs" "$@"
+}
+
+# ---------------------------------------------------------------- the device
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(uname -n) ($(uname -srm))"
   if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/device: /'
+    limited 20 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 |
+      sed 's/^/device: /'
   else
     echo "device: none (no nvidia-smi)"
   fi
-  sed -n 2p "$root/MANIFEST"
-} | tee -a "$summary" >>"$log"
+} | tee -a "$summary" "$log"
+command -v nvidia-smi >/dev/null && limited 20 nvidia-smi >>"$log" 2>&1
+
+if ! limited 60 tar -xzf "$bundle" -C "$work"; then
+  say "gpu_checks: cannot unpack $bundle"
+  exit 1
+fi
+root="$work/dynapipe-gpu"
+sed -n 2p "$root/MANIFEST" | tee -a "$summary" "$log"
+env_run="$root/bin/dynapipe-env"
+# Where bin/dynapipe-env found the target's CUDA libraries, and any the
+# executor still lacks (the usual reason for every check below failing).
+limited 60 "$env_run" sh -c 'echo "cuda libraries: ${LD_LIBRARY_PATH:-none found}"' | tee -a "$summary" "$log"
+missing="$(limited 60 "$env_run" ldd "$root/bin/dynapipe-executor" 2>&1 | awk '/not found/ {print $1}' | tr '\n' ' ')"
+[ -n "$missing" ] && echo "missing libraries: $missing" | tee -a "$summary" "$log"
 
 failed=0
+
+# ---------------------------------------------------------- the test binaries
+tests_deadline=$((SECONDS + TESTS_BUDGET_S))
+passed_tests=0
+total_tests=0
 for t in "$root"/bin/*_test; do
   name="$(basename "$t")"
-  start=$(date +%s)
-  # Each binary gets 5 minutes: a hang is a failure, not a stuck session.
-  timeout 300 "$root/bin/dynapipe-env" "$t" -r console -d yes >"$work/$name.log" 2>&1
+  total_tests=$((total_tests + 1))
+  secs=$(left "$tests_deadline")
+  [ "$secs" -gt "$TEST_LIMIT_S" ] && secs=$TEST_LIMIT_S
+  if [ "$secs" -lt 10 ]; then
+    echo "===== $name: not run (test budget of ${TESTS_BUDGET_S}s spent)" >>"$log"
+    say "$name: NOT RUN (test budget of ${TESTS_BUDGET_S}s spent)"
+    failed=$((failed + 1))
+    continue
+  fi
+  echo "===== $name (limit ${secs}s)" >>"$log"
+  offset=$(stat -c %s "$log")
+  start=$SECONDS
+  # Straight into the log, so a killed run keeps what the test printed.
+  limited "$secs" "$env_run" "$t" -r console -d yes >>"$log" 2>&1 </dev/null
   rc=$?
-  secs=$(( $(date +%s) - start ))
-  { echo "===== $name (exit $rc, ${secs}s)"; cat "$work/$name.log"; } >>"$log"
-  result="$(grep -E '^(All tests passed|test cases:|No tests ran)' "$work/$name.log" | tail -1)"
-  # Where the device is not visible the [gpu] cases are skipped: say so loudly.
-  skipped="$(grep -E '^skipped: ' "$work/$name.log" | head -1)"
-  [ -n "$skipped" ] && result="$result; $skipped"
-  [ $rc -ne 0 ] && failed=$((failed + 1))
-  echo "$name: exit $rc, ${secs}s: ${result:-no Catch2 summary}" >>"$summary"
+  took=$((SECONDS - start))
+  section="$(tail -c +$((offset + 1)) "$log")"
+  echo "===== $name: exit $rc, ${took}s" >>"$log"
+  result="$(grep -E '^(All tests passed|test cases:|No tests ran)' <<<"$section" | tail -1)"
+  # A [gpu] case skipped here means the device was not usable: not a pass.
+  skipped="$(grep -E '^skipped: ' <<<"$section" | head -1)"
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    verdict="FAIL (timed out after ${secs}s)"
+  elif [ $rc -ne 0 ]; then
+    verdict="FAIL (exit $rc)"
+  elif [ -n "$skipped" ]; then
+    verdict="FAIL (GPU cases skipped)"
+  else
+    verdict="ok"
+    passed_tests=$((passed_tests + 1))
+  fi
+  [ "$verdict" = ok ] || failed=$((failed + 1))
+  say "$name: $verdict, ${took}s: ${result:-no Catch2 summary}${skipped:+; $skipped}"
 done
-echo "gpu_checks: $failed test binary(ies) failed" >>"$summary"
-cat "$summary"
+
+# ------------------------------------------------------ the end-to-end job
+# One CUDA executor trains configs/jobs/cuda-tiny.pbtxt through a planner and
+# Redis on loopback, all from the unpacked bundle (its folder is the data root,
+# so the job's relative dataset and checkpoint paths land inside it).
+job_file="configs/jobs/cuda-tiny.pbtxt"
+e2e_result=""
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+redis_ping() {  # redis_ping PORT: true once Redis answers PONG
+  (
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf 'PING\r\n' >&3
+    read -r -t 2 reply <&3 || exit 1
+    [[ "$reply" == "+PONG"* ]]
+  ) 2>/dev/null
+}
+wait_for() {  # wait_for DEADLINE PID COMMAND...: poll COMMAND until it succeeds; fail at DEADLINE or if PID exits
+  local deadline=$1 pid=$2; shift 2
+  until "$@"; do
+    kill -0 "$pid" 2>/dev/null || return 2
+    [ $SECONDS -ge "$deadline" ] && return 1
+    sleep 0.2
+  done
+}
+daemon() {  # daemon LOG SECS CMD...: CMD in the background under timeout; sets $pid
+  local log_file=$1 secs=$2; shift 2
+  [ "$secs" -lt 1 ] && secs=1
+  # `timeout` itself is the background process (not a subshell around it), so
+  # a signal to $pid reaches the daemon: timeout passes it on.
+  timeout -k "$KILL_AFTER_S" "$secs" "$@" >>"$log_file" 2>&1 </dev/null &
+  pid=$!
+  daemons+=("$pid")
+}
+last_line() { grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -1 | cut -c1-300; }
+
+run_e2e() {
+  local deadline=$((SECONDS + E2E_BUDGET_S))
+  cd "$root" || return 1
+  note "e2e: $(date -u +%H:%M:%SZ) job $job_file, budget ${E2E_BUDGET_S}s"
+
+  # The quickstart's dataset (deploy/quickstart.sh), under the data root.
+  note "e2e: dataset: dynapipe data synth --out data/quickstart ..."
+  if ! limited "$(left "$deadline")" bin/dynapipe data synth --out data/quickstart \
+    --lengths tests/data/flan-like-lengths.txt --samples 20000 --input-scale 0.125 --alphabet 8 --seed 1 \
+    >>"$e2e_log" 2>&1; then
+    e2e_result="FAIL (dataset: dynapipe data synth failed; see e2e.log)"
+    return 1
+  fi
+
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/token")
+
+  # Redis on a free loopback port (no tool here picks one: probe, retry on a lost race).
+  local redis_port="" tries=0 pid
+  while [ -z "$redis_port" ] && [ $tries -lt 5 ]; do
+    tries=$((tries + 1))
+    local p=$((20000 + RANDOM % 40000))
+    port_in_use "$p" && continue
+    note "e2e: redis-server on 127.0.0.1:$p"
+    daemon "$out/redis.log" "$(left $((deadline + 30)))" bin/redis-server --port "$p" --bind 127.0.0.1 --save '' \
+      --appendonly no --daemonize no --dir "$work"
+    if wait_for $((SECONDS + 10)) "$pid" redis_ping "$p"; then redis_port=$p; fi
+  done
+  if [ -z "$redis_port" ]; then
+    e2e_result="FAIL (redis-server did not answer: $(last_line "$out/redis.log"))"
+    return 1
+  fi
+
+  # The planner picks its own ports and writes them once it serves.
+  note "e2e: dynapipe-planner"
+  daemon "$out/planner.log" "$(left $((deadline + 30)))" bin/dynapipe-planner --listen=127.0.0.1:0 --http_port=0 \
+    --redis="127.0.0.1:$redis_port" --token_file="$work/token" --data_root="$root" \
+    --port_file="$work/planner.port"
+  local planner_pid=$pid
+  if ! wait_for $((SECONDS + 20)) "$planner_pid" test -s "$work/planner.port"; then
+    e2e_result="FAIL (planner did not start: $(last_line "$out/planner.log"))"
+    return 1
+  fi
+  local grpc_port http_port
+  read -r grpc_port http_port <"$work/planner.port"
+  note "e2e: planner on 127.0.0.1:$grpc_port, status on http://127.0.0.1:$http_port/status"
+  export DYNAPIPE_PLANNER="127.0.0.1:$grpc_port" DYNAPIPE_TOKEN_FILE="$work/token"
+
+  note "e2e: dynapipe-executor --backend cuda --comm nccl --device 0"
+  daemon "$out/executor.log" "$(left $((deadline + 30)))" "$env_run" bin/dynapipe-executor --backend=cuda --comm=nccl \
+    --device=0 --node=gpu-checks --planner="127.0.0.1:$grpc_port" --token_file="$work/token" --data_root="$root" \
+    --http_port=0 --port_file="$work/executor.port"
+  local executor_pid=$pid
+
+  local job
+  if ! job="$(limited "$(left "$deadline")" bin/dynapipe submit "$job_file" 2>>"$e2e_log")" || [ -z "$job" ]; then
+    e2e_result="FAIL (submit refused: $(last_line "$e2e_log"))"
+    return 1
+  fi
+  note "e2e: submitted job $job; dynapipe watch:"
+
+  # Watch until the job ends, the executor dies, or the budget is spent.
+  local watch_start=$SECONDS
+  daemon "$e2e_log" "$(left "$deadline")" bin/dynapipe watch "$job"
+  local watch_pid=$pid
+  local why=""
+  while kill -0 "$watch_pid" 2>/dev/null; do
+    if ! kill -0 "$executor_pid" 2>/dev/null; then
+      wait "$executor_pid"
+      why="executor exited (status $?) before the job ended: $(last_line "$out/executor.log")"
+      break
+    fi
+    if ! kill -0 "$planner_pid" 2>/dev/null; then
+      why="planner exited before the job ended: $(last_line "$out/planner.log")"
+      break
+    fi
+    [ $SECONDS -ge "$deadline" ] && break
+    sleep 0.5
+  done
+  # Give a just-finishing watch a moment to print its last line.
+  local grace=$((SECONDS + 2))
+  while kill -0 "$watch_pid" 2>/dev/null && [ $SECONDS -lt "$grace" ]; do sleep 0.1; done
+  kill -TERM "$watch_pid" 2>/dev/null
+  wait "$watch_pid"
+  local watch_rc=$?
+  local watch_s=$((SECONDS - watch_start))
+
+  note "e2e: final status ($(date -u +%H:%M:%SZ)):"
+  local status state=""
+  # Status line: "JOB NAME STATE done/total plans ready to N [error]".
+  if status="$(limited 10 bin/dynapipe status "$job" 2>&1)"; then
+    state="$(awk '{print $3; exit}' <<<"$status")"
+  fi
+  note "$status"
+  [ -d out/cuda-tiny/checkpoints ] && note "e2e: checkpoints: $(ls out/cuda-tiny/checkpoints | tr '\n' ' ')"
+
+  # Per-iteration figures from watch's lines: "..., loss L, M ms (predicted P), T tokens/s".
+  local figures
+  figures="$(grep -E "^$job .*iteration [0-9]+/[0-9]+.*, loss " "$e2e_log" | awk '
+    { for (i = 1; i <= NF; ++i) {
+        if ($i == "iteration") { split($(i + 1), it, "/"); sub(",", "", it[2]) }
+        if ($i == "loss") { l = $(i + 1); sub(",", "", l); if (n == 0) first = l; last = l }
+        if ($i == "ms") ms += $(i - 1)
+        if ($i == "tokens/s") tps += $(i - 1)
+      }
+      ++n; done = it[1]; total = it[2] }
+    END { if (n > 0) printf "%d/%d iterations, loss %s -> %s, %.1f ms/iteration, %.0f tokens/s (means over %d reports)",
+                            done, total, first, last, ms / n, tps / n, n }')"
+  if [ "$state" = succeeded ] && [ $watch_rc -eq 0 ]; then
+    e2e_result="ok, ${watch_s}s: ${figures:-no iteration reports}"
+    return 0
+  fi
+  if [ -z "$why" ]; then
+    if [ -z "$state" ]; then
+      why="no final status (watch exit $watch_rc): $(cut -c1-300 <<<"$status")"
+    elif [ "$state" != running ] && [ "$state" != pending ]; then
+      why="job $state (watch exit $watch_rc): $(cut -c1-300 <<<"$status")"
+    else
+      why="job still $state when the ${E2E_BUDGET_S}s budget ran out (watch exit $watch_rc)"
+    fi
+  fi
+  e2e_result="FAIL ($why)${figures:+; $figures}"
+  return 1
+}
+
+: >"$e2e_log"
+e2e_start=$SECONDS
+if [ $((TOTAL_BUDGET_S - SECONDS)) -lt 30 ]; then
+  e2e_result="NOT RUN (total budget spent)"
+  e2e_rc=1
+else
+  run_e2e
+  e2e_rc=$?
+fi
+stop_daemons
+cd "$work" || exit 1
+[ $e2e_rc -eq 0 ] || failed=$((failed + 1))
+say "e2e cuda-tiny: ${e2e_result:-FAIL (no result)} [$((SECONDS - e2e_start))s in all]"
+
+# ---------------------------------------------------------------- the profiler
+secs=$(left $((SECONDS + PROFILE_BUDGET_S)))
+echo "===== dynapipe-gpu-profile (limit ${secs}s)" >>"$log"
+start=$SECONDS
+if [ "$secs" -lt 10 ]; then
+  rc=1
+  verdict="NOT RUN (total budget spent)"
+else
+  (cd "$root" && limited "$secs" "$env_run" bin/dynapipe-gpu-profile --job "$job_file" --out "$out/profile.json" \
+    --seq 32,64,128 --mbs 1,4,16 --max_tokens 2048 --repetitions 5 >>"$log" 2>&1 </dev/null)
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    verdict="ok: $(grep '^wrote ' "$log" | tail -1 | sed "s|$out/||")"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    verdict="FAIL (timed out after ${secs}s)"
+  else
+    verdict="FAIL (exit $rc: $(grep -E '^dynapipe profile: ' "$log" | tail -1 | cut -c1-300))"
+  fi
+fi
+echo "===== dynapipe-gpu-profile: exit $rc, $((SECONDS - start))s" >>"$log"
+[ $rc -eq 0 ] || failed=$((failed + 1))
+say "profile cuda-tiny: $verdict, $((SECONDS - start))s"
+
+say "gpu_checks: $passed_tests/$total_tests test binaries passed; e2e $([ $e2e_rc -eq 0 ] && echo ok || echo FAILED);" \
+  "profile $([ $rc -eq 0 ] && echo ok || echo FAILED); $failed check(s) failed; ${SECONDS}s in all"
 [ $failed -eq 0 ]

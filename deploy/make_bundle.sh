@@ -2,7 +2,14 @@
 # Makes a relocatable tarball of DynaPipe binaries (called by the Bazel
 # genrules in deploy/BUILD; deploy/bundle.sh is the user-facing command).
 #
-#   make_bundle.sh OUT.tar.gz NAME BINARY...
+#   make_bundle.sh OUT.tar.gz NAME [--file DEST=SRC]... BINARY...
+#
+#   --file DEST=SRC   also carry the file SRC at NAME/DEST (a job config, a
+#                     lengths file), so that commands run from NAME/ read the
+#                     same relative paths as in the source tree
+#   BINARY            a Bazel output, or a binary of this machine given by its
+#                     absolute path (/usr/bin/redis-server: a lent machine
+#                     has none); bundled under its own name either way
 #
 # Layout inside the tarball (top folder NAME):
 #   bin/       the binaries, RUNPATH $ORIGIN/../lib:/usr/local/cuda/lib64
@@ -26,6 +33,21 @@ trap 'rm -rf "$work"' EXIT
 root="$work/$name"
 mkdir -p "$root/bin" "$root/lib"
 
+files=()
+while [ $# -gt 0 ] && [ "$1" = --file ]; do
+  dest="${2%%=*}"
+  src="${2#*=}"
+  case "$dest" in
+    ""|/*|*..*) echo "make_bundle: --file $2: DEST must be a relative path inside the bundle" >&2; exit 2 ;;
+  esac
+  [ -f "$src" ] || { echo "make_bundle: --file $2: $src is not a file" >&2; exit 1; }
+  mkdir -p "$root/$(dirname "$dest")"
+  cp -L "$src" "$root/$dest"
+  chmod u+w "$root/$dest"
+  files+=("$dest")
+  shift 2
+done
+
 # Provided by every Linux target: the C runtime and the C++ runtime (newer
 # versions stay compatible with older builds); and the CUDA stack, which must
 # match the target's driver.
@@ -47,6 +69,10 @@ needed_libs() {  # prints "soname path" for every library ldd resolves
 declare -A bundled=()
 for bin in "$@"; do
   base="$(basename "$bin")"
+  if [ ! -f "$bin" ]; then
+    echo "make_bundle: $bin is not installed (deploy/setup.sh installs what the bundle takes from this machine)" >&2
+    exit 1
+  fi
   cp -L "$bin" "$root/bin/$base"
   chmod u+w "$root/bin/$base"
   while read -r soname path; do
@@ -109,6 +135,10 @@ chmod +x "$root/bin/dynapipe-env"
   for f in "$root"/bin/*; do echo "  $(basename "$f")"; done
   echo "libraries (copied from):"
   for soname in $(printf '%s\n' "${!bundled[@]}" | sort); do echo "  $soname  ${bundled[$soname]}"; done
+  if [ ${#files[@]} -gt 0 ]; then
+    echo "files:"
+    for f in "${files[@]}"; do echo "  $f"; done
+  fi
 } > "$root/MANIFEST"
 
 # Reproducible archive: fixed order, owner and times.
