@@ -57,13 +57,7 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const ConnectOptions& o,
                                                               comm::KeyValueStore* store) override {
-    comm::GlooOptions g;
-    g.rank = o.rank;
-    g.size = o.size;
-    g.job_prefix = o.job_prefix;
-    g.interface_address = o.listen_address;
-    g.connect_timeout = o.connect_timeout;
-    return comm::CreateGlooCommunicator(g, store);
+    return ConnectGloo(o, store);
   }
 
   absl::Status CopyToHost(void* host, const void* src, size_t bytes) override {
@@ -86,6 +80,17 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> ConnectGloo(const ConnectOptions& o,
+                                                                comm::KeyValueStore* store) {
+  comm::GlooOptions g;
+  g.rank = o.rank;
+  g.size = o.size;
+  g.job_prefix = o.job_prefix;
+  g.interface_address = o.listen_address;
+  g.connect_timeout = o.connect_timeout;
+  return comm::CreateGlooCommunicator(g, store);
+}
 
 std::unique_ptr<InstructionTimer> NewHostTimer() { return std::make_unique<HostTimer>(); }
 

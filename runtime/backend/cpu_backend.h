@@ -14,6 +14,10 @@ namespace dynapipe::runtime {
 // FAILED_PRECONDITION for --comm nccl (CUDA only).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options);
 
+// The job's Gloo communicator over TCP (host memory), as `options` says.
+absl::StatusOr<std::unique_ptr<comm::Communicator>> ConnectGloo(const ConnectOptions& options,
+                                                                comm::KeyValueStore* store);
+
 // Instruction times on the host's steady clock (also what a backend whose
 // work completes when its calls return can use).
 std::unique_ptr<InstructionTimer> NewHostTimer();

@@ -10,7 +10,7 @@
 #include "runtime/backend/cuda/cuda_status.h"
 #include "runtime/backend/cuda/device_memory.h"
 #include "runtime/backend/cuda/elementwise.h"
-#include "runtime/comm/gloo_comm.h"
+#include "runtime/backend/cpu_backend.h"
 #include "runtime/comm/nccl_comm.h"
 #include "runtime/comm/staged_comm.h"
 #include "runtime/model/gpt_cuda.h"
@@ -182,13 +182,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const ConnectOptions& o,
                                                               comm::KeyValueStore* store) override {
     if (comm_ == CommKind::kGloo) {
-      comm::GlooOptions g;
-      g.rank = o.rank;
-      g.size = o.size;
-      g.job_prefix = o.job_prefix;
-      g.interface_address = o.listen_address;
-      g.connect_timeout = o.connect_timeout;
-      ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> host, comm::CreateGlooCommunicator(g, store));
+      ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> host, ConnectGloo(o, store));
       comm::StagingCopies copies;
       copies.to_host = [this](void* h, const void* d, size_t bytes) { return CopyToHost(h, d, bytes); };
       copies.from_host = [this](void* d, const void* h, size_t bytes) { return CopyFromHost(d, h, bytes); };

@@ -2,36 +2,19 @@
 // same job: one rank with NCCL, and several ranks sharing the one GPU over
 // host-staged Gloo (the lent machine has a single GPU, and NCCL refuses two
 // ranks on one device). Skipped where no CUDA device is visible.
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <filesystem>
-#include <random>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/data/synth.h"
 #include "runtime/executor/local_run.h"
+#include "runtime/executor/test_dataset.h"
 #include "src/common/proto_io.h"
 
 namespace dynapipe::runtime::executor {
 namespace {
 
-std::string MakeDataset() {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/worker_gpu_ds_" + std::to_string(::getpid());
-  if (std::filesystem::exists(dir + "/dataset.pbtxt")) return dir;
-  data::SynthOptions o;
-  o.alphabet = 24;
-  std::mt19937 rng(11);
-  std::vector<planner::RawLength> lengths;
-  for (int i = 0; i < 96; ++i) lengths.push_back({6 + static_cast<int64_t>(rng() % 56), 2 + static_cast<int64_t>(rng() % 10)});
-  auto w = data::DatasetWriter::Create(dir, data::SynthInfo(o));
-  REQUIRE(w.ok());
-  REQUIRE(data::Synthesize(lengths, o, w->get()).ok());
-  REQUIRE((*w)->Finish().ok());
-  return dir;
-}
+std::string MakeDataset() { return testing::WorkerTestDataset("worker_gpu_ds"); }
 
 // A model the CUDA kernels run (head dimension 32, ffn a multiple of 8), in
 // the dtype of the backend that trains it.

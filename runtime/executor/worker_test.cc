@@ -1,13 +1,10 @@
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <filesystem>
 #include <cstring>
-#include <random>
 
-#include "runtime/data/synth.h"
 #include "runtime/executor/local_run.h"
+#include "runtime/executor/test_dataset.h"
 #include "absl/strings/str_cat.h"
 #include "src/common/proto_io.h"
 
@@ -15,21 +12,7 @@ namespace dynapipe::runtime::executor {
 namespace {
 
 // A dataset of 96 synthetic samples, 10..70 tokens each, under TEST_TMPDIR.
-std::string MakeDataset() {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/worker_ds_" + std::to_string(::getpid());
-  if (std::filesystem::exists(dir + "/dataset.pbtxt")) return dir;
-  data::SynthOptions o;
-  o.alphabet = 24;
-  std::mt19937 rng(11);
-  std::vector<planner::RawLength> lengths;
-  for (int i = 0; i < 96; ++i) lengths.push_back({6 + static_cast<int64_t>(rng() % 56), 2 + static_cast<int64_t>(rng() % 10)});
-  auto w = data::DatasetWriter::Create(dir, data::SynthInfo(o));
-  REQUIRE(w.ok());
-  REQUIRE(data::Synthesize(lengths, o, w->get()).ok());
-  REQUIRE((*w)->Finish().ok());
-  return dir;
-}
+std::string MakeDataset() { return testing::WorkerTestDataset("worker_ds"); }
 
 proto::JobSpec Spec(const std::string& dataset, int pp, int dp, const char* method = "dynamic",
                     const char* recompute = "none") {
