@@ -165,17 +165,27 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir) {
   std::memcpy(&d->num_samples_, d->index_ + 16, 8);
   std::memcpy(&tokens, d->index_ + 24, 8);
   if (version != kFormatVersion) return corrupt(absl::StrCat("format version ", version, ", expected ", kFormatVersion));
-  if (d->index_bytes_ != kIdxHeader + d->num_samples_ * kRecord) return corrupt("index.bin size does not match its sample count");
-  if (d->token_bytes_ != sizeof(kTokMagic) + tokens * 4) return corrupt("tokens.bin size does not match the index (truncated?)");
+  // Sizes compared by division: a crafted count must not wrap a product.
+  const size_t records = d->index_bytes_ - kIdxHeader, token_space = d->token_bytes_ - sizeof(kTokMagic);
+  if (records % kRecord != 0 || records / kRecord != d->num_samples_) {
+    return corrupt("index.bin size does not match its sample count");
+  }
+  if (token_space % 4 != 0 || token_space / 4 != tokens) {
+    return corrupt("tokens.bin size does not match the index (truncated?)");
+  }
   if (d->num_samples_ != d->info_.num_samples()) return corrupt("dataset.pbtxt and index.bin disagree on the sample count");
   uint64_t expect = 0;  // samples are contiguous, in order
   for (uint64_t i = 0; i < d->num_samples_; ++i) {
     Record r;
     std::memcpy(&r, d->index_ + kIdxHeader + i * kRecord, kRecord);
-    if (r.offset != expect || r.input_len == 0 || r.task >= static_cast<uint32_t>(d->info_.tasks_size())) {
+    // 64-bit sums, each record checked against tokens.bin before the next:
+    // lengths near 2^32 must not wrap into a consistent-looking index.
+    const uint64_t length = uint64_t{r.input_len} + r.target_len;
+    if (r.offset != expect || r.input_len == 0 || r.task >= static_cast<uint32_t>(d->info_.tasks_size()) ||
+        length > tokens - expect) {
       return corrupt(absl::StrCat("index record ", i, " is inconsistent"));
     }
-    expect += r.input_len + r.target_len;
+    expect += length;
   }
   if (expect != tokens) return corrupt("index records do not cover tokens.bin exactly");
   return d;

@@ -70,6 +70,50 @@ TEST_CASE("Corrupt or truncated datasets are DATA_LOSS") {
   CHECK(Dataset::Open(dir + "/nope").status().code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("An index whose lengths wrap 32 bits, or whose counts wrap a size check, is DATA_LOSS") {
+  const std::string dir = testing::FreshTempDir("wrap");
+  proto::DatasetInfo info;
+  info.set_vocab(10);
+  info.add_tasks("a");
+  auto w = DatasetWriter::Create(dir, info);
+  REQUIRE((*w)->Add(std::vector<uint32_t>{1}, std::vector<uint32_t>{2}, 0).ok());  // offset 0, 2 tokens
+  REQUIRE((*w)->Add(std::vector<uint32_t>{3}, std::vector<uint32_t>{}, 0).ok());   // offset 2, 1 token
+  REQUIRE((*w)->Finish().ok());
+  REQUIRE(Dataset::Open(dir).ok());
+  auto patch = [&](const std::string& file, std::streamoff at, const void* bytes, size_t n) {
+    std::fstream f(dir + "/" + file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at);
+    f.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+  };
+  // Record 0: input 0xffffffff + target 3 wraps to 2 in 32 bits, so record
+  // 1's offset 2 and the total of 3 tokens would still add up.
+  const uint32_t huge[2] = {0xffffffffu, 3};
+  patch("index.bin", 32 + 8, huge, sizeof(huge));
+  auto opened = Dataset::Open(dir);
+  CHECK(opened.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(opened.status().message().find("index record 0") != std::string::npos);
+  // A sample count whose size in bytes wraps to the file's: 24 * (2 + 2^61)
+  // is 48 modulo 2^64. With dataset.pbtxt agreeing, the old check let it
+  // through and the record loop ran past the mapping.
+  const uint32_t sane[2] = {1, 1};
+  patch("index.bin", 32 + 8, sane, sizeof(sane));
+  REQUIRE(Dataset::Open(dir).ok());
+  const uint64_t count = 2 + (uint64_t{1} << 61);
+  patch("index.bin", 16, &count, sizeof(count));
+  std::string text;
+  {
+    std::ifstream in(dir + "/dataset.pbtxt");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find("num_samples: 2");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 14, "num_samples: " + std::to_string(count));
+  std::ofstream(dir + "/dataset.pbtxt", std::ios::trunc) << text;
+  auto wrapped = Dataset::Open(dir);
+  CHECK(wrapped.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(wrapped.status().message().find("sample count") != std::string::npos);
+}
+
 TEST_CASE("Synthetic samples follow the given lengths and their task's rule") {
   const std::string dir = testing::FreshTempDir("synth");
   SynthOptions o;

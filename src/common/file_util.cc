@@ -1,6 +1,7 @@
 #include "src/common/file_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,10 +42,19 @@ std::string ResolvePath(absl::string_view root, absl::string_view path) {
   return (std::filesystem::path(std::string(root)) / p).string();
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) return ErrnoStatus(errno, "open", path);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  auto too_large = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": larger than the limit of ", max_bytes, " bytes"));
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_large();
   std::string out;
+  out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
   while (true) {
     const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
@@ -53,6 +63,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
       if (errno == EINTR) continue;
       return ErrnoStatus(errno, "read", path);
     }
+    if (out.size() + static_cast<size_t>(n) > max_bytes) return too_large();  // it grew while read
     out.append(buf, static_cast<size_t>(n));
   }
   return out;

@@ -15,8 +15,14 @@ namespace dynapipe {
 // itself (how daemons resolve the paths jobs name against --data_root).
 std::string ResolvePath(absl::string_view root, absl::string_view path);
 
-// NOT_FOUND when the file does not exist; UNAVAILABLE for other I/O errors.
-absl::StatusOr<std::string> ReadFile(const std::string& path);
+// What ReadFile reads at most unless told otherwise.
+inline constexpr size_t kMaxReadFileBytes = size_t{1} << 30;
+
+// The whole regular file at `path`. NOT_FOUND when it does not exist;
+// INVALID_ARGUMENT, naming the path, for what is not a regular file (a
+// device such as /dev/zero, a FIFO, a directory) or holds more than
+// `max_bytes`; UNAVAILABLE for other I/O errors. Never reads past max_bytes.
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes = kMaxReadFileBytes);
 
 // Writes `contents` to a temporary file beside `path`, fsyncs it, renames it
 // over `path` and fsyncs the directory: readers see the old or the new file,

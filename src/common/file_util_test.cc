@@ -1,5 +1,6 @@
 #include "src/common/file_util.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -79,4 +80,23 @@ TEST_CASE("WriteFileAtomic into a missing directory fails cleanly") {
 }
 
 }  // namespace
+TEST_CASE("ReadFile refuses what is not a regular file, or more than its limit, without reading it all") {
+  // A device that never ends: refused at once, nothing read.
+  auto zero = ReadFile("/dev/zero");
+  CHECK(zero.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(zero.status().message() == "/dev/zero: not a regular file");
+  const std::string dir = TempPath("read_limits");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  CHECK(ReadFile(dir).status().code() == absl::StatusCode::kInvalidArgument);
+  const std::string fifo = dir + "/fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(ReadFile(fifo).status().code() == absl::StatusCode::kInvalidArgument);  // no writer: must not block
+  REQUIRE(WriteFileAtomic(dir + "/f", std::string(100, 'x')).ok());
+  CHECK(ReadFile(dir + "/f", 100).ok());
+  auto big = ReadFile(dir + "/f", 99);
+  CHECK(big.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(big.status().message().find("limit of 99 bytes") != std::string::npos);
+}
+
 }  // namespace dynapipe
