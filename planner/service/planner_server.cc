@@ -16,6 +16,9 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(Options opti
   s->bootstrap_ = std::make_unique<BootstrapImpl>(s->service_.get(), options.token);
   ASSIGN_OR_RETURN(auto creds, rpc::ServerCredentials(options.tls));
   grpc::ServerBuilder builder;
+  // No SO_REUSEPORT: a second planner on a taken port must fail, not split
+  // the port's connections with the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, creds, &s->port_);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->plans_.get());
@@ -25,7 +28,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(Options opti
   builder.SetMaxSendMessageSize(256 << 20);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (taken, or not ours)"));
   }
   if (options.http_port >= 0) {
     http::StatusServer::Options h;

@@ -221,7 +221,7 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   } unpublish{this};
 
   PlanPrefetcher plans(
-      [this, job, rank = a.rank()](int64_t i) { return client_->FetchPlan(job, i, rank, kPlanWait); },
+      job, a.rank(), [this, job, rank = a.rank()](int64_t i) { return client_->FetchPlan(job, i, rank, kPlanWait); },
       spec.iterations(), options_.prefetch, [this] {
         MutexLock l(&mu_);
         return stop_job_;

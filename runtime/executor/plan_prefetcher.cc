@@ -5,8 +5,14 @@
 
 namespace dynapipe::runtime::executor {
 
-PlanPrefetcher::PlanPrefetcher(Fetch fetch, int64_t end, int depth, std::function<bool()> stopped)
-    : fetch_(std::move(fetch)), end_(end), depth_(std::max(0, depth)), stopped_(std::move(stopped)) {}
+PlanPrefetcher::PlanPrefetcher(std::string job, int rank, Fetch fetch, int64_t end, int depth,
+                               std::function<bool()> stopped)
+    : job_(std::move(job)),
+      rank_(rank),
+      fetch_(std::move(fetch)),
+      end_(end),
+      depth_(std::max(0, depth)),
+      stopped_(std::move(stopped)) {}
 
 PlanPrefetcher::~PlanPrefetcher() {
   for (auto& [i, f] : ahead_) f.wait();
@@ -28,9 +34,10 @@ absl::StatusOr<proto::ExecutionPlan> PlanPrefetcher::Next(int64_t iteration) {
     ahead_.erase(found);
     absl::StatusOr<proto::ExecutionPlan> plan = f.get();
     if (plan.ok()) {
-      if (plan->iteration() != iteration) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("asked for the plan of iteration ", iteration, ", got iteration ", plan->iteration()));
+      if (plan->job_id() != job_ || plan->rank() != rank_ || plan->iteration() != iteration) {
+        return absl::FailedPreconditionError(absl::StrCat("asked for the plan of job ", job_, " rank ", rank_,
+                                                          " iteration ", iteration, ", got job ", plan->job_id(),
+                                                          " rank ", plan->rank(), " iteration ", plan->iteration()));
       }
       return plan;
     }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
@@ -24,23 +25,26 @@ class PlanPrefetcher {
   // not ready yet).
   using Fetch = std::function<absl::StatusOr<proto::ExecutionPlan>(int64_t iteration)>;
 
-  // Plans of iterations [.., end) are fetched, up to `depth` beyond the one
-  // asked for. `stopped` says the job ended elsewhere (checked between
-  // attempts).
-  PlanPrefetcher(Fetch fetch, int64_t end, int depth, std::function<bool()> stopped);
+  // Plans of job `job` for rank `rank`, iterations [.., end), fetched up to
+  // `depth` beyond the one asked for. `stopped` says the job ended elsewhere
+  // (checked between attempts).
+  PlanPrefetcher(std::string job, int rank, Fetch fetch, int64_t end, int depth, std::function<bool()> stopped);
   // Waits for the fetches still running (each is bounded).
   ~PlanPrefetcher();
   PlanPrefetcher(const PlanPrefetcher&) = delete;
   PlanPrefetcher& operator=(const PlanPrefetcher&) = delete;
 
   // The plan of `iteration`, starting fetches up to `iteration + depth`.
-  // ABORTED once stopped; FAILED_PRECONDITION for a plan of another
-  // iteration than asked; otherwise the fetch's own error.
+  // ABORTED once stopped; FAILED_PRECONDITION for a plan of another job,
+  // rank or iteration than asked (a stale or misplaced plan is never run);
+  // otherwise the fetch's own error.
   absl::StatusOr<proto::ExecutionPlan> Next(int64_t iteration);
 
  private:
   void Start(int64_t iteration);
 
+  std::string job_;
+  int rank_;
   Fetch fetch_;
   int64_t end_;
   int depth_;

@@ -14,10 +14,14 @@ struct FakePlanner {
   std::map<int64_t, int> attempts;
   std::map<int64_t, int> not_ready;  // attempts answered DEADLINE_EXCEEDED first
   int64_t wrong_iteration = -1;      // answered with another iteration's plan
+  int64_t wrong_job = -1;            // ... with another job's
+  int64_t wrong_rank = -1;           // ... with another rank's
   absl::StatusOr<proto::ExecutionPlan> Fetch(int64_t i) {
     std::lock_guard<std::mutex> l(mu);
     if (attempts[i]++ < not_ready[i]) return absl::DeadlineExceededError("not planned yet");
     proto::ExecutionPlan p;
+    p.set_job_id(i == wrong_job ? "job-000002" : "job-000001");
+    p.set_rank(i == wrong_rank ? 4 : 3);
     p.set_iteration(i == wrong_iteration ? i + 100 : i);
     return p;
   }
@@ -26,7 +30,7 @@ struct FakePlanner {
 TEST_CASE("plans come in order, fetched ahead, and a plan not ready yet is asked for again", "[executor]") {
   FakePlanner planner;
   planner.not_ready[1] = 3;
-  PlanPrefetcher plans([&](int64_t i) { return planner.Fetch(i); }, 5, 2, [] { return false; });
+  PlanPrefetcher plans("job-000001", 3, [&](int64_t i) { return planner.Fetch(i); }, 5, 2, [] { return false; });
   auto p0 = plans.Next(0);
   REQUIRE(p0.ok());
   CHECK(p0->iteration() == 0);
@@ -41,11 +45,13 @@ TEST_CASE("plans come in order, fetched ahead, and a plan not ready yet is asked
   CHECK(plans.Next(5).status().code() == absl::StatusCode::kOutOfRange);
 }
 
-TEST_CASE("a stopped job ends the wait for its plan; a plan of another iteration is refused", "[executor]") {
+TEST_CASE("a stopped job ends the wait for its plan; a plan of another job, rank or iteration is refused",
+          "[executor]") {
   FakePlanner planner;
   planner.not_ready[0] = 1000000;
   std::atomic<bool> stopped{false};
   PlanPrefetcher plans(
+      "job-000001", 3,
       [&](int64_t i) {
         stopped = planner.attempts[0] >= 3;
         return planner.Fetch(i);
@@ -55,11 +61,24 @@ TEST_CASE("a stopped job ends the wait for its plan; a plan of another iteration
 
   FakePlanner wrong;
   wrong.wrong_iteration = 1;
-  PlanPrefetcher other([&](int64_t i) { return wrong.Fetch(i); }, 3, 1, [] { return false; });
+  PlanPrefetcher other("job-000001", 3, [&](int64_t i) { return wrong.Fetch(i); }, 3, 1, [] { return false; });
   REQUIRE(other.Next(0).ok());
   auto p = other.Next(1);
   CHECK(p.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(p.status().message().find("iteration 101") != std::string::npos);
+
+  // A stale plan of another job, or one meant for another rank, is never run.
+  FakePlanner stale;
+  stale.wrong_job = 0;
+  stale.wrong_rank = 1;
+  PlanPrefetcher checked("job-000001", 3, [&](int64_t i) { return stale.Fetch(i); }, 3, 0, [] { return false; });
+  auto p0 = checked.Next(0);
+  CHECK(p0.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(p0.status().message().find("got job job-000002") != std::string::npos);
+  auto p1 = checked.Next(1);
+  CHECK(p1.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(p1.status().message().find("rank 4") != std::string::npos);
+  CHECK(checked.Next(2).ok());
 }
 
 }  // namespace

@@ -17,6 +17,10 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
   const std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(message);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
+  // A path that cannot name a file here: retrying will not help.
+  if (err == ENOTDIR || err == EISDIR || err == ENAMETOOLONG || err == ELOOP) {
+    return absl::InvalidArgumentError(message);
+  }
   return absl::UnavailableError(message);
 }
 

@@ -97,6 +97,10 @@ TEST_CASE("ReadFile refuses what is not a regular file, or more than its limit, 
   auto big = ReadFile(dir + "/f", 99);
   CHECK(big.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(big.status().message().find("limit of 99 bytes") != std::string::npos);
+  // A path through a file is a bad path, not an outage to retry.
+  auto through = ReadFile(dir + "/f/g");
+  CHECK(through.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(WriteFileAtomic(dir + "/f/g", "x").code() == absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace dynapipe

@@ -3,6 +3,8 @@
 // taken over, and a restarted planner resumes from Redis.
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+
 #include "src/common/mutex.h"
 #include "src/store/redis_plan_store.h"
 #include "src/testing/redis_server.h"
@@ -94,4 +96,13 @@ TEST_CASE("A planner restarted mid-job resumes from Redis: nothing lost, nothing
 }
 
 }  // namespace
+TEST_CASE("A second planner on a port already taken refuses to start instead of sharing it") {
+  auto redis = RedisServer::Start();
+  REQUIRE(redis.ok());
+  auto a = PlannerProcess::Start((*redis)->port(), {});
+  REQUIRE(a.ok());
+  auto b = PlannerProcess::Start((*redis)->port(), {absl::StrCat("--listen=127.0.0.1:", (*a)->port())});
+  CHECK_FALSE(b.ok());
+}
+
 }  // namespace dynapipe::testing
