@@ -21,12 +21,6 @@
 namespace dynapipe::runtime {
 namespace {
 
-// cuda::WaitForEvent counts whole seconds: round up, at least one.
-std::chrono::seconds WaitSeconds(absl::Duration d) {
-  const int64_t s = absl::ToInt64Seconds(absl::Ceil(d, absl::Seconds(1)));
-  return std::chrono::seconds(s < 1 ? 1 : s);
-}
-
 // CUDA events with timing enabled, kept across iterations so a timer does
 // not create two events per instruction every iteration. Thread-safe.
 class TimingEvents {
@@ -223,14 +217,14 @@ class CudaBackend final : public Backend {
   }
   absl::Status Synchronize() override { return Wait("Synchronize"); }
   std::unique_ptr<InstructionTimer> NewTimer() override {
-    return std::make_unique<CudaTimer>(&timing_events_, stream_, WaitSeconds(timeout_));
+    return std::make_unique<CudaTimer>(&timing_events_, stream_, cuda::WaitSeconds(timeout_));
   }
 
  private:
   // Waits for the work queued on the stream so far, with the deadline.
   absl::Status Wait(const char* what) {
     CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream_));
-    return cuda::WaitForEvent(done_, WaitSeconds(timeout_), what);
+    return cuda::WaitForEvent(done_, cuda::WaitSeconds(timeout_), what);
   }
 
   const int device_;

@@ -345,7 +345,7 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
   return absl::InvalidArgumentError("instruction without an operation");
 }
 
-absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan, Iter*) {
+absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan) {
   model::Stage* first = nullptr;
   model::Stage* last = nullptr;
   for (auto& c : chunks_) {
@@ -367,7 +367,7 @@ absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan, Ite
 }
 
 absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
-  RETURN_IF_ERROR(ExchangeTiedEmbedding(plan, it));
+  RETURN_IF_ERROR(ExchangeTiedEmbedding(plan));
   // One world-wide sum gives the global gradient norm (each parameter
   // counted once: data-parallel group 0 only, each stage's norm group) and
   // the global loss (every group's last stage).

@@ -74,7 +74,8 @@ class Worker {
   struct Iter;  // per-iteration interpreter state
   absl::Status Execute(const proto::ExecutionPlan& plan, int index, Iter* it);
   absl::Status OptimizerStep(const proto::ExecutionPlan& plan, Iter* it);
-  absl::Status ExchangeTiedEmbedding(const proto::ExecutionPlan& plan, Iter* it);
+  // Sums the two copies of a tied embedding's gradient (first and last stage).
+  absl::Status ExchangeTiedEmbedding(const proto::ExecutionPlan& plan);
   absl::Time Deadline() const { return absl::Now() + options_.comm_timeout; }
 
   proto::JobSpec spec_;

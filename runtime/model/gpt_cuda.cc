@@ -22,12 +22,6 @@ namespace {
 
 constexpr size_t kBf16 = sizeof(__nv_bfloat16), kF32 = sizeof(float);
 
-// WaitForEvent counts whole seconds: round up, at least one.
-std::chrono::seconds WaitSeconds(absl::Duration d) {
-  const int64_t s = absl::ToInt64Seconds(absl::Ceil(d, absl::Seconds(1)));
-  return std::chrono::seconds(s < 1 ? 1 : s);
-}
-
 // Everything the kernels cannot run, before touching the device.
 absl::Status CheckCudaConfig(const GptConfig& config) {
   if (config.hidden <= 0 || config.heads <= 0 || config.hidden % config.heads != 0) {
@@ -62,7 +56,7 @@ absl::StatusOr<std::unique_ptr<CudaGptStage>> CudaGptStage::Create(const GptConf
   }
   if (pool == nullptr) return absl::InvalidArgumentError("CudaGptStage: pool is null");
   std::unique_ptr<CudaGptStage> stage(
-      new CudaGptStage(std::move(layout), compute_stream, pool, WaitSeconds(wait_timeout)));
+      new CudaGptStage(std::move(layout), compute_stream, pool, cuda::WaitSeconds(wait_timeout)));
   RETURN_IF_ERROR(stage->Init());
   return stage;
 }

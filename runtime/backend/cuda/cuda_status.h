@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace dynapipe::runtime::cuda {
 
@@ -39,6 +40,13 @@ inline absl::Status WaitForEvent(cudaEvent_t event, std::chrono::seconds timeout
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
+}
+
+// A deadline for WaitForEvent, which counts whole seconds: `d` rounded up,
+// at least one.
+inline std::chrono::seconds WaitSeconds(absl::Duration d) {
+  const int64_t s = absl::ToInt64Seconds(absl::Ceil(d, absl::Seconds(1)));
+  return std::chrono::seconds(s < 1 ? 1 : s);
 }
 
 }  // namespace dynapipe::runtime::cuda
