@@ -37,7 +37,10 @@ start() {
   mkdir -p "$run"
   if running planner || running redis; then echo "local-cluster: already running (stop it first)" >&2; exit 1; fi
   [ -x "$bin/planner/service/dynapipe-planner" ] || { echo "local-cluster: build first: bazel build //..." >&2; exit 1; }
+  # The daemons and the CLI refuse a token other users can read: 0600, also
+  # for a token an older version left behind.
   [ -f "$run/token" ] || (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$run/token")
+  chmod 600 "$run/token"
 
   redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly yes --dir "$run" \
     --daemonize no > "$run/redis.log" 2>&1 &

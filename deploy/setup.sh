@@ -30,6 +30,7 @@ packages=(
   python3                  # test-summary helper
   curl                     # deploy/local-cluster.sh health checks
   patchelf                 # deploy/bundle.sh: relocatable binaries
+  clang lld                # deploy/fuzz.sh: libFuzzer harnesses (fuzz/), in their own output base
 )
 
 missing=()

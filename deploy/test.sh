@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of the project: installs what is missing (deploy/setup.sh),
 # builds all targets (CUDA objects included where the toolkit exists), runs
-# every test and ends with "tests: N passed, M failed[, K skipped]" counting
-# Catch2 test cases. Exit status 0 only when nothing failed.
+# every test, then fuzzes each parser briefly (deploy/fuzz.sh, clang in its
+# own output base), and ends with "tests: N passed, M failed[, K skipped]"
+# counting Catch2 test cases and one case per fuzz harness. Exit status 0
+# only when nothing failed.
 #
 # Extra arguments go to `bazel test`, e.g. deploy/test.sh --config=asan
+# DYNAPIPE_FUZZ=0 skips the fuzzing; FUZZ_SECONDS sets its time per harness.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,13 +16,19 @@ cd "$root"
 bash deploy/setup.sh || { echo "tests: 0 passed, 1 failed (setup failed)"; exit 1; }
 
 events="$(mktemp -t dynapipe-bep.XXXXXX.json)"
-trap 'rm -f "$events"' EXIT
+fuzz_results="$(mktemp -t dynapipe-fuzz.XXXXXX.txt)"
+trap 'rm -f "$events" "$fuzz_results"' EXIT
 
 echo "test: building and testing //... (first build takes several minutes)"
 bazel test //... --keep_going --build_event_json_file="$events" "$@"
 bazel_rc=$?
 
-python3 deploy/test_summary.py "$events"
+if [ "${DYNAPIPE_FUZZ:-1}" != 0 ]; then
+  echo "test: fuzzing the parsers (deploy/fuzz.sh)"
+  bash deploy/fuzz.sh --results "$fuzz_results"
+fi
+
+python3 deploy/test_summary.py "$events" --fuzz "$fuzz_results"
 summary_rc=$?
 
 if [ $bazel_rc -ne 0 ] && [ $summary_rc -eq 0 ]; then

@@ -3,7 +3,11 @@
 
 Prints failing targets, then one line "tests: N passed, M failed[, K skipped]".
 A test target that failed to build, crashed or timed out without a Catch2
-summary counts as one failed case. Exit status 1 if anything failed.
+summary counts as one failed case. With --fuzz FILE (deploy/fuzz.sh
+--results), each fuzz harness counts as one case too. Exit status 1 if
+anything failed.
+
+    test_summary.py EVENTS.json [--fuzz RESULTS.txt]
 """
 import json
 import re
@@ -34,7 +38,28 @@ def count_log(text):
     return None
 
 
-def main(path):
+def count_fuzz(path):
+    """(passed, failed, failure lines) from deploy/fuzz.sh's results file:
+    one "<harness> passed|failed <detail>" line per harness."""
+    passed = failed = 0
+    failures = []
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0, 0, []
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        status, _, detail = rest.partition(" ")
+        if status == "passed":
+            passed += 1
+        elif name:
+            failed += 1
+            failures.append(f"fuzz {name}: {detail}")
+    return passed, failed, failures
+
+
+def main(path, fuzz_path=None):
     results = {}  # label -> (status, log path)
     build_failed = set()
     tests_seen = set()
@@ -91,6 +116,12 @@ def main(path):
         failed += fl
         skipped += s
 
+    if fuzz_path:
+        p, fl, lines = count_fuzz(fuzz_path)
+        passed += p
+        failed += fl
+        failures.extend(lines)
+
     for line in failures:
         print("FAILED " + line)
     tail = f", {skipped} skipped" if skipped else ""
@@ -99,4 +130,12 @@ def main(path):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    fuzz = None
+    if "--fuzz" in args:
+        i = args.index("--fuzz")
+        fuzz = args[i + 1] if i + 1 < len(args) else None
+        del args[i:i + 2]
+    if len(args) != 1:
+        sys.exit("usage: test_summary.py EVENTS.json [--fuzz RESULTS.txt]")
+    sys.exit(main(args[0], fuzz))

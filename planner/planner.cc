@@ -9,6 +9,7 @@
 #include "planner/plan/validate.h"
 #include "planner/schedule_search.h"
 #include "src/common/status_macros.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -19,7 +20,6 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
 
 absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m) {
   switch (m) {
-    case proto::BatchingSpec::unspecified:
     case proto::BatchingSpec::dynamic: return Batching::kDynamic;
     case proto::BatchingSpec::packing: return Batching::kPacking;
     case proto::BatchingSpec::padding: return Batching::kPadding;
@@ -32,58 +32,28 @@ absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m) {
 
 }  // namespace
 
-absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& job) {
+absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& spec) {
+  ASSIGN_OR_RETURN(const proto::JobSpec job, spec::NormalizeJobSpec(spec));
   PlannerConfig c;
   c.job_id = job.name().empty() ? "offline" : job.name();
   c.model = job.model();
-  const auto& m = job.model();
-  if (m.kind() == proto::ModelKind::unspecified) return absl::InvalidArgumentError("model.kind: must be gpt or t5");
-  if (m.num_layers() <= 0) return absl::InvalidArgumentError("model.num_layers: must be positive");
-  if (m.hidden() <= 0) return absl::InvalidArgumentError("model.hidden: must be positive");
-  if (m.heads() <= 0 || m.hidden() % m.heads() != 0) {
-    return absl::InvalidArgumentError("model.heads: must be positive and divide model.hidden");
-  }
-  if (m.vocab() <= 0) return absl::InvalidArgumentError("model.vocab: must be positive");
-  c.pp = job.parallelism().pp() > 0 ? job.parallelism().pp() : 1;
-  c.dp = job.parallelism().dp() > 0 ? job.parallelism().dp() : 1;
-  if (job.parallelism().pp() < 0) return absl::InvalidArgumentError("parallelism.pp: must be positive");
-  if (job.parallelism().dp() < 0) return absl::InvalidArgumentError("parallelism.dp: must be positive");
+  c.pp = job.parallelism().pp();
+  c.dp = job.parallelism().dp();
   c.layer_to_device.assign(job.parallelism().layer_to_device().begin(), job.parallelism().layer_to_device().end());
-  ASSIGN_OR_RETURN(c.batching, BatchingOf(job.batching().method()));
   const auto& b = job.batching();
-  if (b.round_multiple() < 0) return absl::InvalidArgumentError("batching.round_multiple: must be positive");
-  c.round_multiple = b.round_multiple() > 0 ? b.round_multiple() : 8;
-  if (b.max_seq_len() < 0) return absl::InvalidArgumentError("batching.max_seq_len: must be positive");
-  c.max_seq_len = b.max_seq_len() > 0 ? b.max_seq_len() : 2048;
-  if (m.max_positions() > 0 && c.max_seq_len > m.max_positions()) {
-    return absl::InvalidArgumentError(absl::StrCat("batching.max_seq_len: ", c.max_seq_len,
-                                                   " exceeds model.max_positions ", m.max_positions()));
-  }
-  if (b.micro_batch_size() < 0) return absl::InvalidArgumentError("batching.micro_batch_size: must be positive");
-  if (b.micro_batch_tokens() < 0) return absl::InvalidArgumentError("batching.micro_batch_tokens: must be positive");
+  ASSIGN_OR_RETURN(c.batching, BatchingOf(b.method()));
+  c.round_multiple = b.round_multiple();
+  c.max_seq_len = b.max_seq_len();
   c.micro_batch_size = b.micro_batch_size();
   c.micro_batch_tokens = b.micro_batch_tokens();
-  if (b.cap_tolerance() < 0 || b.cap_tolerance() > 1) {
-    return absl::InvalidArgumentError("batching.cap_tolerance: must be in 0..1");
-  }
-  c.tolerance = b.cap_tolerance() > 0 ? b.cap_tolerance() : 0.02;
-  if (b.dp_candidates() < 0) return absl::InvalidArgumentError("batching.dp_candidates: must be positive");
-  c.dp_candidates = b.dp_candidates() > 0 ? b.dp_candidates() : 3;
-  c.policy = job.schedule().policy() == proto::ScheduleSpec::unspecified ? proto::ScheduleSpec::auto_
-                                                                            : job.schedule().policy();
-  c.recompute = job.schedule().recompute() == proto::RecomputeLevel::unspecified ? proto::RecomputeLevel::auto_
-                                                                                    : job.schedule().recompute();
-  if (job.schedule().permutations() < 0 || job.schedule().permutations() > 64) {
-    return absl::InvalidArgumentError("schedule.permutations: must be in 1..64");
-  }
-  c.permutations = job.schedule().permutations() > 0 ? job.schedule().permutations() : 4;
+  c.tolerance = b.cap_tolerance();
+  c.dp_candidates = b.dp_candidates();
+  c.policy = job.schedule().policy();
+  c.recompute = job.schedule().recompute();
+  c.permutations = job.schedule().permutations();
   c.seed = job.seed();
   c.cluster = job.cluster();
-  if (job.memory_limit_mb() < 0) return absl::InvalidArgumentError("memory_limit_mb: must be positive");
-  c.memory_limit_mb = job.memory_limit_mb() > 0 ? job.memory_limit_mb() : job.cluster().device().memory_mb();
-  if (!(c.memory_limit_mb > 0)) {
-    return absl::InvalidArgumentError("memory_limit_mb: must be set (or cluster.device.memory_mb)");
-  }
+  c.memory_limit_mb = job.memory_limit_mb();
   c.zero1 = job.optimizer().zero1();
   return c;
 }

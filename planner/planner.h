@@ -20,33 +20,34 @@
 #include "planner/sim/simulator.h"
 #include "proto/job.pb.h"
 #include "proto/plan.pb.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::planner {
 
 struct PlannerConfig {
   std::string job_id = "offline";
   proto::ModelSpec model;
-  int pp = 1;
-  int dp = 1;
+  int pp = spec::kDefaultPp;
+  int dp = spec::kDefaultDp;
   std::vector<int> layer_to_device;  // empty: equal contiguous stages
   Batching batching = Batching::kDynamic;
-  int round_multiple = 8;
-  int max_seq_len = 2048;
+  int round_multiple = spec::kDefaultRoundMultiple;
+  int max_seq_len = spec::kDefaultMaxSeqLen;
   int micro_batch_size = 0;       // padding / fixed_mbs; 0: best power of two
   int64_t micro_batch_tokens = 0;  // token_based; 0: best power of two x 1024
-  double tolerance = 0.02;
-  int dp_candidates = 3;  // best DP splits simulated per recomputation level
+  double tolerance = spec::kDefaultCapTolerance;
+  int dp_candidates = spec::kDefaultDpCandidates;  // best DP splits simulated per recomputation level
   proto::ScheduleSpec::Policy policy = proto::ScheduleSpec::auto_;
   proto::RecomputeLevel::Value recompute = proto::RecomputeLevel::auto_;
-  int permutations = 4;
+  int permutations = spec::kDefaultPermutations;
   uint64_t seed = 1;
   double memory_limit_mb = 80000;
   bool zero1 = false;
   proto::ClusterSpec cluster;
 };
 
-// Reads the planning part of a JobSpec, filling defaults. INVALID_ARGUMENT
-// names the offending field.
+// The planning part of a JobSpec, after spec::NormalizeJobSpec (defaults and
+// checks live there). INVALID_ARGUMENT names the offending field.
 absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& job);
 
 struct PlanTimings {

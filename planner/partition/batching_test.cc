@@ -1,6 +1,7 @@
 #include "planner/partition/batching.h"
 
 #include <catch2/catch.hpp>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -103,6 +104,21 @@ TEST_CASE("Global batches close before the sample that would pass the budget") {
   CHECK(e.target == 2048);
   // One sample over budget still forms its own batch.
   CHECK(FormGlobalBatches(std::vector<Sample>{{0, 5000, 0}}, 100, false).size() == 1);
+}
+
+TEST_CASE("Truncation caps lengths near INT64_MAX without overflowing") {
+  // A lengths file accepts any int64 ("9223372036854775807 1" came from
+  // fuzz/lengths_fuzzer): input + target overflowed and wrapped to 0 tokens.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const Sample t = Truncate(0, RawLength{kMax, 1}, 2048, false);
+  CHECK(t.input == 2048);
+  CHECK(t.target == 1);
+  const Sample u = Truncate(0, RawLength{1, kMax}, 2048, false);
+  CHECK(u.input == 2048);
+  CHECK(u.target == 2048);
+  const Sample e = Truncate(0, RawLength{kMax, kMax}, 2048, true);
+  CHECK(e.input == 2048);
+  CHECK(e.target == 2048);
 }
 
 }  // namespace

@@ -11,7 +11,11 @@ Sample Truncate(int64_t id, const RawLength& raw, int max_seq, bool encoder_deco
     s.input = static_cast<int32_t>(std::min<int64_t>(raw.input, max_seq));
     s.target = static_cast<int32_t>(std::min<int64_t>(raw.target, max_seq));
   } else {
-    s.input = static_cast<int32_t>(std::min<int64_t>(raw.input + raw.target, max_seq));
+    // Each side capped before the sum: lengths files allow any int64, and
+    // input + target must not overflow (min(a, m) + min(b, m) capped at m is
+    // min(a + b, m) for the non-negative lengths every reader returns).
+    const int64_t sum = std::min<int64_t>(raw.input, max_seq) + std::min<int64_t>(raw.target, max_seq);
+    s.input = static_cast<int32_t>(std::min<int64_t>(sum, max_seq));
     s.target = static_cast<int32_t>(std::min<int64_t>(raw.target, s.input));
   }
   return s;

@@ -66,6 +66,10 @@ enum class Slot : uint8_t { kFree, kWritten, kReceiving, kSending };
 // Per-rank buffer and op-order checks (no peers involved).
 absl::Status CheckRank(const proto::ExecutionPlan& p) {
   const int r = p.rank();
+  if (p.num_buffer_slots() < 0 || p.num_buffer_slots() > kMaxBufferSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("plan rank ", r, ": num_buffer_slots ", p.num_buffer_slots(),
+                                                   " outside 0..", kMaxBufferSlots));
+  }
   std::vector<Slot> slots(p.num_buffer_slots(), Slot::kFree);
   std::map<std::pair<int, int>, uint8_t> ops;  // (mb, chunk) -> bit 1 forward, bit 2 backward
   const int num_mb = p.micro_batches_size();
@@ -275,7 +279,9 @@ absl::Status ValidatePlans(std::span<const proto::ExecutionPlan> plans, std::spa
   if (plans.empty()) return absl::InvalidArgumentError("no plans");
   const proto::ExecutionPlan& first = plans[0];
   const int pp = first.pp_size(), dp = first.dp_size();
-  if (pp <= 0 || dp <= 0 || static_cast<int>(plans.size()) != pp * dp) {
+  // In 64 bits: stored sizes are untrusted, and their int product can wrap.
+  const int64_t world = int64_t{pp} * dp;
+  if (pp <= 0 || dp <= 0 || static_cast<int64_t>(plans.size()) != world) {
     return absl::InvalidArgumentError(absl::StrCat(plans.size(), " plans for pp ", pp, " x dp ", dp));
   }
   std::vector<const proto::ExecutionPlan*> by_rank(plans.size(), nullptr);
@@ -291,10 +297,10 @@ absl::Status ValidatePlans(std::span<const proto::ExecutionPlan> plans, std::spa
     if (p.job_id() != first.job_id() || p.iteration() != first.iteration() || p.pp_size() != pp || p.dp_size() != dp) {
       return absl::InvalidArgumentError(absl::StrCat("plan rank ", p.rank(), ": job, iteration or sizes differ from rank ", first.rank()));
     }
-    if (p.rank() < 0 || p.rank() >= pp * dp || by_rank[p.rank()] != nullptr) {
+    if (p.rank() < 0 || p.rank() >= world || by_rank[p.rank()] != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("plan rank ", p.rank(), ": missing or repeated rank"));
     }
-    if (p.rank() != p.dp_rank() * pp + p.pp_rank()) {
+    if (p.rank() != int64_t{p.dp_rank()} * pp + p.pp_rank()) {
       return absl::InvalidArgumentError(absl::StrCat("plan rank ", p.rank(), ": inconsistent pp/dp coordinates"));
     }
     by_rank[p.rank()] = &p;

@@ -28,6 +28,17 @@ grpc::ServerUnaryReactor* UnaryResult(grpc::CallbackServerContext* ctx, const st
   });
 }
 
+// For executor-side calls: the caller's credential (x-dynapipe-executor),
+// checked by `authorize` before `fn` runs. Returns what `fn` returns, or the
+// refusal.
+template <typename Authorize, typename Fn>
+auto AsExecutor(grpc::CallbackServerContext* ctx, Authorize authorize, Fn fn) -> decltype(fn()) {
+  absl::StatusOr<rpc::ExecutorCredential> caller = rpc::CallerCredential(*ctx);
+  if (!caller.ok()) return caller.status();
+  if (absl::Status s = authorize(*caller); !s.ok()) return s;
+  return fn();
+}
+
 // The call's deadline, capped so that a client without one cannot park a
 // request forever.
 absl::Time Deadline(const grpc::CallbackServerContext& ctx) {
@@ -176,7 +187,11 @@ grpc::ServerUnaryReactor* PlanServiceImpl::FetchPlan(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* PlanServiceImpl::ReportIteration(grpc::CallbackServerContext* ctx,
                                                            const proto::IterationReport* req,
                                                            proto::ReportIterationResponse*) {
-  return Unary(ctx, token_, [&]() { return s_->ReportIteration(*req); });
+  return Unary(ctx, token_, [&]() {
+    return AsExecutor(
+        ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeReport(c, *req); },
+        [&] { return s_->ReportIteration(*req); });
+  });
 }
 
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Register(grpc::CallbackServerContext* ctx,
@@ -188,7 +203,11 @@ grpc::ServerUnaryReactor* ExecutorRegistryImpl::Register(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                           const proto::HeartbeatRequest* req,
                                                           proto::HeartbeatResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->Heartbeat(*req); });
+  return UnaryResult(ctx, token_, resp, [&] {
+    return AsExecutor(
+        ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeHeartbeat(c, *req); },
+        [&] { return s_->Heartbeat(*req); });
+  });
 }
 
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::List(grpc::CallbackServerContext* ctx,
@@ -205,7 +224,11 @@ grpc::ServerUnaryReactor* ExecutorRegistryImpl::List(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* BootstrapImpl::Set(grpc::CallbackServerContext* ctx, const proto::BootstrapSetRequest* req,
                                              proto::BootstrapSetResponse*) {
-  return Unary(ctx, token_, [&]() { return s_->BootstrapSet(*req); });
+  return Unary(ctx, token_, [&]() {
+    return AsExecutor(
+        ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeJobMember(c, req->job_id()); },
+        [&] { return s_->BootstrapSet(*req); });
+  });
 }
 
 grpc::ServerUnaryReactor* BootstrapImpl::Get(grpc::CallbackServerContext* ctx, const proto::BootstrapGetRequest* req,
@@ -213,6 +236,13 @@ grpc::ServerUnaryReactor* BootstrapImpl::Get(grpc::CallbackServerContext* ctx, c
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (const grpc::Status auth = rpc::CheckToken(*ctx, token_); !auth.ok()) {
     reactor->Finish(auth);
+    return reactor;
+  }
+  if (const absl::Status allowed = AsExecutor(
+          ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeJobMember(c, req->job_id()); },
+          [] { return absl::OkStatus(); });
+      !allowed.ok()) {
+    reactor->Finish(rpc::ToGrpc(allowed));
     return reactor;
   }
   s_->BootstrapGet(*req, Deadline(*ctx), [reactor, resp](absl::StatusOr<std::string> v) {

@@ -2,6 +2,11 @@
 
 // Thin gRPC adapters (callback API) over PlannerService: check the token,
 // convert statuses, never block a gRPC thread (waits complete later).
+// Executor-side calls also pass PlannerService's identity checks first:
+// Heartbeat, ReportIteration and Bootstrap Set/Get need the caller's
+// x-dynapipe-executor credential (src/rpc/executor_credential.h). FetchPlan
+// needs only the token: plans hold nothing a token holder may not read, and
+// the CLI and tests fetch them.
 
 #include <memory>
 #include <string>

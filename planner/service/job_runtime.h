@@ -24,8 +24,10 @@ struct JobRuntime {
   const std::vector<Sample>& batch(int64_t iteration) const { return batches[iteration % batches.size()]; }
 };
 
-// Validates the spec (INVALID_ARGUMENT names the field), loads the dataset's
-// lengths (relative paths under `data_root`) and builds the planner.
+// Normalises the spec (spec::NormalizeJobSpec; INVALID_ARGUMENT names the
+// field), confines its paths to `data_root`, loads the dataset's lengths
+// (checking the model's vocabulary covers an indexed dataset's) and builds
+// the planner. `spec` in the result is the normalised one.
 absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::JobSpec& spec, const std::string& job_id,
                                                                  const std::string& data_root);
 

@@ -11,15 +11,18 @@
 #include "absl/strings/str_split.h"
 #include "planner/service/planner_server.h"
 #include "src/common/logging.h"
-#include "src/common/logging.h"
+#include "src/common/status_macros.h"
+#include "src/rpc/exposure.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address (host:port; port 0 picks one)");
 ABSL_FLAG(int, http_port, 8080, "status endpoint port (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
 ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis host:port");
-ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis password (else $DYNAPIPE_REDIS_PASSWORD)");
+ABSL_FLAG(std::string, redis_password_file, "",
+          "file (mode 0600) holding the Redis password (else $DYNAPIPE_REDIS_PASSWORD)");
 ABSL_FLAG(std::string, redis_prefix, "dynapipe:", "prefix of every Redis key");
-ABSL_FLAG(std::string, token_file, "", "file holding the shared API token (empty: no authentication)");
+ABSL_FLAG(std::string, token_file, "",
+          "file (mode 0600) holding the shared API token; without one, only loopback addresses unless --insecure");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (enables TLS with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key");
 ABSL_FLAG(std::string, data_root, "", "directory that relative dataset paths resolve against");
@@ -54,11 +57,20 @@ int main(int argc, char** argv) {
   o.redis.host = redis[0];
   auto password = dynapipe::store::ReadRedisPassword(absl::GetFlag(FLAGS_redis_password_file));
   auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
-  for (const absl::Status& s : {password.status(), token.status()}) {
+  for (const absl::Status& s : {dynapipe::Annotate(password.status(), "--redis_password_file"),
+                                dynapipe::Annotate(token.status(), "--token_file")}) {
     if (!s.ok()) {
       spdlog::critical("{}", s.message());
       return 2;
     }
+  }
+  // Without a token, serve only this machine unless told --insecure.
+  std::vector<dynapipe::rpc::Exposure> exposures = {{"--listen", o.listen}};
+  if (o.http_port >= 0) exposures.push_back({"--http_host", o.http_host});
+  if (auto s = dynapipe::rpc::RequireTokenOffLoopback(!token->empty(), absl::GetFlag(FLAGS_insecure), exposures);
+      !s.ok()) {
+    spdlog::critical("{}", s.message());
+    return 2;
   }
   o.redis.password = *password;
   o.redis_prefix = absl::GetFlag(FLAGS_redis_prefix);

@@ -14,7 +14,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(Options opti
   s->plans_ = std::make_unique<PlanServiceImpl>(s->service_.get(), options.token);
   s->registry_ = std::make_unique<ExecutorRegistryImpl>(s->service_.get(), options.token);
   s->bootstrap_ = std::make_unique<BootstrapImpl>(s->service_.get(), options.token);
-  ASSIGN_OR_RETURN(auto creds, rpc::ServerCredentials(options.tls));
+  // A call without the token is refused on its headers, before its message is read.
+  ASSIGN_OR_RETURN(auto creds, rpc::ServerCredentials(options.tls, options.token));
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT: a second planner on a taken port must fail, not split
   // the port's connections with the first.
@@ -24,8 +25,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(Options opti
   builder.RegisterService(s->plans_.get());
   builder.RegisterService(s->registry_.get());
   builder.RegisterService(s->bootstrap_.get());
-  builder.SetMaxReceiveMessageSize(256 << 20);
-  builder.SetMaxSendMessageSize(256 << 20);
+  builder.SetMaxReceiveMessageSize(rpc::kMaxPlannerRequestBytes);
+  builder.SetMaxSendMessageSize(rpc::kMaxPlannerResponseBytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (taken, or not ours)"));

@@ -9,8 +9,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "planner/service/failures.h"
+#include "src/common/checkpoint_layout.h"
+#include "src/common/file_util.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::planner::service {
 namespace {
@@ -100,33 +103,77 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> PlannerService::Runtime(const 
   return runtimes_.emplace(job, std::move(rt)).first->second;
 }
 
+void PlannerService::ReleaseRuntimes() {
+  std::vector<std::string> loaded;
+  {
+    MutexLock lock(&runtimes_mu_);
+    for (const auto& [id, rt] : runtimes_) loaded.push_back(id);
+  }
+  for (const std::string& id : loaded) {
+    auto s = store_->GetJob(id);
+    const bool ended = s.ok() ? store::IsTerminal(s->state()) : s.status().code() == absl::StatusCode::kNotFound;
+    if (!ended) continue;
+    // A plan being made keeps its own reference until it is stored.
+    MutexLock lock(&runtimes_mu_);
+    runtimes_.erase(id);
+  }
+}
+
 // ---- JobService ----
 
-absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::SubmitJobRequest& req) {
-  // Everything that can be wrong with the job is found before it is stored.
-  const proto::JobSpec& spec = req.spec();
-  RETURN_IF_ERROR(BuildJobRuntime(spec, "validation", options_.data_root).status());
-  // Resuming: start after the latest checkpoint every rank completed.
-  int64_t start = 0, latest = -1;
-  const std::string dir = CheckpointDir(spec);
-  if (spec.checkpoint().resume()) {
-    ASSIGN_OR_RETURN(latest, store_->LatestCheckpoint(dir));
-    start = latest + 1;
-    if (start >= spec.iterations()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint.resume: the latest complete checkpoint in ", dir,
-                                                     " is iteration ", latest, ", which leaves none of the job's ",
-                                                     spec.iterations(), " iterations to run"));
-    }
+absl::StatusOr<PlannerService::StartPoint> PlannerService::StartOf(const proto::JobSpec& spec) {
+  StartPoint start;
+  const std::string& dir = spec.checkpoint().dir();
+  if (dir.empty()) return start;
+  const int world = spec.parallelism().pp() * spec.parallelism().dp();
+  ASSIGN_OR_RETURN(const std::string on_disk, Annotate(ConfinedPath(options_.data_root, dir), "checkpoint.dir"));
+  // Any shard at all: something a run from iteration 0 would overwrite.
+  ASSIGN_OR_RETURN(const int64_t any, checkpoint_layout::NewestShardOnDisk(on_disk));
+  if (!spec.checkpoint().resume()) {
+    if (any < 0) return start;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir: ", dir, " already holds checkpoints (iteration ", any,
+        "); set checkpoint.resume to continue from them, or choose an empty directory"));
   }
-  ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start, NowMs()));
+  // Resuming: after the latest checkpoint every rank completed, as the ranks'
+  // reports recorded it, else as the shards on disk show it (a new or
+  // flushed Redis).
+  ASSIGN_OR_RETURN(int64_t latest, store_->LatestCheckpoint(dir));
+  start.source = "recorded in the store";
+  if (latest < 0) {
+    ASSIGN_OR_RETURN(latest, checkpoint_layout::LatestCompleteOnDisk(on_disk, world));
+    start.source = "found on disk";
+  }
+  if (latest < 0 && any >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.resume: ", dir, " holds shards but no checkpoint with all ", world,
+        " ranks' shards; starting over would overwrite them (remove them or choose another checkpoint.dir)"));
+  }
+  start.iteration = latest + 1;
+  if (start.iteration >= spec.iterations()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.resume: the latest complete checkpoint in ", dir,
+                                                   " is iteration ", latest, ", which leaves none of the job's ",
+                                                   spec.iterations(), " iterations to run"));
+  }
+  return start;
+}
+
+
+absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::SubmitJobRequest& req) {
+  // Everything that can be wrong with the job is found before it is stored,
+  // and what is stored has every default written out.
+  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::NormalizeJobSpec(req.spec()));
+  RETURN_IF_ERROR(BuildJobRuntime(spec, "validation", options_.data_root).status());
+  ASSIGN_OR_RETURN(const StartPoint start, StartOf(spec));
+  ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start.iteration, NowMs()));
   spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, spec.name(), spec.iterations(),
-               std::max(1, spec.parallelism().pp()), std::max(1, spec.parallelism().dp()));
+               spec.parallelism().pp(), spec.parallelism().dp());
   if (spec.checkpoint().resume()) {
-    if (latest >= 0) {
-      spdlog::info("job {} resumes from the checkpoint of iteration {} in {}: starts at iteration {}", id, latest, dir,
-                   start);
+    if (start.iteration > 0) {
+      spdlog::info("job {} resumes from the checkpoint of iteration {} in {} ({}): starts at iteration {}", id,
+                   start.iteration - 1, spec.checkpoint().dir(), start.source, start.iteration);
     } else {
-      spdlog::info("job {}: no complete checkpoint recorded for {}; starts at iteration 0", id, dir);
+      spdlog::info("job {}: no checkpoint in {}; starts at iteration 0", id, spec.checkpoint().dir());
     }
   }
   metrics_.Add("dynapipe_jobs_submitted_total", 1, "Jobs accepted by Submit");
@@ -378,7 +425,7 @@ bool PlannerService::ClaimWork(std::string* job, int64_t* iteration, std::shared
   for (const std::string& id : *ids) {
     auto status = store_->GetJob(id);
     if (!status.ok() || store::IsTerminal(status->state())) continue;
-    const int lookahead = status->spec().planner_lookahead() > 0 ? status->spec().planner_lookahead() : options_.default_lookahead;
+    const int lookahead = status->spec().planner_lookahead();
     const int64_t lo = status->iterations_done();
     const int64_t hi = std::min<int64_t>(status->spec().iterations(), lo + lookahead);
     for (int64_t i = lo; i < hi && !stopping_; ++i) {

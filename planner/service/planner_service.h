@@ -20,6 +20,7 @@
 #include "src/common/clock.h"
 #include "src/common/mutex.h"
 #include "src/http/metrics.h"
+#include "src/rpc/executor_credential.h"
 #include "src/store/plan_store.h"
 
 namespace dynapipe::planner::service {
@@ -28,11 +29,13 @@ struct ServiceOptions {
   std::string owner;  // this process's id in leases; default: host-pid-random
   std::string data_root;  // relative dataset paths resolve here
   int planning_threads = 2;
-  int default_lookahead = 4;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration plan_ttl = absl::Hours(1);     // stored plans and reports expire
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Records of executors lost this long are dropped (an executor that comes
+  // back registers again).
+  absl::Duration lost_executor_ttl = absl::Minutes(10);
   // After a rank reports a failure, how long to wait for the other ranks'
   // reports before judging which rank caused it (failures.h).
   absl::Duration failure_grace = absl::Seconds(3);
@@ -51,8 +54,11 @@ class PlannerService {
   void Start();
   void Stop();
 
-  // JobService. Submit with checkpoint.resume starts the job after the latest
-  // complete checkpoint of checkpoint.dir (INVALID_ARGUMENT if none is left).
+  // JobService. Submit normalises the spec (spec::NormalizeJobSpec) and
+  // stores it so. With checkpoint.resume the job starts after the latest
+  // complete checkpoint of checkpoint.dir: the store's record, else the shards
+  // on disk (INVALID_ARGUMENT if no iteration is left). A job that would
+  // overwrite checkpoints already in its dir is refused (FAILED_PRECONDITION).
   absl::StatusOr<proto::SubmitJobResponse> Submit(const proto::SubmitJobRequest& req);
   absl::StatusOr<proto::JobStatus> Get(const proto::GetJobRequest& req);
   absl::StatusOr<proto::ListJobsResponse> List(const proto::ListJobsRequest& req);
@@ -67,10 +73,25 @@ class PlannerService {
   // (the checkpoint is complete once every rank's is).
   absl::Status ReportIteration(const proto::IterationReport& report);
 
-  // ExecutorRegistry.
+  // ExecutorRegistry. Register returns the executor's id and secret
+  // (src/rpc/executor_credential.h); its record keeps only the secret's hash.
   absl::StatusOr<proto::RegisterExecutorResponse> Register(const proto::RegisterExecutorRequest& req);
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
+  // Every record, without the secrets' hashes.
   absl::StatusOr<std::vector<proto::ExecutorRecord>> Executors();
+
+  // Executor identity, checked by the gRPC layer before the executor-side
+  // calls above run (they trust their caller). The caller's record:
+  // UNAUTHENTICATED without a credential or with a wrong secret, NOT_FOUND
+  // if the id is not registered (the executor then registers again).
+  absl::StatusOr<proto::ExecutorRecord> AuthenticateExecutor(const rpc::ExecutorCredential& caller);
+  // Heartbeat only for the caller's own id (else PERMISSION_DENIED).
+  absl::Status AuthorizeHeartbeat(const rpc::ExecutorCredential& caller, const proto::HeartbeatRequest& req);
+  // ReportIteration (progress, failures, checkpoint shards) only from the
+  // executor holding the report's job and rank (else PERMISSION_DENIED).
+  absl::Status AuthorizeReport(const rpc::ExecutorCredential& caller, const proto::IterationReport& report);
+  // Bootstrap Set/Get only by an executor assigned to `job` (else PERMISSION_DENIED).
+  absl::Status AuthorizeJobMember(const rpc::ExecutorCredential& caller, const std::string& job);
 
   // Bootstrap. Get waits for the key like FetchPlan.
   absl::Status BootstrapSet(const proto::BootstrapSetRequest& req);
@@ -98,7 +119,17 @@ class PlannerService {
     std::function<void(absl::Status)> expire;  // DEADLINE_EXCEEDED, or UNAVAILABLE at shutdown
   };
 
+  // Where a submitted job starts: 0, or after the latest complete checkpoint
+  // when resuming. Refuses what would overwrite checkpoints on disk.
+  struct StartPoint {
+    int64_t iteration = 0;
+    const char* source = "";
+  };
+  absl::StatusOr<StartPoint> StartOf(const proto::JobSpec& spec);
   absl::StatusOr<std::shared_ptr<const JobRuntime>> Runtime(const std::string& job);
+  // Drops the runtimes of jobs that ended (their planner and batches are the
+  // bulk of a job's memory here); Runtime() rebuilds one if ever needed again.
+  void ReleaseRuntimes();
   // Sets last_loss and last_iteration_ms from the latest stored report.
   void FillLastIteration(proto::JobStatus* s);
   void OnEvent(const std::string& event);

@@ -1,5 +1,6 @@
-// PlannerService: executor registry and liveness, bootstrap, watch, status.
-#include <random>
+// PlannerService: executor registry, identity and liveness, bootstrap, watch,
+// status.
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -11,6 +12,7 @@
 namespace dynapipe::planner::service {
 namespace {
 
+constexpr size_t kMaxNodeBytes = 255;  // a host name's limit
 
 std::string Json(absl::string_view s) {
   std::string out = "\"";
@@ -33,21 +35,86 @@ std::string Json(absl::string_view s) {
 }  // namespace
 
 absl::StatusOr<proto::RegisterExecutorResponse> PlannerService::Register(const proto::RegisterExecutorRequest& req) {
-  if (req.node().empty()) return absl::InvalidArgumentError("node: must be set");
+  // The node is part of the id, which executors send back in call metadata:
+  // printable ASCII only.
+  if (req.node().empty() || req.node().size() > kMaxNodeBytes ||
+      !std::all_of(req.node().begin(), req.node().end(), [](char c) { return c > ' ' && c < 0x7f; })) {
+    return absl::InvalidArgumentError(absl::StrCat("node: must be 1 to ", kMaxNodeBytes,
+                                                   " printable ASCII characters without spaces"));
+  }
   if (req.device_index() < 0) return absl::InvalidArgumentError("device_index: must not be negative");
+  // 64 random bits: an id cannot be guessed, nor collide with (and so take
+  // over the record of) another executor's.
+  ASSIGN_OR_RETURN(const std::string suffix, rpc::RandomHex(16));
+  ASSIGN_OR_RETURN(const std::string secret, rpc::NewExecutorSecret());
   proto::ExecutorRecord rec;
-  rec.set_executor_id(absl::StrFormat("exec-%s-%d-%06x", req.node(), req.device_index(), std::random_device{}() & 0xffffff));
+  rec.set_executor_id(absl::StrCat("exec-", req.node(), "-", req.device_index(), "-", suffix));
   *rec.mutable_info() = req;
   rec.set_registered_unix_ms(NowMs());
   rec.set_last_heartbeat_unix_ms(NowMs());
   rec.set_last_iteration(-1);
+  rec.set_secret_sha256(rpc::HashExecutorSecret(secret));
   RETURN_IF_ERROR(store_->PutExecutor(rec));
   spdlog::info("executor {} registered ({} device {}, {})", rec.executor_id(), req.node(), req.device_index(),
                proto::Backend::Value_Name(req.backend()));
   proto::RegisterExecutorResponse resp;
   resp.set_executor_id(rec.executor_id());
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  resp.set_executor_secret(secret);
   return resp;
+}
+
+absl::StatusOr<proto::ExecutorRecord> PlannerService::AuthenticateExecutor(const rpc::ExecutorCredential& caller) {
+  if (caller.executor_id.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("missing executor credential: executor calls carry ",
+                                                   rpc::kExecutorCredentialKey,
+                                                   ": <executor id>:<secret> as returned by Register"));
+  }
+  ASSIGN_OR_RETURN(proto::ExecutorRecord rec, store_->GetExecutor(caller.executor_id));
+  if (!rpc::ExecutorSecretMatches(caller.secret, rec.secret_sha256())) {
+    spdlog::warn("refused a call as executor {}: wrong secret", caller.executor_id);
+    return absl::UnauthenticatedError(
+        absl::StrCat(rpc::kExecutorCredentialKey, ": wrong secret for executor ", caller.executor_id));
+  }
+  return rec;
+}
+
+absl::Status PlannerService::AuthorizeHeartbeat(const rpc::ExecutorCredential& caller,
+                                                const proto::HeartbeatRequest& req) {
+  if (!caller.executor_id.empty() && caller.executor_id != req.executor_id()) {
+    spdlog::warn("refused a heartbeat for executor {} from executor {}", req.executor_id(), caller.executor_id);
+    return absl::PermissionDeniedError(
+        absl::StrCat("executor_id: ", req.executor_id(), " is not the calling executor (", caller.executor_id, ")"));
+  }
+  return AuthenticateExecutor(caller).status();
+}
+
+absl::Status PlannerService::AuthorizeReport(const rpc::ExecutorCredential& caller,
+                                             const proto::IterationReport& report) {
+  RETURN_IF_ERROR(AuthenticateExecutor(caller).status());
+  // Rank claims are never reassigned within a job, so the claim decides, also
+  // for a report (a checkpoint shard written in the background) that arrives
+  // after the job ended and the executor went idle.
+  ASSIGN_OR_RETURN(const std::string holder, store_->RankHolder(report.job_id(), report.rank()));
+  if (holder != caller.executor_id) {
+    spdlog::warn("refused a report for job {} rank {} from executor {}, which does not hold it", report.job_id(),
+                 report.rank(), caller.executor_id);
+    return absl::PermissionDeniedError(absl::StrCat("rank: ", report.rank(), " of job ", report.job_id(),
+                                                    " is not held by the calling executor (", caller.executor_id,
+                                                    ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlannerService::AuthorizeJobMember(const rpc::ExecutorCredential& caller, const std::string& job) {
+  ASSIGN_OR_RETURN(const proto::ExecutorRecord rec, AuthenticateExecutor(caller));
+  if (job.empty() || rec.assignment().job_id() != job) {
+    spdlog::warn("refused bootstrap data of job {} to executor {}, which is not assigned to it", job,
+                 caller.executor_id);
+    return absl::PermissionDeniedError(absl::StrCat("job_id: ", job, " is not the job of the calling executor (",
+                                                    caller.executor_id, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PlannerService::MaybeAssign(proto::ExecutorRecord* rec) {
@@ -134,7 +201,9 @@ absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
   std::vector<proto::ExecutorRecord> out;
   for (const auto& id : ids) {
     auto rec = store_->GetExecutor(id);
-    if (rec.ok()) out.push_back(std::move(*rec));
+    if (!rec.ok()) continue;
+    rec->clear_secret_sha256();
+    out.push_back(std::move(*rec));
   }
   return out;
 }
@@ -166,7 +235,14 @@ void PlannerService::CheckLiveness() {
   if (!records.ok()) return;
   const int64_t now = NowMs();
   const int64_t timeout = absl::ToInt64Milliseconds(options_.heartbeat_timeout);
+  const int64_t ttl = absl::ToInt64Milliseconds(options_.lost_executor_ttl);
   for (proto::ExecutorRecord& rec : *records) {
+    if (rec.lost() && now - rec.last_heartbeat_unix_ms() > ttl) {
+      if (store_->DeleteExecutor(rec.executor_id()).ok()) {
+        spdlog::info("executor {} forgotten: lost for {} s", rec.executor_id(), (now - rec.last_heartbeat_unix_ms()) / 1000);
+      }
+      continue;
+    }
     if (rec.lost() || now - rec.last_heartbeat_unix_ms() <= timeout) continue;
     // Re-read: a heartbeat may have landed since the listing.
     auto fresh = store_->GetExecutor(rec.executor_id());
@@ -189,6 +265,7 @@ void PlannerService::LivenessLoop() {
   const absl::Duration period = std::max(absl::Milliseconds(50), options_.heartbeat_timeout / 4);
   while (!stopping_) {
     CheckLiveness();
+    ReleaseRuntimes();
     for (absl::Duration slept; slept < period && !stopping_; slept += absl::Milliseconds(50)) {
       absl::SleepFor(absl::Milliseconds(50));
     }
@@ -321,6 +398,11 @@ std::string PlannerService::MetricsText() {
   metrics_.Set("dynapipe_jobs_running", running, "Jobs in state running");
   metrics_.Set("dynapipe_plans_ahead_min", std::max<int64_t>(0, min_ahead),
                "Smallest number of stored plans ahead of training over active jobs");
+  {
+    MutexLock lock(&runtimes_mu_);
+    metrics_.Set("dynapipe_jobs_loaded", static_cast<double>(runtimes_.size()),
+                 "Jobs whose planner and global batches this process holds in memory");
+  }
   metrics_.Set("dynapipe_redis_errors", static_cast<double>(store_->errors()), "Failed Redis commands since start");
   metrics_.Set("dynapipe_redis_healthy", store_->healthy() ? 1 : 0, "1 when the last Redis command succeeded");
   return metrics_.Render();

@@ -7,10 +7,13 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "planner/testing/test_specs.h"
+#include "runtime/data/dataset.h"
 #include "src/common/clock.h"
 #include "src/common/file_util.h"
 #include "src/store/memory_plan_store.h"
@@ -44,6 +47,13 @@ proto::JobSpec Job(int iterations, const std::string& checkpoint_dir) {
   return s;
 }
 
+// Options whose data root is "/": these tests name files in TEST_TMPDIR.
+ServiceOptions AnywhereOptions() {
+  ServiceOptions o;
+  o.data_root = "/";
+  return o;
+}
+
 absl::Status Report(PlannerService& svc, const std::string& job, int64_t iteration, int rank, bool checkpoint) {
   proto::IterationReport r;
   r.set_job_id(job);
@@ -51,6 +61,12 @@ absl::Status Report(PlannerService& svc, const std::string& job, int64_t iterati
   r.set_rank(rank);
   r.set_checkpoint_written(checkpoint);
   return svc.ReportIteration(r);
+}
+
+proto::GetJobRequest Request(const std::string& id) {
+  proto::GetJobRequest r;
+  r.set_job_id(id);
+  return r;
 }
 
 absl::StatusOr<std::string> Submit(PlannerService& svc, const proto::JobSpec& spec) {
@@ -63,7 +79,7 @@ absl::StatusOr<std::string> Submit(PlannerService& svc, const proto::JobSpec& sp
 
 TEST_CASE("A checkpoint is complete once every rank reports its shard, not before") {
   store::MemoryPlanStore store;
-  PlannerService svc(&store, ServiceOptions());
+  PlannerService svc(&store, AnywhereOptions());
   auto id = Submit(svc, Job(10, "/ckpt/a"));
   REQUIRE(id.ok());
   REQUIRE(Report(svc, *id, 0, 0, false).ok());
@@ -87,7 +103,7 @@ TEST_CASE("A checkpoint is complete once every rank reports its shard, not befor
 
 TEST_CASE("A job submitted with resume starts after the latest complete checkpoint") {
   store::MemoryPlanStore store;
-  PlannerService svc(&store, ServiceOptions());
+  PlannerService svc(&store, AnywhereOptions());
   proto::JobSpec spec = Job(10, "/ckpt/b/");
   auto first = Submit(svc, spec);
   REQUIRE(first.ok());
@@ -145,7 +161,9 @@ TEST_CASE("A job's cost profile resolves under data_root and must describe the j
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string root = std::string(tmp ? tmp : "/tmp") + "/profile-root-" + std::to_string(::getpid());
   std::filesystem::create_directories(root);
-  proto::JobSpec spec = Job(10, "/ckpt/p");
+  proto::JobSpec spec = Job(10, "ckpt/p");
+  std::filesystem::copy_file(spec.dataset().path(), root + "/lengths.txt");
+  spec.mutable_dataset()->set_path("lengths.txt");
   const int hidden = spec.model().hidden();
   auto profile = [&](int h) {
     return absl::StrCat(R"({"device": "cpu", "model_kind": "gpt", "hidden": )", h, R"(, "layers": [)",
@@ -164,9 +182,166 @@ TEST_CASE("A job's cost profile resolves under data_root and must describe the j
   const absl::Status wrong = Submit(svc, spec).status();
   CHECK(wrong.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(wrong.message()),
-             Contains("cost_profile_path: " + root + "/other.json profiles hidden " + std::to_string(hidden / 2)));
+             Contains("cost_profile_path: other.json profiles hidden " + std::to_string(hidden / 2)));
   spec.set_cost_profile_path("missing.json");
   CHECK_THAT(std::string(Submit(svc, spec).status().message()), Contains("cost_profile_path"));
+}
+
+TEST_CASE("Submit keeps job paths under data_root and never echoes a file's contents") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(tmp ? tmp : "/tmp") + "/confine-" + std::to_string(::getpid());
+  const std::string root = base + "/root";
+  std::filesystem::create_directories(root + "/ckpt");
+  const std::string secret = base + "/secret.txt";
+  REQUIRE(WriteFileAtomic(secret, "hunter2 the-password\n").ok());
+  std::filesystem::create_symlink(secret, root + "/link.txt");
+  REQUIRE(WriteFileAtomic(root + "/notes.txt", "12\nhunter2 is not a length\n").ok());
+  store::MemoryPlanStore store;
+  ServiceOptions options;
+  options.data_root = root;
+  PlannerService svc(&store, options);
+  proto::JobSpec spec = Job(10, "ckpt/c");
+  std::filesystem::copy_file(spec.dataset().path(), root + "/lengths.txt");
+  spec.mutable_dataset()->set_path("lengths.txt");
+  REQUIRE(Submit(svc, spec).ok());
+  auto refused = [&](const std::string& path, const std::string& want) {
+    proto::JobSpec bad = spec;
+    bad.mutable_dataset()->set_path(path);
+    const absl::Status st = Submit(svc, bad).status();
+    INFO(path << ": " << st.message());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st.message()), Contains("dataset.path") && Contains(want));
+    CHECK_THAT(std::string(st.message()), !Contains("hunter2") && !Contains("password"));
+  };
+  refused(secret, "outside --data_root");
+  refused("../secret.txt", "..");
+  refused("link.txt", "outside --data_root");
+  refused("notes.txt", "notes.txt:2");  // the line number, not the line
+  refused("/etc/shadow", "outside --data_root");
+  proto::JobSpec ckpt = spec;
+  ckpt.mutable_checkpoint()->set_dir(base + "/elsewhere");
+  CHECK_THAT(std::string(Submit(svc, ckpt).status().message()), Contains("checkpoint.dir") && Contains("outside"));
+  proto::JobSpec profile = spec;
+  profile.set_cost_profile_path("../secret.txt");
+  CHECK(Submit(svc, profile).status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(WriteFileAtomic(root + "/p.json", "{\"hunter2\": 1}").ok());
+  profile.set_cost_profile_path("p.json");
+  const absl::Status bad_profile = Submit(svc, profile).status();
+  CHECK_THAT(std::string(bad_profile.message()), Contains("p.json") && !Contains("hunter2"));
+}
+
+TEST_CASE("Resume without a store record starts after the newest complete checkpoint on disk, never over it") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string root = std::string(tmp ? tmp : "/tmp") + "/resume-disk-" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  auto shard = [&](const std::string& dir, int iteration, int rank) {
+    const std::string path = absl::StrFormat("%s/%s/iter-%08d/rank-%05d.ckpt", root, dir, iteration, rank);
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    REQUIRE(WriteFileAtomic(path, "shard").ok());
+  };
+  shard("run", 3, 0), shard("run", 3, 1);  // complete (2 ranks)
+  shard("run", 5, 0);                      // rank 1 never wrote it
+  shard("partial", 2, 1);                  // no complete checkpoint at all
+  store::MemoryPlanStore store;  // empty: Redis was flushed or replaced
+  ServiceOptions options;
+  options.data_root = root;
+  PlannerService svc(&store, options);
+  proto::JobSpec spec = Job(10, "run");
+  std::filesystem::copy_file(spec.dataset().path(), root + "/lengths.txt");
+  spec.mutable_dataset()->set_path("lengths.txt");
+
+  // Without resume, a run from iteration 0 would overwrite the shards: refused.
+  const absl::Status overwrite = Submit(svc, spec).status();
+  CHECK(overwrite.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(overwrite.message()), Contains("checkpoint.dir: run already holds checkpoints"));
+  CHECK(store.ListJobs()->empty());
+
+  spec.mutable_checkpoint()->set_resume(true);
+  auto id = Submit(svc, spec);
+  REQUIRE(id.ok());
+  CHECK(svc.Get(Request(*id))->start_iteration() == 4);
+
+  spec.mutable_checkpoint()->set_dir("partial");
+  const absl::Status partial = Submit(svc, spec).status();
+  CHECK(partial.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(partial.message()), Contains("no checkpoint with all 2 ranks' shards"));
+
+  spec.mutable_checkpoint()->set_dir("fresh");  // nothing there: starts at 0
+  auto fresh = Submit(svc, spec);
+  REQUIRE(fresh.ok());
+  CHECK(svc.Get(Request(*fresh))->start_iteration() == 0);
+}
+
+double Gauge(const std::string& metrics, const std::string& name) {
+  const size_t at = metrics.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(metrics.substr(at + name.size() + 2));
+}
+
+TEST_CASE("Ended jobs release the planning state this process holds") {
+  store::MemoryPlanStore store;
+  ServiceOptions options = AnywhereOptions();
+  options.heartbeat_timeout = absl::Milliseconds(200);  // the background loop runs every 50 ms
+  PlannerService svc(&store, options);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto id = Submit(svc, Job(10, absl::StrCat("/ckpt/release-", i)));
+    REQUIRE(id.ok());
+    ids.push_back(*id);
+  }
+  svc.Start();
+  auto wait_for = [&](double want) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (Gauge(svc.MetricsText(), "dynapipe_jobs_loaded") != want && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return Gauge(svc.MetricsText(), "dynapipe_jobs_loaded");
+  };
+  CHECK(wait_for(3) == 3);  // planning ahead loaded every job
+  for (const std::string& id : ids) {
+    proto::CancelJobRequest c;
+    c.set_job_id(id);
+    REQUIRE(svc.Cancel(c).ok());
+  }
+  CHECK(wait_for(0) == 0);
+  svc.Stop();
+}
+
+TEST_CASE("Submit refuses a 300 MB name before storing anything") {
+  store::MemoryPlanStore store;
+  PlannerService svc(&store, AnywhereOptions());
+  proto::JobSpec spec = Job(10, "/ckpt/n");
+  spec.set_name(std::string(300u << 20, 'n'));
+  const absl::Status st = Submit(svc, spec).status();
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(st.message()), Contains("name: longer than 256 bytes"));
+  CHECK(store.ListJobs()->empty());
+}
+
+TEST_CASE("Submit refuses a model whose vocabulary is smaller than the dataset's") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/vocab-" + std::to_string(::getpid());
+  proto::DatasetInfo info;
+  info.set_vocab(1000);
+  info.add_tasks("t");
+  auto w = runtime::data::DatasetWriter::Create(dir, info);
+  REQUIRE(w.ok());
+  for (uint32_t i = 0; i < 64; ++i) {
+    const std::vector<uint32_t> in = {1, 2, 3, 999}, out = {4, 5};
+    REQUIRE((*w)->Add(in, out, 0).ok());
+  }
+  REQUIRE((*w)->Finish().ok());
+  store::MemoryPlanStore store;
+  PlannerService svc(&store, AnywhereOptions());
+  proto::JobSpec spec = Job(10, "/ckpt/v");
+  spec.mutable_dataset()->set_path(dir);
+  spec.mutable_dataset()->set_format(proto::DatasetSpec::indexed);
+  spec.mutable_batching()->set_global_batch_tokens(64);
+  spec.mutable_model()->set_vocab(999);
+  const absl::Status st = Submit(svc, spec).status();
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(st.message()), Contains("model.vocab: 999 is smaller than the 1000 token ids"));
+  spec.mutable_model()->set_vocab(1000);
+  CHECK(Submit(svc, spec).ok());
 }
 
 // Registers `n` executors; their first heartbeats take the ranks of the
@@ -198,7 +373,7 @@ proto::JobState::Value State(store::PlanStore& store, const std::string& job) { 
 
 TEST_CASE("A failed job names the rank its peers lost, not the bystander that reported first") {
   store::MemoryPlanStore store;
-  PlannerService svc(&store, ServiceOptions());
+  PlannerService svc(&store, AnywhereOptions());
   proto::JobSpec spec = Job(10, "/ckpt/f");
   spec.mutable_parallelism()->set_dp(2);  // ranks 0,1 | 2,3 are the pipelines
   auto id = Submit(svc, spec);
@@ -219,7 +394,7 @@ TEST_CASE("A failed job names the rank its peers lost, not the bystander that re
 TEST_CASE("Failure reports still incomplete after the grace period are judged with what arrived") {
   store::MemoryPlanStore store;
   FakeClock clock;
-  ServiceOptions options;
+  ServiceOptions options = AnywhereOptions();
   options.clock = &clock;
   options.heartbeat_timeout = absl::Milliseconds(400);  // checks every 100 ms
   options.failure_grace = absl::Milliseconds(200);
@@ -242,6 +417,54 @@ TEST_CASE("Failure reports still incomplete after the grace period are judged wi
   auto st = store.GetJob(*id);
   CHECK(st->state() == proto::JobState::failed);
   CHECK(st->error() == "rank 3 failed (rank 2 lost it): rank 2 iteration 1: recv from rank 3 failed");
+}
+
+}  // namespace
+}  // namespace dynapipe::planner::service
+
+namespace dynapipe::planner::service {
+namespace {
+
+TEST_CASE("Records of executors lost for longer than the TTL are dropped; live ones stay") {
+  store::MemoryPlanStore store;
+  FakeClock clock;
+  ServiceOptions options = AnywhereOptions();
+  options.clock = &clock;
+  options.heartbeat_timeout = absl::Milliseconds(400);  // the background loop runs every 100 ms
+  options.lost_executor_ttl = absl::Seconds(60);
+  PlannerService svc(&store, options);
+  std::vector<std::string> ids;
+  for (int d = 0; d < 2; ++d) {
+    proto::RegisterExecutorRequest reg;
+    reg.set_node("n");
+    reg.set_device_index(d);
+    auto r = svc.Register(reg);
+    REQUIRE(r.ok());
+    ids.push_back(r->executor_id());
+  }
+  svc.Start();
+  auto beat = [&](const std::string& id) {
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(id);
+    return svc.Heartbeat(hb).status();
+  };
+  auto wait_until = [&](const std::function<bool(const std::vector<proto::ExecutorRecord>&)>& done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      auto recs = svc.Executors();
+      if (recs.ok() && done(*recs)) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  };
+  clock.Advance(absl::Seconds(1));
+  REQUIRE(beat(ids[1]).ok());
+  CHECK(wait_until([&](const auto& recs) { return recs.size() == 2 && recs[0].lost() != recs[1].lost(); }));
+  clock.Advance(absl::Seconds(61));
+  REQUIRE(beat(ids[1]).ok());
+  CHECK(wait_until([&](const auto& recs) { return recs.size() == 1 && recs[0].executor_id() == ids[1]; }));
+  CHECK(beat(ids[0]).code() == absl::StatusCode::kNotFound);  // it would register again
+  svc.Stop();
 }
 
 }  // namespace

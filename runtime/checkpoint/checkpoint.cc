@@ -21,7 +21,9 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/checkpoint.pb.h"
 #include "src/common/file_util.h"
+#include "src/common/checkpoint_layout.h"
 #include "src/common/status_macros.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::runtime::checkpoint {
 namespace {
@@ -119,17 +121,6 @@ absl::Status SyncDir(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
-// "{prefix}{digits}{suffix}" -> the number; false for anything else (such as
-// a temporary file "rank-00003.ckpt.tmp.123").
-bool ParseNumbered(absl::string_view name, absl::string_view prefix, absl::string_view suffix, int64_t* out) {
-  if (!absl::ConsumePrefix(&name, prefix) || !absl::ConsumeSuffix(&name, suffix)) return false;
-  if (name.empty() || name.size() > 18) return false;
-  for (char c : name) {
-    if (!absl::ascii_isdigit(c)) return false;
-  }
-  return absl::SimpleAtoi(name, out);
-}
-
 void Describe(const std::vector<TensorRef>& from, google::protobuf::RepeatedPtrField<proto::CheckpointTensor>* to) {
   for (const TensorRef& t : from) {
     proto::CheckpointTensor* d = to->Add();
@@ -203,10 +194,6 @@ absl::Status ReadTensors(ShardReader& reader, const google::protobuf::RepeatedPt
 }
 
 }  // namespace
-
-std::string ShardPath(absl::string_view dir, int64_t iteration, int rank) {
-  return absl::StrFormat("%s/iter-%08d/rank-%05d.ckpt", dir, iteration, rank);
-}
 
 absl::Status WriteShard(absl::string_view dir, const ShardRef& shard) {
   if (dir.empty()) return absl::InvalidArgumentError("checkpoint dir: must be set");
@@ -328,48 +315,14 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
   return shard;
 }
 
-absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world) {
-  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("world: ", world, " must be positive"));
-  const std::filesystem::path root(std::string{dir});
-  std::error_code ec;
-  std::vector<std::pair<int64_t, std::filesystem::path>> iterations;
-  std::filesystem::directory_iterator it(root, ec);
-  if (ec == std::errc::no_such_file_or_directory) return -1;
-  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    int64_t iteration;
-    std::error_code gone;  // an entry removed while listing is simply not there
-    if (ParseNumbered(it->path().filename().string(), "iter-", "", &iteration) && it->is_directory(gone)) {
-      iterations.emplace_back(iteration, it->path());
-    }
-  }
-  if (ec) return FsError(ec, "list", root);
-  std::sort(iterations.rbegin(), iterations.rend());
-  for (const auto& [iteration, path] : iterations) {
-    std::set<int64_t> ranks;
-    std::filesystem::directory_iterator files(path, ec);
-    for (; !ec && files != std::filesystem::directory_iterator(); files.increment(ec)) {
-      int64_t rank;
-      std::error_code gone;
-      if (ParseNumbered(files->path().filename().string(), "rank-", ".ckpt", &rank) && rank < world &&
-          files->is_regular_file(gone)) {
-        ranks.insert(rank);
-      }
-    }
-    if (ec == std::errc::no_such_file_or_directory) continue;  // removed while listing
-    if (ec) return FsError(ec, "list", path);
-    if (static_cast<int>(ranks.size()) == world) return iteration;
-  }
-  return -1;
-}
-
-uint64_t JobFingerprint(const proto::JobSpec& spec) {
+uint64_t JobFingerprint(const proto::JobSpec& raw) {
+  // Defaults written out, so a spec and its normalised form are one job.
+  const auto normalized = spec::NormalizeJobSpec(raw);
+  const proto::JobSpec& spec = normalized.ok() ? *normalized : raw;
   proto::JobSpec canonical;
   *canonical.mutable_model() = spec.model();
   canonical.mutable_model()->clear_name();
-  if (canonical.model().ffn() == 0) canonical.mutable_model()->set_ffn(4 * canonical.model().hidden());
   *canonical.mutable_parallelism() = spec.parallelism();
-  canonical.mutable_parallelism()->set_pp(std::max(1, spec.parallelism().pp()));
-  canonical.mutable_parallelism()->set_dp(std::max(1, spec.parallelism().dp()));
   canonical.mutable_optimizer()->set_zero1(spec.optimizer().zero1());
   std::string bytes;
   {

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/job.pb.h"
+#include "src/common/checkpoint_layout.h"
 
 namespace dynapipe::runtime::checkpoint {
 
@@ -59,8 +60,8 @@ struct Shard : ShardInfo {
   std::vector<Tensor> params, adam_m, adam_v;
 };
 
-// {dir}/iter-{iteration:08d}/rank-{rank:05d}.ckpt
-std::string ShardPath(absl::string_view dir, int64_t iteration, int rank);
+// {dir}/iter-{iteration:08d}/rank-{rank:05d}.ckpt (src/common/checkpoint_layout.h)
+using checkpoint_layout::ShardPath;
 
 // Writes the shard atomically, creating directories as needed.
 // INVALID_ARGUMENT for a negative iteration or a rank outside 0..world-1.
@@ -71,13 +72,11 @@ absl::Status WriteShard(absl::string_view dir, const ShardRef& shard);
 // iteration or rank than its path says.
 absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int rank);
 
-// The highest iteration whose directory holds the shard files of all ranks
-// 0..world-1 (temporary files do not count); -1 if none or `dir` is missing.
-// Looks at names only: ReadShard may still find a shard corrupt.
-absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world);
+// The newest iteration with every rank's shard file; -1 if none.
+using checkpoint_layout::LatestCompleteOnDisk;
 
 // A hash of what decides the shapes and placement of a rank's tensors: the
-// model spec (except its name; ffn 0 counted as 4 * hidden), pp, dp,
+// model spec after spec::NormalizeJobSpec (except its name), pp, dp,
 // layer_to_device and optimizer.zero1. The same for the same spec in every
 // process (deterministic serialization; fields left at 0 do not count, so
 // adding a proto field does not change old fingerprints).

@@ -229,7 +229,15 @@ TEST_CASE("JobFingerprint tells models and layouts apart; CheckSameJob names the
   spec.mutable_model()->set_name("gpt");
   spec.mutable_model()->set_num_layers(4);
   spec.mutable_model()->set_hidden(64);
+  spec.mutable_model()->set_kind(proto::ModelKind::gpt);
+  spec.mutable_model()->set_heads(4);
+  spec.mutable_model()->set_vocab(100);
   spec.mutable_parallelism()->set_pp(2);
+  spec.mutable_dataset()->set_path("data");
+  spec.set_iterations(10);
+  spec.mutable_cluster()->mutable_device()->set_peak_tflops(1);
+  spec.mutable_cluster()->mutable_device()->set_memory_bandwidth_gbps(1);
+  spec.mutable_cluster()->mutable_device()->set_memory_mb(1000);
   const uint64_t base = JobFingerprint(spec);
   proto::JobSpec same = spec;
   same.mutable_model()->set_name("renamed");

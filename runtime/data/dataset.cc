@@ -149,7 +149,7 @@ absl::Status DatasetWriter::Finish() {
 
 absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir) {
   std::unique_ptr<Dataset> d(new Dataset());
-  RETURN_IF_ERROR(LoadProtoFile(dir + "/dataset.pbtxt", &d->info_));
+  RETURN_IF_ERROR(LoadProtoFileQuietly(dir + "/dataset.pbtxt", &d->info_));
   ASSIGN_OR_RETURN(auto idx, Map(dir + "/index.bin"));
   d->index_ = idx.first;
   d->index_bytes_ = idx.second;

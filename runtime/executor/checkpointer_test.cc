@@ -110,3 +110,20 @@ TEST_CASE("a shard of another job layout, or a failed write, is an error the cal
 
 }  // namespace
 }  // namespace dynapipe::runtime::executor
+
+// (Uses this file's one-rank worker.) A plan is input too: its buffer-slot
+// count is bounded before the worker allocates anything for it.
+namespace dynapipe::runtime::executor {
+namespace {
+TEST_CASE("a plan asking for 2^31-1 buffer slots is refused without allocating", "[executor]") {
+  Rank a;
+  proto::ExecutionPlan plan;
+  plan.set_rank(0);
+  plan.set_global_loss_tokens(1);
+  plan.set_num_buffer_slots(2147483647);
+  const auto r = a.worker->RunIteration(plan);
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(r.status().message()), Catch::Matchers::Contains("2147483647 buffer slots"));
+}
+}  // namespace
+}  // namespace dynapipe::runtime::executor

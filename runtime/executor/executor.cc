@@ -14,6 +14,7 @@
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::runtime::executor {
 namespace {
@@ -69,6 +70,9 @@ absl::Status Executor::RegisterOnce() {
   req.set_backend(backend_->kind());
   req.set_address(options_.listen_address);
   ASSIGN_OR_RETURN(const proto::RegisterExecutorResponse resp, client_->Register(req));
+  // Every later call proves it comes from this executor (a new identity
+  // after each registration; the secret is never logged).
+  client_->SetExecutorCredential({resp.executor_id(), resp.executor_secret()});
   MutexLock l(&mu_);
   executor_id_ = resp.executor_id();
   heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
@@ -146,8 +150,11 @@ void Executor::HeartbeatLoop() {
     req.set_iteration(iteration);
     auto resp = client_->Heartbeat(req);
     if (!resp.ok()) {
-      if (resp.status().code() == absl::StatusCode::kNotFound) {
-        spdlog::warn("planner does not know executor {}: registering again", id);
+      // Unknown id (the store lost it) or a secret it no longer accepts (a
+      // record written over): only a new registration helps.
+      if (resp.status().code() == absl::StatusCode::kNotFound ||
+          resp.status().code() == absl::StatusCode::kUnauthenticated) {
+        spdlog::warn("planner does not accept executor {} ({}): registering again", id, resp.status().message());
         AbortJob("the planner lost this executor's registration");
         (void)RegisterOnce();
       } else {
@@ -192,8 +199,19 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   if (auto s = backend_->BindThread(); !s.ok()) return fail(s);
   auto status = client_->Get(job);
   if (!status.ok()) return fail(status.status());
-  const proto::JobSpec spec = status->spec();
-  auto dataset = data::Dataset::Open(ResolvePath(options_.data_root, spec.dataset().path()));
+  auto normalized = spec::NormalizeJobSpec(status->spec());
+  if (!normalized.ok()) return fail(normalized.status());
+  const proto::JobSpec& spec = *normalized;
+  // Paths stay under --data_root here too, whatever the planner let through.
+  auto dataset_path = ConfinedPath(options_.data_root, spec.dataset().path());
+  if (!dataset_path.ok()) return fail(Annotate(dataset_path.status(), "dataset.path"));
+  std::string ckpt_dir;
+  if (!spec.checkpoint().dir().empty()) {
+    auto dir = ConfinedPath(options_.data_root, spec.checkpoint().dir());
+    if (!dir.ok()) return fail(Annotate(dir.status(), "checkpoint.dir"));
+    ckpt_dir = *dir;
+  }
+  auto dataset = data::Dataset::Open(*dataset_path);
   if (!dataset.ok()) return fail(Annotate(dataset.status(), "dataset"));
 
   BootstrapStore store(client_.get(), job);
@@ -236,7 +254,6 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
                                dataset->get(), backend_.get(), wo);
   if (!worker.ok()) return fail(worker.status());
 
-  const std::string ckpt_dir = ResolvePath(options_.data_root, spec.checkpoint().dir());
   checkpoint::ShardInfo info;
   info.rank = a.rank();
   info.pp_rank = first->pp_rank();
@@ -271,6 +288,12 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     r.set_loss(result->loss);
     r.set_tokens(result->tokens);
     for (auto& t : result->timings) *r.add_timings() = std::move(t);
+    if (r.ByteSizeLong() > rpc::kMaxPlannerRequestBytes / 2) {
+      // The timings are feedback only; the report itself must get through.
+      spdlog::warn("job {} iteration {}: {} instruction timings exceed the report size limit: not sent", job,
+                   iteration, r.timings_size());
+      r.clear_timings();
+    }
     const bool last = iteration + 1 == spec.iterations();
     const bool save = interval > 0 && !ckpt_dir.empty() && ((iteration + 1) % interval == 0 || last);
     if (save && last) {

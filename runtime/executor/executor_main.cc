@@ -12,7 +12,9 @@
 #include "absl/flags/parse.h"
 #include "runtime/executor/executor_server.h"
 #include "src/common/logging.h"
+#include "src/common/status_macros.h"
 #include "src/rpc/auth.h"
+#include "src/rpc/exposure.h"
 
 ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address (host:port)");
 ABSL_FLAG(int, device, 0, "device index on this node");
@@ -20,13 +22,15 @@ ABSL_FLAG(std::string, node, "", "node name (default: the host name)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (fp32, Gloo) or cuda (bf16, NCCL)");
 ABSL_FLAG(std::string, comm, "default",
           "communicator: default (the backend's own), gloo (cuda: staged through the host) or nccl");
-ABSL_FLAG(std::string, token_file, "", "file holding the shared API token (empty: no authentication)");
+ABSL_FLAG(std::string, token_file, "",
+          "file (mode 0600) holding the planner's API token; without one, only loopback addresses unless --insecure");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate of the planner (enables TLS)");
 ABSL_FLAG(std::string, data_root, "", "directory that relative dataset and checkpoint paths resolve against");
 ABSL_FLAG(std::string, listen_address, "127.0.0.1", "address peers connect to for pipeline and gradient traffic");
 ABSL_FLAG(int, comm_timeout_s, 60, "deadline of every transfer and collective wait");
 ABSL_FLAG(int, prefetch, 2, "plans fetched ahead of the running iteration");
 ABSL_FLAG(int, http_port, 0, "status endpoint port (0 picks one, -1 disables)");
+ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
 ABSL_FLAG(std::string, port_file, "", "write the status endpoint's port here");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, log_file, "", "also log to this file");
@@ -50,7 +54,7 @@ int main(int argc, char** argv) {
   };
   rt::executor::ExecutorServerOptions o;
   auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
-  if (!token.ok()) return fatal(token.status());
+  if (!token.ok()) return fatal(dynapipe::Annotate(token.status(), "--token_file"));
   auto backend = rt::ParseBackendKind(absl::GetFlag(FLAGS_backend));
   if (!backend.ok()) return fatal(backend.status());
   auto comm = rt::ParseCommKind(absl::GetFlag(FLAGS_comm));
@@ -72,8 +76,19 @@ int main(int argc, char** argv) {
   o.backend.kind = *backend;
   o.backend.device = o.executor.device;
   o.backend.comm = *comm;
+  o.http_host = absl::GetFlag(FLAGS_http_host);
   o.http_port = absl::GetFlag(FLAGS_http_port);
   o.port_file = absl::GetFlag(FLAGS_port_file);
+  // Without a token, talk to and serve only this machine unless told
+  // --insecure: the planner's calls, peers' pipeline and gradient traffic
+  // (Gloo), the status endpoint.
+  std::vector<dynapipe::rpc::Exposure> exposures = {{"--planner", o.executor.planner.address},
+                                                    {"--listen_address", o.executor.listen_address}};
+  if (o.http_port >= 0) exposures.push_back({"--http_host", o.http_host});
+  if (auto s = dynapipe::rpc::RequireTokenOffLoopback(!token->empty(), absl::GetFlag(FLAGS_insecure), exposures);
+      !s.ok()) {
+    return fatal(s);
+  }
 
   auto server = rt::executor::ExecutorServer::Start(o);
   if (!server.ok()) return fatal(server.status());

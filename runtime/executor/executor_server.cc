@@ -17,14 +17,15 @@ absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(ExecutorSe
   Executor* executor = server->executor_.get();
   if (options.http_port >= 0) {
     http::StatusServer::Options ho;
+    ho.host = options.http_host;
     ho.port = options.http_port;
     ho.health = [executor] { return executor->HealthProblem(); };
     ho.status = [executor] { return executor->StatusJson(); };
     ho.metrics = [executor] { return executor->MetricsText(); };
     auto started = http::StatusServer::Start(ho);
-    if (!started.ok()) return Annotate(started.status(), "--http_port");
+    if (!started.ok()) return Annotate(started.status(), "--http_host/--http_port");
     server->http_ = std::move(*started);
-    spdlog::info("status endpoint on http://127.0.0.1:{}/status", server->http_->port());
+    spdlog::info("status endpoint on http://{}:{}/status", options.http_host, server->http_->port());
     if (!options.port_file.empty()) {
       const std::string tmp = options.port_file + ".tmp";
       std::ofstream(tmp) << server->http_->port() << "\n";

@@ -21,6 +21,7 @@ namespace dynapipe::runtime::executor {
 struct ExecutorServerOptions {
   ExecutorOptions executor;
   BackendOptions backend;
+  std::string http_host = "127.0.0.1";  // the status endpoint's address
   int http_port = 0;      // 0 picks a free port, -1 disables the endpoint
   std::string port_file;  // where the endpoint's port is written (atomically), if set
 };

@@ -15,8 +15,8 @@ namespace dynapipe::runtime::executor {
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
                                         WorkerOptions options, BackendOptions backend_options) {
   ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
-  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset,
-                   data::Dataset::Open(ResolvePath(data_root, spec.dataset().path())));
+  ASSIGN_OR_RETURN(const std::string dataset_path, ConfinedPath(data_root, rt->spec.dataset().path()));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(dataset_path));
   const int world = rt->world();
   const int pp = rt->planner->config().pp, dp = rt->planner->config().dp;
   LocalRunResult out;
@@ -44,7 +44,7 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
         RETURN_IF_ERROR(backend->BindThread());
         ASSIGN_OR_RETURN(auto comm, backend->Connect({.rank = r, .size = world, .job_prefix = "local/"}, &kv));
         const auto& layers = plans[0][r].layers();
-        ASSIGN_OR_RETURN(auto worker, Worker::Create(spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp,
+        ASSIGN_OR_RETURN(auto worker, Worker::Create(rt->spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp,
                                                      dp, comm.get(), dataset.get(), backend.get(), options));
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < count; ++i) {

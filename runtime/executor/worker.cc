@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "planner/plan/validate.h"
 #include "runtime/model/batch.h"
 #include "runtime/optim/adamw.h"
 #include "src/common/logging.h"
@@ -147,7 +148,11 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   it.iteration = plan.iteration();
   it.start = Clock::now();
   it.loss_scale = 1.0f / static_cast<float>(plan.global_loss_tokens());
-  it.slots.resize(static_cast<size_t>(std::max(0, plan.num_buffer_slots())));
+  if (plan.num_buffer_slots() < 0 || plan.num_buffer_slots() > planner::kMaxBufferSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration ", plan.iteration(), ": plan asks for ",
+                                                   plan.num_buffer_slots(), " buffer slots"));
+  }
+  it.slots.resize(static_cast<size_t>(plan.num_buffer_slots()));
   BufferPool& pool = backend_->pool();
   pool.ResetPeak();
   std::unique_ptr<InstructionTimer> timer = backend_->NewTimer();
@@ -393,7 +398,7 @@ absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
   }
   model::OptimizerStepArgs args;
   args.adamw = optim::FromSpec(spec_.optimizer());
-  args.lr = optim::LearningRate(spec_.optimizer(), step_, spec_.iterations());
+  args.lr = optim::LearningRate(spec_.optimizer(), step_);
   args.step = ++step_;
   args.grad_scale = optim::ClipFactor(spec_.optimizer().grad_clip(), norm);
   it->result.lr = args.lr;

@@ -49,8 +49,9 @@ struct IterationResult {
 
 class Worker {
  public:
-  // `layers`: the model layers this rank runs, in order (from its plans).
-  // `backend` makes the stages and holds their memory; it and `comm` (made
+  // `spec` is normalised (spec::NormalizeJobSpec): the worker reads plain
+  // fields. `layers`: the model layers this rank runs, in order (from its
+  // plans). `backend` makes the stages and holds their memory; it and `comm` (made
   // by the same backend) must outlive the worker.
   static absl::StatusOr<std::unique_ptr<Worker>> Create(const proto::JobSpec& spec, std::span<const int32_t> layers,
                                                         int rank, int pp_size, int dp_size, comm::Communicator* comm,

@@ -10,8 +10,11 @@ absl::StatusOr<TokenBatch> BuildTokenBatch(const proto::MicroBatch& mb, const da
   TokenBatch b;
   b.rows = mb.rows();
   b.seq = mb.seq_len();
-  if (b.rows <= 0 || b.seq <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb.index(), ": shape ", b.rows, "x", b.seq));
+  // Bounded before anything is allocated: a plan is input too.
+  if (b.rows <= 0 || b.seq <= 0 || b.seq > max_positions || b.rows > kMaxMicroBatchTokens / b.seq) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb.index(), ": shape ", b.rows, "x", b.seq,
+                                                   " outside the model's ", max_positions, " positions or the ",
+                                                   kMaxMicroBatchTokens, "-token limit"));
   }
   const size_t n = static_cast<size_t>(b.rows * b.seq);
   b.tokens.assign(n, static_cast<int32_t>(data::kPad));

@@ -7,12 +7,19 @@
 // the token at position p is scored with target token p + 1 for the
 // positions that predict target tokens (planner::LossTokens of them).
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
 #include "runtime/data/dataset.h"
 #include "runtime/model/layout.h"
 
 namespace dynapipe::runtime::model {
+
+// The most tokens (rows x seq) one micro-batch may hold: far above what fits
+// a device, low enough that a corrupt plan cannot make an executor allocate
+// without bound.
+inline constexpr int64_t kMaxMicroBatchTokens = int64_t{1} << 26;
 
 // INVALID_ARGUMENT when the placements overlap, leave the micro-batch's
 // shape or name lengths the dataset's sample does not have; OUT_OF_RANGE for

@@ -181,7 +181,8 @@ TEST_CASE("split invariance: one micro-batch, a dynamic split and packed rows gi
   GptConfig materialized = TinyConfig();
   proto::ModelSpec spec;
   spec.set_kind(proto::ModelKind::gpt);
-  spec.set_num_layers(4), spec.set_hidden(32), spec.set_heads(4), spec.set_vocab(48), spec.set_max_positions(64);
+  spec.set_num_layers(4), spec.set_hidden(32), spec.set_heads(4), spec.set_ffn(128), spec.set_vocab(48);
+  spec.set_max_positions(64);
   spec.set_attention(proto::AttentionKernel::materialized);
   auto from_spec = GptConfig::FromSpec(spec);
   REQUIRE(from_spec.ok());

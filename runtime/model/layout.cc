@@ -21,7 +21,7 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   c.num_layers = spec.num_layers();
   c.hidden = spec.hidden();
   c.heads = spec.heads();
-  c.ffn = spec.ffn() > 0 ? spec.ffn() : 4 * spec.hidden();
+  c.ffn = spec.ffn();  // a normalised spec (spec::NormalizeJobSpec) has it written out
   c.vocab = spec.vocab();
   c.max_positions = spec.max_positions();
   c.tie_embeddings = spec.tie_embeddings();
@@ -34,6 +34,7 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   RETURN_IF_ERROR(positive(c.num_layers, "num_layers"));
   RETURN_IF_ERROR(positive(c.hidden, "hidden"));
   RETURN_IF_ERROR(positive(c.heads, "heads"));
+  RETURN_IF_ERROR(positive(c.ffn, "ffn"));
   RETURN_IF_ERROR(positive(c.vocab, "vocab"));
   RETURN_IF_ERROR(positive(c.max_positions, "max_positions"));
   if (c.hidden % c.heads != 0) {

@@ -7,21 +7,21 @@ namespace dynapipe::runtime::optim {
 
 AdamWConfig FromSpec(const proto::OptimizerSpec& s) {
   AdamWConfig c;
-  if (s.lr() > 0) c.lr = s.lr();
-  if (s.beta1() > 0) c.beta1 = s.beta1();
-  if (s.beta2() > 0) c.beta2 = s.beta2();
-  if (s.eps() > 0) c.eps = s.eps();
-  if (s.weight_decay() > 0) c.weight_decay = s.weight_decay();
+  c.lr = s.lr();
+  c.beta1 = s.beta1();
+  c.beta2 = s.beta2();
+  c.eps = s.eps();
+  c.weight_decay = s.weight_decay();
   return c;
 }
 
-double LearningRate(const proto::OptimizerSpec& spec, int64_t step, int64_t total_steps) {
-  const double lr = FromSpec(spec).lr;
+double LearningRate(const proto::OptimizerSpec& spec, int64_t step) {
+  const double lr = spec.lr();
   const auto& sched = spec.lr_schedule();
   if (sched.kind() != proto::LrSchedule::cosine) return lr;
   const int64_t warmup = std::max<int64_t>(0, sched.warmup_iters());
   if (step < warmup) return lr * static_cast<double>(step + 1) / warmup;
-  const int64_t decay = sched.decay_iters() > 0 ? sched.decay_iters() : total_steps;
+  const int64_t decay = sched.decay_iters();
   if (step >= decay) return sched.min_lr();
   const double progress = static_cast<double>(step - warmup) / std::max<int64_t>(1, decay - warmup);
   return sched.min_lr() + 0.5 * (lr - sched.min_lr()) * (1 + std::cos(M_PI * progress));

@@ -9,18 +9,20 @@
 #include <span>
 
 #include "proto/job.pb.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::runtime::optim {
 
 struct AdamWConfig {
-  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double lr = spec::kDefaultLr, beta1 = spec::kDefaultBeta1, beta2 = spec::kDefaultBeta2, eps = spec::kDefaultEps,
+         weight_decay = spec::kDefaultWeightDecay;
 };
 
-// The job's optimizer settings with the documented defaults filled in.
+// The optimizer settings of a normalised spec (spec::NormalizeJobSpec).
 AdamWConfig FromSpec(const proto::OptimizerSpec& spec);
 
-// Learning rate at `step` (0-based) for a job of `total_steps` iterations.
-double LearningRate(const proto::OptimizerSpec& spec, int64_t step, int64_t total_steps);
+// Learning rate at `step` (0-based) under a normalised spec's schedule.
+double LearningRate(const proto::OptimizerSpec& spec, int64_t step);
 
 // sqrt(sum of squares) over every gradient span.
 double GlobalNorm(std::span<const std::span<const float>> grads);

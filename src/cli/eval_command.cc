@@ -8,6 +8,7 @@
 #include "src/cli/args.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::cli {
 namespace {
@@ -19,10 +20,9 @@ constexpr char kUsage[] =
 
 absl::Status Eval(const Args& a, std::ostream& out) {
   if (!a.Has("job") || !a.Has("data")) return absl::InvalidArgumentError("eval needs --job and --data");
-  proto::JobSpec spec;
-  RETURN_IF_ERROR(LoadProtoFile(a.Str("job"), &spec));
+  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::LoadJobSpec(a.Str("job")));
   const std::string dir = a.Str("checkpoint", spec.checkpoint().dir());
-  const int world = std::max(1, spec.parallelism().pp()) * std::max(1, spec.parallelism().dp());
+  const int world = spec.parallelism().pp() * spec.parallelism().dp();
   int64_t iteration;
   if (a.Has("iteration")) {
     ASSIGN_OR_RETURN(iteration, a.Int("iteration", -1));
@@ -32,7 +32,7 @@ absl::Status Eval(const Args& a, std::ostream& out) {
   }
   ASSIGN_OR_RETURN(const int64_t samples, a.Int("samples", 500));
   ASSIGN_OR_RETURN(auto dataset, runtime::data::Dataset::Open(a.Str("data")));
-  const int max_seq = spec.batching().max_seq_len() > 0 ? spec.batching().max_seq_len() : 2048;
+  const int max_seq = spec.batching().max_seq_len();
   runtime::BufferPool pool(runtime::CpuAllocator());
   ASSIGN_OR_RETURN(auto initial, runtime::executor::LoadWholeModel(spec, dir, -1, &pool));
   ASSIGN_OR_RETURN(auto trained, runtime::executor::LoadWholeModel(spec, dir, iteration, &pool));

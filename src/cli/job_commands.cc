@@ -9,7 +9,9 @@
 #include "proto/services.pb.h"
 #include "src/cli/args.h"
 #include "src/common/proto_io.h"
+#include "src/common/status_macros.h"
 #include "src/rpc/planner_client.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::cli {
 namespace {
@@ -66,6 +68,8 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
     if (pos.size() != 1) return fail(absl::InvalidArgumentError("usage: dynapipe submit JOB.pbtxt|JOB.json"), 2);
     proto::JobSpec spec;
     if (auto s = LoadProtoFile(pos[0], &spec); !s.ok()) return fail(s, 2);
+    // Found here without a round trip; the planner checks again.
+    if (auto n = spec::NormalizeJobSpec(spec); !n.ok()) return fail(Annotate(n.status(), pos[0]), 2);
     auto id = c.Submit(spec);
     if (!id.ok()) return fail(id.status(), 1);
     out << *id << "\n";

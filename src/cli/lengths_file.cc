@@ -19,21 +19,22 @@ absl::StatusOr<std::vector<planner::RawLength>> ParseLengths(const std::string& 
     if (line.empty()) continue;
     std::vector<absl::string_view> fields = absl::StrSplit(line, absl::ByAnyChar(" \t,"), absl::SkipEmpty());
     if (fields.size() > 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ":", line_no, ": expected \"input_len [target_len]\", got \"", line, "\""));
+      // Never the line itself: the file may not be what the caller may read.
+      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": expected \"input_len [target_len]\", got ",
+                                                     fields.size(), " fields"));
     }
     int64_t v[2] = {0, 0};
     for (size_t i = 0; i < fields.size(); ++i) {
       if (!absl::SimpleAtoi(fields[i], &v[i])) {
         return absl::InvalidArgumentError(
-            absl::StrCat(source, ":", line_no, ": \"", fields[i], "\" is not a whole number"));
+            absl::StrCat(source, ":", line_no, ": field ", i + 1, " is not a whole number"));
       }
     }
     if (v[0] <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": input length ", v[0], " must be positive"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": the input length must be positive"));
     }
     if (v[1] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": target length ", v[1], " is negative"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": the target length is negative"));
     }
     out.push_back({v[0], v[1]});
   }

@@ -57,10 +57,10 @@ void CheckOneLineError(const Run& r, const std::string& needle) {
 
 TEST_CASE("Bad input gets one clear line and a non-zero exit") {
   CheckOneLineError(Plan({"--lengths", "/nonexistent/lengths.txt", "--model", "gpt-tiny"}), "/nonexistent/lengths.txt");
-  CheckOneLineError(Plan({"--lengths", Temp("a.txt", "10 2\nabc 3\n"), "--model", "gpt-tiny"}), ":2: \"abc\"");
-  CheckOneLineError(Plan({"--lengths", Temp("b.txt", "10 2\n0 3\n"), "--model", "gpt-tiny"}), ":2: input length 0");
-  CheckOneLineError(Plan({"--lengths", Temp("c.txt", "-5\n"), "--model", "gpt-tiny"}), ":1: input length -5");
-  CheckOneLineError(Plan({"--lengths", Temp("d.txt", "5 -1\n"), "--model", "gpt-tiny"}), "target length -1");
+  CheckOneLineError(Plan({"--lengths", Temp("a.txt", "10 2\nabc 3\n"), "--model", "gpt-tiny"}), ":2: field 1 is not a whole number");
+  CheckOneLineError(Plan({"--lengths", Temp("b.txt", "10 2\n0 3\n"), "--model", "gpt-tiny"}), ":2: the input length must be positive");
+  CheckOneLineError(Plan({"--lengths", Temp("c.txt", "-5\n"), "--model", "gpt-tiny"}), ":1: the input length must be positive");
+  CheckOneLineError(Plan({"--lengths", Temp("d.txt", "5 -1\n"), "--model", "gpt-tiny"}), ":1: the target length is negative");
   CheckOneLineError(Plan({"--lengths", Temp("e.txt", "# only a comment\n"), "--model", "gpt-tiny"}), "no samples");
   CheckOneLineError(Plan({"--lengths", kFlan, "--model", "no-such-model"}), "no-such-model");
   CheckOneLineError(Plan({"--lengths", kFlan, "--model", "gpt-tiny", "--stages", "x"}), "--stages");

@@ -7,6 +7,7 @@
 #include "planner/cost_model/profile_cost_model.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::cli {
 namespace {
@@ -35,8 +36,8 @@ proto::ClusterSpec DefaultCluster(const proto::DeviceSpec& device) {
   c.set_num_nodes(1);
   c.set_devices_per_node(8);
   *c.mutable_device() = device;
-  c.set_intra_node_bandwidth_gbps(2400);  // NVLink-class
-  c.set_inter_node_bandwidth_gbps(400);
+  c.set_intra_node_bandwidth_gbps(spec::kDefaultIntraNodeBandwidthGbps);
+  c.set_inter_node_bandwidth_gbps(spec::kDefaultInterNodeBandwidthGbps);
   c.set_intra_node_latency_us(5);
   c.set_inter_node_latency_us(10);
   return c;
@@ -93,10 +94,12 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
     c.cluster = DefaultCluster(device);
   }
 
-  ASSIGN_OR_RETURN(const int64_t stages, args.Int("stages", 1));
-  ASSIGN_OR_RETURN(const int64_t dp, args.Int("dp", 1));
-  if (stages < 1 || stages > 4096) return absl::InvalidArgumentError("--stages: must be in 1..4096");
-  if (dp < 1 || dp > 65536) return absl::InvalidArgumentError("--dp: must be in 1..65536");
+  ASSIGN_OR_RETURN(const int64_t stages, args.Int("stages", spec::kDefaultPp));
+  ASSIGN_OR_RETURN(const int64_t dp, args.Int("dp", spec::kDefaultDp));
+  if (stages < 1 || stages > spec::kMaxPp) {
+    return absl::InvalidArgumentError(absl::StrCat("--stages: must be in 1..", spec::kMaxPp));
+  }
+  if (dp < 1 || dp > spec::kMaxDp) return absl::InvalidArgumentError(absl::StrCat("--dp: must be in 1..", spec::kMaxDp));
   c.pp = static_cast<int>(stages);
   c.dp = static_cast<int>(dp);
   const int layers = c.model.num_layers() + (c.model.kind() == proto::ModelKind::t5 ? c.model.num_decoder_layers() : 0);
@@ -119,7 +122,8 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
                                                      c.model.name(), " has ", layers));
     }
   }
-  const int64_t default_seq = c.model.max_positions() > 0 ? std::min(2048, c.model.max_positions()) : 2048;
+  const int64_t default_seq = c.model.max_positions() > 0 ? std::min(spec::kDefaultMaxSeqLen, c.model.max_positions())
+                                                           : spec::kDefaultMaxSeqLen;
   ASSIGN_OR_RETURN(const int64_t max_seq, args.Int("max-seqlen", default_seq));
   if (max_seq < 1) return absl::InvalidArgumentError("--max-seqlen: must be positive");
   if (c.model.max_positions() > 0 && max_seq > c.model.max_positions()) {
@@ -129,13 +133,15 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
   c.max_seq_len = static_cast<int>(max_seq);
   ASSIGN_OR_RETURN(c.memory_limit_mb, args.Double("mem-limit-mb", device.memory_mb() > 0 ? device.memory_mb() : 80000));
   if (!(c.memory_limit_mb > 0)) return absl::InvalidArgumentError("--mem-limit-mb: must be positive");
-  ASSIGN_OR_RETURN(const int64_t round, args.Int("round", 8));
+  ASSIGN_OR_RETURN(const int64_t round, args.Int("round", spec::kDefaultRoundMultiple));
   if (round < 1 || round > 4096) return absl::InvalidArgumentError("--round: must be in 1..4096");
   c.round_multiple = static_cast<int>(round);
-  ASSIGN_OR_RETURN(c.tolerance, args.Double("tolerance", 0.02));
+  ASSIGN_OR_RETURN(c.tolerance, args.Double("tolerance", spec::kDefaultCapTolerance));
   if (!(c.tolerance >= 0 && c.tolerance <= 1)) return absl::InvalidArgumentError("--tolerance: must be in 0..1");
-  ASSIGN_OR_RETURN(const int64_t perms, args.Int("permutations", 4));
-  if (perms < 1 || perms > 64) return absl::InvalidArgumentError("--permutations: must be in 1..64");
+  ASSIGN_OR_RETURN(const int64_t perms, args.Int("permutations", spec::kDefaultPermutations));
+  if (perms < 1 || perms > spec::kMaxCandidates) {
+    return absl::InvalidArgumentError(absl::StrCat("--permutations: must be in 1..", spec::kMaxCandidates));
+  }
   c.permutations = static_cast<int>(perms);
   ASSIGN_OR_RETURN(const int64_t seed, args.Int("seed", 1));
   c.seed = static_cast<uint64_t>(seed);

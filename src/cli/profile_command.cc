@@ -12,6 +12,7 @@
 #include "src/common/file_util.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::cli {
 namespace {
@@ -35,13 +36,12 @@ absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const 
         "--device: '", device, "' is not available in this program",
         device == "cuda" ? " (use dynapipe-gpu-profile from a CUDA build or bundle)" : " (cpu or cuda)"));
   }
-  proto::JobSpec spec;
-  RETURN_IF_ERROR(LoadProtoFile(a.Str("job"), &spec));
+  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::LoadJobSpec(a.Str("job")));
   ASSIGN_OR_RETURN(const runtime::model::GptConfig config, runtime::model::GptConfig::FromSpec(spec.model()));
   const proto::BatchingSpec& b = spec.batching();
-  const int step = b.round_multiple() > 0 ? b.round_multiple() : 8;
-  const int max_seq = std::min(b.max_seq_len() > 0 ? b.max_seq_len() : 2048, config.max_positions);
-  const int64_t batch_tokens = b.global_batch_tokens() > 0 ? b.global_batch_tokens() : 65536;
+  const int step = b.round_multiple();
+  const int max_seq = b.max_seq_len();
+  const int64_t batch_tokens = b.global_batch_tokens();
 
   runtime::model::ProfileOptions o;
   ASSIGN_OR_RETURN(o.max_tokens, a.Int("max_tokens", 2 * batch_tokens));

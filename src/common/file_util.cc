@@ -4,11 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace dynapipe {
 namespace {
@@ -40,19 +43,56 @@ class Fd {
 
 }  // namespace
 
-std::string ResolvePath(absl::string_view root, absl::string_view path) {
-  const std::filesystem::path p{std::string(path)};
-  if (root.empty() || p.empty() || p.is_absolute()) return p.string();
-  return (std::filesystem::path(std::string(root)) / p).string();
+absl::StatusOr<std::string> ConfinedPath(absl::string_view root_arg, absl::string_view path_arg) {
+  namespace fs = std::filesystem;
+  const std::string root_name = root_arg.empty() ? "." : std::string(root_arg);
+  auto outside = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(path_arg, " is outside --data_root ", root_name));
+  };
+  if (path_arg.empty()) return absl::InvalidArgumentError("empty path");
+  if (path_arg.find('\0') != absl::string_view::npos) return absl::InvalidArgumentError("path contains a NUL byte");
+  const fs::path given{std::string(path_arg)};
+  for (const fs::path& part : given) {
+    if (part == "..") return outside();
+  }
+  std::error_code ec;
+  const fs::path root = fs::canonical(root_name, ec);
+  if (ec) return ErrnoStatus(ec.value(), "--data_root", root_name);
+  const fs::path joined = given.is_absolute() ? given : root / given;
+  // Resolve the longest prefix that exists; what follows it cannot be a link.
+  fs::path existing = joined.lexically_normal(), rest;
+  while (!existing.empty() && !fs::exists(fs::symlink_status(existing, ec))) {
+    rest = rest.empty() ? existing.filename() : existing.filename() / rest;
+    const fs::path parent = existing.parent_path();
+    if (parent == existing) break;
+    existing = parent;
+  }
+  fs::path resolved = fs::canonical(existing, ec);
+  if (ec) return ErrnoStatus(ec.value(), "resolve", std::string(path_arg));
+  if (!rest.empty()) resolved /= rest;
+  resolved = resolved.lexically_normal();
+  const auto [r, p] = std::mismatch(root.begin(), root.end(), resolved.begin(), resolved.end());
+  if (r != root.end()) return outside();
+  std::string out = resolved.string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
+namespace {
+
+// ReadFile, with `check` (when set) judging the open file before it is read:
+// the file checked is the file read, whatever renames happen meanwhile.
+absl::StatusOr<std::string> ReadCheckedFile(const std::string& path, size_t max_bytes,
+                                            const std::function<absl::Status(const struct stat&)>& check) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) return ErrnoStatus(errno, "open", path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "stat", path);
   if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  if (check) {
+    if (absl::Status s = check(st); !s.ok()) return s;
+  }
   auto too_large = [&] {
     return absl::InvalidArgumentError(absl::StrCat(path, ": larger than the limit of ", max_bytes, " bytes"));
   };
@@ -71,6 +111,25 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) 
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
+  return ReadCheckedFile(path, max_bytes, nullptr);
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  return ReadCheckedFile(path, kMaxSecretFileBytes, [&path](const struct stat& st) {
+    // Others: any access; group: write. (Group read is how a root-owned
+    // secret is shared with a service user: root:dynapipe 0640.)
+    constexpr mode_t kUnsafe = S_IRWXO | S_IWGRP;
+    if ((st.st_mode & kUnsafe) == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s has mode %04o: a secret file must not be readable by other users or writable by anyone but its owner; "
+        "fix: chmod 600 %s",
+        path, st.st_mode & 07777, path));
+  });
 }
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents) {

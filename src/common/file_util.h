@@ -11,9 +11,13 @@
 
 namespace dynapipe {
 
-// `path` under `root` when it is relative and `root` is set; otherwise `path`
-// itself (how daemons resolve the paths jobs name against --data_root).
-std::string ResolvePath(absl::string_view root, absl::string_view path);
+// `path` confined to `root` (the working directory when empty): a relative
+// path joins `root`; an absolute one must already lie under it. Symbolic
+// links are resolved as far as the path exists, so a link cannot lead out.
+// INVALID_ARGUMENT names the path and the root ("outside --data_root") for a
+// ".." component or anything that leaves the root; `root` itself must exist.
+// Returns the resolved path.
+absl::StatusOr<std::string> ConfinedPath(absl::string_view root, absl::string_view path);
 
 // What ReadFile reads at most unless told otherwise.
 inline constexpr size_t kMaxReadFileBytes = size_t{1} << 30;
@@ -23,6 +27,16 @@ inline constexpr size_t kMaxReadFileBytes = size_t{1} << 30;
 // device such as /dev/zero, a FIFO, a directory) or holds more than
 // `max_bytes`; UNAVAILABLE for other I/O errors. Never reads past max_bytes.
 absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes = kMaxReadFileBytes);
+
+// What a secret file (an API token, a Redis password) may hold at most.
+inline constexpr size_t kMaxSecretFileBytes = size_t{64} << 10;
+
+// The whole secret file at `path` (API token, Redis password), read like
+// ReadFile. FAILED_PRECONDITION, in one line naming the file, its mode and the
+// fix ("chmod 600 FILE"), when other users may read or write it or its group
+// may write it: a leaked or replaceable secret must stop a daemon, not run it.
+// Group read (0640) is allowed for a group the daemon's user shares.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
 
 // Writes `contents` to a temporary file beside `path`, fsyncs it, renames it
 // over `path` and fsyncs the directory: readers see the old or the new file,

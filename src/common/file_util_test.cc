@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -61,11 +62,39 @@ TEST_CASE("AtomicFileWriter: pieces appear only on Commit; dropped, nothing is l
   CHECK((*w)->Commit().code() == absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_CASE("ResolvePath puts relative paths under the root and leaves the rest alone") {
-  CHECK(ResolvePath("/srv/data", "flan/ds") == "/srv/data/flan/ds");
-  CHECK(ResolvePath("/srv/data", "/abs/ds") == "/abs/ds");
-  CHECK(ResolvePath("", "rel/ds") == "rel/ds");
-  CHECK(ResolvePath("/srv/data", "") == "");
+TEST_CASE("ConfinedPath keeps job paths under the data root") {
+  const std::string root = TempPath("confined_root");
+  const std::string outside = TempPath("confined_outside");
+  std::filesystem::remove_all(root);
+  std::filesystem::remove_all(outside);
+  std::filesystem::create_directories(outside);
+  std::filesystem::create_directories(root + "/data/flan");
+  std::filesystem::create_directory_symlink(outside, root + "/escape");
+  const std::string real_root = std::filesystem::canonical(root).string();
+  // Relative paths join the root, existing or not (a checkpoint dir to be).
+  CHECK(*ConfinedPath(root, "data/flan") == real_root + "/data/flan");
+  CHECK(*ConfinedPath(root, "data/new/ckpt/") == real_root + "/data/new/ckpt");
+  CHECK(*ConfinedPath(root, "./data/flan") == real_root + "/data/flan");
+  // Absolute paths are fine when they lie under the root.
+  CHECK(*ConfinedPath(root, real_root + "/data/flan") == real_root + "/data/flan");
+  CHECK(*ConfinedPath("/", "/etc/hostname") == "/etc/hostname");
+  auto refused = [&](const std::string& path) {
+    auto r = ConfinedPath(root, path);
+    INFO(path << " -> " << (r.ok() ? *r : std::string(r.status().message())));
+    return !r.ok() && r.status().code() == absl::StatusCode::kInvalidArgument &&
+           r.status().message().find("outside --data_root") != std::string::npos;
+  };
+  CHECK(refused("/etc/shadow"));
+  CHECK(refused("../x"));
+  CHECK(refused("data/../../x"));
+  CHECK(refused("data/flan/../../.."));
+  CHECK(refused(outside + "/f"));
+  CHECK(refused("escape/f"));            // a link inside the root that leads out
+  CHECK(refused("escape"));
+  CHECK(refused(real_root + "x/data"));  // a sibling whose name starts like the root
+  CHECK(ConfinedPath(root, "").status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ConfinedPath(root, std::string("a\0b", 3)).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ConfinedPath("/nonexistent-root", "x").status().code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("ReadFile of a missing file is NOT_FOUND and names the path") {
@@ -101,6 +130,44 @@ TEST_CASE("ReadFile refuses what is not a regular file, or more than its limit, 
   auto through = ReadFile(dir + "/f/g");
   CHECK(through.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(WriteFileAtomic(dir + "/f/g", "x").code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("ReadSecretFile refuses a secret others can read or write, naming the file, its mode and the fix") {
+  const std::string dir = TempPath("secrets");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/token";
+  REQUIRE(WriteFileAtomic(path, "s3cret\n").ok());
+  for (mode_t mode : {0600, 0400, 0640, 0700}) {
+    REQUIRE(::chmod(path.c_str(), mode) == 0);
+    auto ok = ReadSecretFile(path);
+    INFO(std::oct << mode << ": " << ok.status());
+    REQUIRE(ok.ok());
+    CHECK(*ok == "s3cret\n");
+  }
+  for (mode_t mode : {0644, 0604, 0602, 0660, 0620, 0666, 0601}) {
+    REQUIRE(::chmod(path.c_str(), mode) == 0);
+    auto refused = ReadSecretFile(path);
+    INFO(std::oct << mode << ": " << refused.status());
+    CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+    const std::string msg(refused.status().message());
+    char mode_text[8];
+    std::snprintf(mode_text, sizeof(mode_text), "%04o", static_cast<unsigned>(mode));
+    CHECK(msg.find(path + " has mode " + mode_text) != std::string::npos);
+    CHECK(msg.find("chmod 600 " + path) != std::string::npos);
+    CHECK(msg.find("s3cret") == std::string::npos);
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+  // The mode judged is the target's, through a link; plain ReadFile does not care.
+  REQUIRE(::chmod(path.c_str(), 0644) == 0);
+  std::filesystem::create_symlink(path, dir + "/link");
+  CHECK(ReadSecretFile(dir + "/link").status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ReadFile(path).ok());
+  CHECK(ReadSecretFile(dir + "/missing").status().code() == absl::StatusCode::kNotFound);
+  CHECK(ReadSecretFile("/dev/zero").status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(WriteFileAtomic(path, std::string(kMaxSecretFileBytes + 1, 'x')).ok());
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  CHECK(ReadSecretFile(path).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace dynapipe

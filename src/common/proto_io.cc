@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
@@ -139,6 +140,22 @@ absl::Status LoadProtoFile(const std::string& path, google::protobuf::Message* m
   }
   return absl::InvalidArgumentError(
       absl::StrCat(path, ": unknown config extension (expected .pbtxt, .textproto, .txtpb or .json)"));
+}
+
+absl::Status LoadProtoFileQuietly(const std::string& path, google::protobuf::Message* message) {
+  const absl::Status s = LoadProtoFile(path, message);
+  if (s.ok() || s.code() != absl::StatusCode::kInvalidArgument) return s;
+  // Parse errors read "path:line[:col]: message"; keep only the position.
+  absl::string_view rest(s.message());
+  int line = 0;
+  if (absl::ConsumePrefix(&rest, path) && absl::ConsumePrefix(&rest, ":")) {
+    while (!rest.empty() && rest[0] >= '0' && rest[0] <= '9' && line < 100000000) {
+      line = line * 10 + (rest[0] - '0');
+      rest.remove_prefix(1);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path, line > 0 ? absl::StrCat(":", line) : "", ": not a valid ",
+                                                 message->GetTypeName(), " file"));
 }
 
 std::string ToJson(const google::protobuf::Message& message, bool pretty) {

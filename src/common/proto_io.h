@@ -25,6 +25,11 @@ absl::Status ParseJsonProto(absl::string_view text, absl::string_view source,
 // .json as JSON. All errors are INVALID_ARGUMENT except I/O (NOT_FOUND, ...).
 absl::Status LoadProtoFile(const std::string& path, google::protobuf::Message* message);
 
+// LoadProtoFile for files a daemon reads on a remote caller's behalf: a parse
+// error names the file, the line and the expected message type, but never
+// echoes the file's text (a path may name a secret the caller cannot read).
+absl::Status LoadProtoFileQuietly(const std::string& path, google::protobuf::Message* message);
+
 // One-line or indented JSON with snake_case field names.
 std::string ToJson(const google::protobuf::Message& message, bool pretty = false);
 

@@ -39,6 +39,11 @@ const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
 
 // Same code and payloads, message prefixed with `context` ("loading job.pbtxt: ...").
 absl::Status Annotate(const absl::Status& status, absl::string_view context);
+template <typename T>
+absl::StatusOr<T> Annotate(absl::StatusOr<T> value, absl::string_view context) {
+  if (value.ok()) return value;
+  return Annotate(value.status(), context);
+}
 
 // Aborts with file, line and message. For broken invariants only (bugs), never
 // for bad input or failed I/O.

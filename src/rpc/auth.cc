@@ -1,15 +1,90 @@
 #include "src/rpc/auth.h"
 
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpcpp/security/auth_metadata_processor.h>
+
+#include <optional>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::rpc {
+namespace {
+
+// OK when `got` (an "authorization" value, or null when the call has none)
+// is "Bearer <token>"; compared in constant time.
+grpc::Status MatchToken(const grpc::string_ref* got, const std::string& token) {
+  if (got == nullptr) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing authorization token");
+  const std::string expected = "Bearer " + token;
+  unsigned diff = got->size() ^ expected.size();
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned>(i < got->size() ? got->data()[i] : 0) ^ expected[i];
+  }
+  if (diff != 0) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong authorization token");
+  return grpc::Status::OK;
+}
+
+// The token check on a call's headers (TLS servers). Cheap, so it runs
+// inline on the transport thread.
+class TokenProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenProcessor(std::string token) : token_(std::move(token)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& md, grpc::AuthContext*, OutputMetadata*, OutputMetadata*) override {
+    auto it = md.find("authorization");
+    return MatchToken(it == md.end() ? nullptr : &it->second, token_);
+  }
+
+ private:
+  std::string token_;
+};
+
+// The same check for plaintext servers, through gRPC's core API: `state` is
+// the token (a std::string the credentials own).
+void ProcessTokenInCore(void* state, grpc_auth_context*, const grpc_metadata* md, size_t num_md,
+                        grpc_process_auth_metadata_done_cb done, void* user_data) {
+  std::optional<grpc::string_ref> got;
+  for (size_t i = 0; i < num_md && !got.has_value(); ++i) {
+    if (grpc_slice_str_cmp(md[i].key, "authorization") == 0) {
+      got.emplace(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(md[i].value)), GRPC_SLICE_LENGTH(md[i].value));
+    }
+  }
+  const grpc::Status s = MatchToken(got.has_value() ? &*got : nullptr, *static_cast<const std::string*>(state));
+  done(user_data, nullptr, 0, nullptr, 0, static_cast<grpc_status_code>(s.error_code()),
+       s.ok() ? nullptr : s.error_message().c_str());
+}
+
+// Plaintext server credentials whose calls pass ProcessTokenInCore first.
+// Overrides ServerCredentials' port hook, which grpc::Server calls.
+class InsecureTokenCredentials final : public grpc::ServerCredentials {
+ public:
+  explicit InsecureTokenCredentials(std::string token) : token_(std::move(token)) {}
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    DP_CHECK_MSG(false, "InsecureTokenCredentials checks the token itself");
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    grpc_server_credentials* creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials_set_auth_metadata_processor(
+        creds, {ProcessTokenInCore, [](void* state) { delete static_cast<std::string*>(state); },
+                new std::string(token_)});
+    const int port = grpc_server_add_http2_port(server, addr.c_str(), creds);
+    grpc_server_credentials_release(creds);
+    return port;
+  }
+
+  std::string token_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadToken(const std::string& file) {
   if (file.empty()) return std::string();
-  ASSIGN_OR_RETURN(const std::string text, ReadFile(file));
+  ASSIGN_OR_RETURN(const std::string text, ReadSecretFile(file));
   std::string token(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(file, ": empty token file"));
   return token;
@@ -19,34 +94,47 @@ grpc::Status CheckToken(const grpc::ServerContextBase& context, const std::strin
   if (token.empty()) return grpc::Status::OK;
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing authorization token");
-  const std::string expected = "Bearer " + token;
-  const grpc::string_ref got = it->second;
-  // Constant-time comparison.
-  unsigned diff = got.size() ^ expected.size();
-  for (size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned>(i < got.size() ? got.data()[i] : 0) ^ expected[i];
-  if (diff != 0) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong authorization token");
-  return grpc::Status::OK;
+  return MatchToken(it == md.end() ? nullptr : &it->second, token);
 }
 
 void AttachToken(grpc::ClientContext* context, const std::string& token) {
   if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls) {
-  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+absl::StatusOr<ExecutorCredential> CallerCredential(const grpc::ServerContextBase& context) {
+  const auto& md = context.client_metadata();
+  auto it = md.find(kExecutorCredentialKey);
+  if (it == md.end()) return ExecutorCredential();
+  return ParseExecutorCredential(absl::string_view(it->second.data(), it->second.size()));
+}
+
+void AttachExecutorCredential(grpc::ClientContext* context, const ExecutorCredential& credential) {
+  if (!credential.empty()) context->AddMetadata(kExecutorCredentialKey, FormatExecutorCredential(credential));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls,
+                                                                           const std::string& token) {
+  if (!tls.enabled()) {
+    if (token.empty()) return grpc::InsecureServerCredentials();
+    return std::shared_ptr<grpc::ServerCredentials>(std::make_shared<InsecureTokenCredentials>(token));
+  }
   grpc::SslServerCredentialsOptions options;
   ASSIGN_OR_RETURN(const std::string cert, ReadFile(tls.cert));
-  ASSIGN_OR_RETURN(const std::string key, ReadFile(tls.key));
+  ASSIGN_OR_RETURN(const std::string key, ReadSecretFile(tls.key));
   options.pem_key_cert_pairs.push_back({key, cert});
-  return grpc::SslServerCredentials(options);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(options);
+  if (!token.empty()) creds->SetAuthMetadataProcessor(std::make_shared<TokenProcessor>(token));
+  return creds;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address, const TlsFiles& tls) {
-  if (!tls.enabled()) return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxPlannerResponseBytes);
+  args.SetMaxSendMessageSize(kMaxPlannerRequestBytes);
+  if (!tls.enabled()) return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   grpc::SslCredentialsOptions options;
   ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(tls.ca));
-  return grpc::CreateChannel(address, grpc::SslCredentials(options));
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(options), args);
 }
 
 }  // namespace dynapipe::rpc

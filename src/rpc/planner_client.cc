@@ -21,7 +21,7 @@ absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
     grpc::ClientContext ctx;
-    AttachToken(&ctx, options_.token);
+    Authenticate(&ctx);
     ctx.set_deadline(absl::ToChronoTime(deadline));
     const absl::Status s = FromGrpc(call(&ctx));
     if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff >= deadline) return s;
@@ -61,7 +61,7 @@ absl::Status PlannerClient::Cancel(const std::string& job) {
 
 absl::Status PlannerClient::Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event) {
   grpc::ClientContext ctx;
-  AttachToken(&ctx, options_.token);
+  Authenticate(&ctx);
   proto::WatchJobRequest req;
   req.set_job_id(job);
   auto reader = jobs_->Watch(&ctx, req);
@@ -96,6 +96,17 @@ absl::StatusOr<proto::RegisterExecutorResponse> PlannerClient::Register(const pr
   proto::RegisterExecutorResponse resp;
   RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return registry_->Register(c, req, &resp); }));
   return resp;
+}
+
+void PlannerClient::SetExecutorCredential(ExecutorCredential credential) {
+  MutexLock lock(&mu_);
+  credential_ = std::move(credential);
+}
+
+void PlannerClient::Authenticate(grpc::ClientContext* context) {
+  AttachToken(context, options_.token);
+  MutexLock lock(&mu_);
+  AttachExecutorCredential(context, credential_);
 }
 
 absl::StatusOr<proto::HeartbeatResponse> PlannerClient::Heartbeat(const proto::HeartbeatRequest& req) {

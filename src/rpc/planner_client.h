@@ -2,7 +2,9 @@
 
 // Client wrapper for the planner daemon's services: every call carries the
 // token and a deadline; only UNAVAILABLE is retried (with backoff, within the
-// deadline). Used by the `dynapipe` CLI, executors and tests.
+// deadline). Used by the `dynapipe` CLI, executors and tests. An executor
+// sets the credential Register returned: from then on every call carries it
+// too (executor_credential.h).
 
 #include <functional>
 #include <memory>
@@ -11,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/services.grpc.pb.h"
+#include "src/common/mutex.h"
 #include "src/rpc/auth.h"
 
 namespace dynapipe::rpc {
@@ -36,7 +39,11 @@ class PlannerClient {
   // Waits up to `wait` for the plan on the server side.
   absl::StatusOr<proto::ExecutionPlan> FetchPlan(const std::string& job, int64_t iteration, int rank, absl::Duration wait);
   absl::Status ReportIteration(const proto::IterationReport& report);
+  // The response holds this executor's id and secret; pass them to
+  // SetExecutorCredential.
   absl::StatusOr<proto::RegisterExecutorResponse> Register(const proto::RegisterExecutorRequest& req);
+  // Thread-safe; calls started afterwards carry `credential` (empty: none).
+  void SetExecutorCredential(ExecutorCredential credential);
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
   absl::StatusOr<proto::ListExecutorsResponse> Executors();
   absl::Status BootstrapSet(const std::string& job, const std::string& key, const std::string& value);
@@ -47,8 +54,12 @@ class PlannerClient {
   // Runs `call` (one attempt with the given context) until it is not
   // UNAVAILABLE or `total` has passed.
   absl::Status Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call);
+  // Adds the token and the executor credential to a call.
+  void Authenticate(grpc::ClientContext* context);
 
   Options options_;
+  Mutex mu_;
+  ExecutorCredential credential_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::JobService::Stub> jobs_;
   std::unique_ptr<proto::PlanService::Stub> plans_;

@@ -23,7 +23,8 @@
 //   {p}checkpoint:latest:D     latest iteration whose shards are complete in checkpoint dir D (only
 //                              raised; outlives jobs: a resubmitted job resumes from it)
 //   {p}executors               SET of executor ids
-//   {p}executors:ID            ExecutorRecord (binary proto)
+//   {p}executors:ID            ExecutorRecord (binary proto; holds the SHA-256 of the executor's
+//                              secret, never the secret: src/rpc/executor_credential.h)
 //   {p}events                  pub/sub channel: "plan J I", "bootstrap J K", "job J"
 
 #include <cstdint>

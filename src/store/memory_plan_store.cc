@@ -239,6 +239,12 @@ absl::StatusOr<std::vector<std::string>> MemoryPlanStore::ListExecutors() {
   return out;
 }
 
+absl::Status MemoryPlanStore::DeleteExecutor(const std::string& id) {
+  MutexLock lock(&mu_);
+  executors_.erase(id);
+  return absl::OkStatus();
+}
+
 absl::Status MemoryPlanStore::SetBootstrap(const std::string& job, const std::string& key, const std::string& value) {
   {
     MutexLock lock(&mu_);

@@ -40,6 +40,7 @@ class MemoryPlanStore : public PlanStore {
   absl::Status PutExecutor(const proto::ExecutorRecord& record) override;
   absl::StatusOr<proto::ExecutorRecord> GetExecutor(const std::string& id) override;
   absl::StatusOr<std::vector<std::string>> ListExecutors() override;
+  absl::Status DeleteExecutor(const std::string& id) override;
   absl::Status SetBootstrap(const std::string& job, const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> GetBootstrap(const std::string& job, const std::string& key) override;
   void SetListener(std::function<void(const std::string& event)> listener) override;

@@ -82,6 +82,8 @@ class PlanStore {
   virtual absl::Status PutExecutor(const proto::ExecutorRecord& record) = 0;
   virtual absl::StatusOr<proto::ExecutorRecord> GetExecutor(const std::string& id) = 0;
   virtual absl::StatusOr<std::vector<std::string>> ListExecutors() = 0;
+  // Forgets an executor (OK if it is unknown); its rank claims stay.
+  virtual absl::Status DeleteExecutor(const std::string& id) = 0;
 
   // Bootstrap key-value data per job.
   virtual absl::Status SetBootstrap(const std::string& job, const std::string& key, const std::string& value) = 0;

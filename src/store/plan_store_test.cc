@@ -151,6 +151,10 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(store.GetExecutor("exec-1")->last_heartbeat_unix_ms() == 42);
   CHECK(store.GetExecutor("nope").status().code() == absl::StatusCode::kNotFound);
   CHECK(*store.ListExecutors() == std::vector<std::string>{"exec-1"});
+  REQUIRE(store.DeleteExecutor("exec-1").ok());
+  REQUIRE(store.DeleteExecutor("exec-1").ok());  // unknown: fine
+  CHECK(store.GetExecutor("exec-1").status().code() == absl::StatusCode::kNotFound);
+  CHECK(store.ListExecutors()->empty());
   CHECK(store.GetBootstrap(*id, "nccl_id").status().code() == absl::StatusCode::kNotFound);
   REQUIRE(store.SetBootstrap(*id, "nccl_id", std::string("\0\1\2", 3)).ok());
   CHECK(*store.GetBootstrap(*id, "nccl_id") == std::string("\0\1\2", 3));

@@ -22,7 +22,7 @@ struct RedisClient::Connection {
 
 absl::StatusOr<std::string> ReadRedisPassword(const std::string& file, const char* env) {
   if (!file.empty()) {
-    auto text = ReadFile(file);
+    auto text = ReadSecretFile(file);
     if (!text.ok()) return text.status();
     const size_t nl = text->find('\n');
     return std::string(absl::StripAsciiWhitespace(text->substr(0, nl)));

@@ -33,7 +33,8 @@ struct RedisOptions {
 };
 
 // The password from `file` (first line) if set, else from environment
-// variable `env` if set, else empty. NOT_FOUND if the file is missing.
+// variable `env` if set, else empty. NOT_FOUND if the file is missing,
+// FAILED_PRECONDITION if others may read it (ReadSecretFile).
 absl::StatusOr<std::string> ReadRedisPassword(const std::string& file, const char* env = "DYNAPIPE_REDIS_PASSWORD");
 
 struct RedisReply {

@@ -305,6 +305,11 @@ absl::StatusOr<std::vector<std::string>> RedisPlanStore::ListExecutors() {
   return out;
 }
 
+absl::Status RedisPlanStore::DeleteExecutor(const std::string& id) {
+  RETURN_IF_ERROR(client_.Command({"SREM", keys_.Executors(), id}).status());
+  return client_.Command({"DEL", keys_.Executor(id)}).status();
+}
+
 absl::Status RedisPlanStore::SetBootstrap(const std::string& job, const std::string& key, const std::string& value) {
   RETURN_IF_ERROR(client_.Command({"SET", keys_.Bootstrap(job, key), value}).status());
   return client_.Command({"PUBLISH", keys_.Events(), absl::StrCat("bootstrap ", job, " ", key)}).status();

@@ -40,6 +40,7 @@ TEST_CASE("A checkpoint counts once every rank reports its shard; a resubmitted 
   // What an executor does after iteration `it`: write its shard when it is a
   // checkpoint iteration, then report the iteration.
   std::vector<float> weights(33);
+  std::vector<JoinedExecutor> executors;  // of the job running now; index = rank
   auto run = [&](const std::string& job, int64_t it, int rank, bool checkpoint) {
     if (checkpoint) {
       ckpt::ShardRef shard;
@@ -58,12 +59,13 @@ TEST_CASE("A checkpoint counts once every rank reports its shard; a resubmitted 
     r.set_iteration(it);
     r.set_rank(rank);
     r.set_checkpoint_written(checkpoint);
-    return client->ReportIteration(r);
+    return executors[rank].client->ReportIteration(r);
   };
 
   auto first = client->Submit(spec);
   REQUIRE(first.ok());
   CHECK(client->Get(*first)->start_iteration() == 0);
+  executors = JoinJob(s.address(), *first, 2);
   // Both ranks checkpoint iteration 1; at iteration 3 rank 1 dies before writing its shard.
   for (int64_t it = 0; it < 4; ++it) {
     for (int rank = 0; rank < 2; ++rank) {
@@ -98,23 +100,15 @@ TEST_CASE("A checkpoint counts once every rank reports its shard; a resubmitted 
   auto early = client->FetchPlan(*second, 1, 0, absl::Seconds(1));
   CHECK(early.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(early.status().message()), Contains("(2..9)"));
+
+  // Executors are told where to start, and find their shards of iteration 1.
+  executors = JoinJob(s.address(), *second, 2);
   proto::IterationReport stale;
   stale.set_job_id(*second);
   stale.set_iteration(1);
-  CHECK(client->ReportIteration(stale).code() == absl::StatusCode::kInvalidArgument);
-
-  // Executors are told where to start, and find their shards of iteration 1.
-  for (int d = 0; d < 2; ++d) {
-    proto::RegisterExecutorRequest req;
-    req.set_node("node0");
-    req.set_device_index(d);
-    auto reg = client->Register(req);
-    REQUIRE(reg.ok());
-    proto::HeartbeatRequest hb;
-    hb.set_executor_id(reg->executor_id());
-    auto beat = client->Heartbeat(hb);
-    REQUIRE(beat.ok());
-    const proto::Assignment& a = beat->assignment();
+  CHECK(executors[0].client->ReportIteration(stale).code() == absl::StatusCode::kInvalidArgument);
+  for (const JoinedExecutor& e : executors) {
+    const proto::Assignment& a = e.assignment;
     CHECK(a.job_id() == *second);
     CHECK(a.start_iteration() == 2);
     auto shard = ckpt::ReadShard(dir, a.start_iteration() - 1, a.rank());
@@ -170,13 +164,14 @@ TEST_CASE("checkpoint_written on a job without a checkpoint dir changes nothing"
   auto client = Client(s.address());
   auto id = client->Submit(SmallJob(2, 1, 4, 2));
   REQUIRE(id.ok());
+  std::vector<JoinedExecutor> executors = JoinJob(s.address(), *id, 2);
   proto::IterationReport r;
   r.set_job_id(*id);
   r.set_iteration(0);
   r.set_checkpoint_written(true);
   for (int rank = 0; rank < 2; ++rank) {
     r.set_rank(rank);
-    REQUIRE(client->ReportIteration(r).ok());
+    REQUIRE(executors[rank].client->ReportIteration(r).ok());
   }
   CHECK(client->Get(*id)->iterations_done() == 1);
   CHECK(Metric(s.planner->service().MetricsText(), "dynapipe_checkpoint_shards_total") == -1);

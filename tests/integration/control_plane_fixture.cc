@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "src/common/mutex.h"
 #include "src/testing/redis_server.h"
 
 namespace dynapipe::testing {
@@ -100,6 +101,9 @@ absl::StatusOr<std::unique_ptr<PlannerProcess>> PlannerProcess::Start(int redis_
                                    "--http_port=0",
                                    absl::StrCat("--redis=127.0.0.1:", redis_port),
                                    "--port_file=" + port_file,
+                                   // Tests name files in TEST_TMPDIR and the runfiles tree;
+                                   // confinement itself is tested in planner_service_test.
+                                   "--data_root=/",
                                    "--log_level=warn"};
   args.insert(args.end(), extra.begin(), extra.end());
   p->process_ = std::make_unique<ChildProcess>(std::move(args));
@@ -121,8 +125,35 @@ std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std
   return std::move(*rpc::PlannerClient::Connect(o));
 }
 
+std::vector<JoinedExecutor> JoinJob(const std::string& address, const std::string& job, int world,
+                                    const std::string& token) {
+  std::vector<JoinedExecutor> out(world);
+  for (int d = 0; d < world; ++d) {
+    JoinedExecutor e;
+    e.client = Client(address, token);
+    proto::RegisterExecutorRequest req;
+    req.set_node("sim");
+    req.set_device_index(d);
+    auto reg = e.client->Register(req);
+    REQUIRE(reg.ok());
+    e.credential = {reg->executor_id(), reg->executor_secret()};
+    e.client->SetExecutorCredential(e.credential);
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(e.credential.executor_id);
+    auto beat = e.client->Heartbeat(hb);
+    REQUIRE(beat.ok());
+    e.assignment = beat->assignment();
+    REQUIRE(e.assignment.job_id() == job);
+    REQUIRE((e.assignment.rank() >= 0 && e.assignment.rank() < world));
+    REQUIRE(out[e.assignment.rank()].client == nullptr);
+    out[e.assignment.rank()] = std::move(e);
+  }
+  return out;
+}
+
 std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, const std::string& job, int rank,
-                                       int64_t iterations, absl::Duration work, std::atomic<bool>* stop) {
+                                       const rpc::ExecutorCredential& credential, int64_t iterations,
+                                       absl::Duration work, std::atomic<bool>* stop) {
   auto r = std::make_unique<SimulatedRank>();
   SimulatedRank* self = r.get();
   r->thread = std::thread([=] {
@@ -132,12 +163,53 @@ std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, con
       return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled ||
              s.code() == absl::StatusCode::kDeadlineExceeded;
     };
+    // Heartbeats keep the executor alive (planners fail jobs whose executors
+    // go silent), also while a call below waits out a planner restart. They
+    // end before the last report: one after the job's end would take the
+    // executor off the job (as a real executor's does once it has stopped).
+    Mutex beat_mu;
+    std::atomic<bool> finished{false};  // set under beat_mu: no heartbeat is in flight then, none follows
+    auto finish_beats = [&] {
+      MutexLock lock(&beat_mu);
+      finished = true;
+    };
+    std::thread beat([&] {
+      std::string at;
+      std::unique_ptr<rpc::PlannerClient> c;
+      proto::HeartbeatRequest hb;
+      hb.set_executor_id(credential.executor_id);
+      // Every second, each rank at its own phase (as independent executors
+      // are), so that many ranks do not beat in one burst.
+      int ticks = 1 + (rank * 7) % 50;
+      while (true) {
+        for (; ticks > 0 && !finished && !stop->load(); --ticks) absl::SleepFor(absl::Milliseconds(20));
+        ticks = 50;
+        MutexLock lock(&beat_mu);
+        if (finished || stop->load()) break;
+        if (c == nullptr || address() != at) {
+          at = address();
+          c = Client(at);
+          c->SetExecutorCredential(credential);
+        }
+        hb.set_iteration(self->done);
+        (void)c->Heartbeat(hb);
+      }
+    });
+    struct Join {
+      std::function<void()> finish;
+      std::thread* beat;
+      ~Join() {
+        finish();
+        beat->join();
+      }
+    } join{finish_beats, &beat};
     std::string current;
     std::unique_ptr<rpc::PlannerClient> client;
     auto refresh = [&] {
       if (client == nullptr || address() != current) {
         current = address();
         client = Client(current);
+        client->SetExecutorCredential(credential);
         (void)client->Get(job);  // connect now, so FetchPlan timings exclude connection set-up
       }
     };
@@ -173,6 +245,7 @@ std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, con
       report.set_predicted_iteration_ms(plan->predicted_iteration_ms());
       report.set_tokens(1000);
       report.set_loss(5.0 / (1 + i));
+      if (i + 1 == iterations) finish_beats();
       absl::Status s;
       while (true) {
         refresh();
@@ -203,6 +276,7 @@ Stack StartStack(const std::string& token, absl::Duration heartbeat_timeout, boo
   o.service.heartbeat_interval = absl::Milliseconds(100);
   o.service.recheck = absl::Milliseconds(200);
   o.service.planning_threads = planning_threads;
+  o.service.data_root = "/";  // as PlannerProcess: tests name files in TEST_TMPDIR
   auto planner = planner::service::PlannerServer::Start(o);
   REQUIRE(planner.ok());
   s.planner = std::move(*planner);

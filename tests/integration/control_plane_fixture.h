@@ -39,6 +39,7 @@ class ChildProcess {
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
+  pid_t pid() const { return pid_; }
   void Signal(int sig);  // SIGKILL / SIGTERM
   // True once the process has exited (and is reaped), polling up to `wait`.
   bool Exited(absl::Duration wait);
@@ -54,6 +55,7 @@ class PlannerProcess {
   int port() const { return port_; }
   int http_port() const { return http_port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  pid_t pid() const { return process_->pid(); }
   void Signal(int sig) { process_->Signal(sig); }
   bool Exited(absl::Duration wait) { return process_->Exited(wait); }
 
@@ -63,7 +65,9 @@ class PlannerProcess {
 };
 
 // Simulated executor ranks: each fetches its plan for every iteration, sleeps
-// `work` (+-20%, starts staggered by 3 ms per rank), reports. Runs on its own thread until all iterations are done,
+// `work` (+-20%, starts staggered by 3 ms per rank), reports as the executor
+// `credential` (the holder of `rank`, see JoinJob) and heartbeats every
+// second meanwhile. Runs on its own thread until all iterations are done,
 // `stop` is set, or a call fails.
 struct SimulatedRank {
   std::thread thread;
@@ -73,9 +77,23 @@ struct SimulatedRank {
 };
 
 std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, const std::string& job, int rank,
-                                       int64_t iterations, absl::Duration work, std::atomic<bool>* stop);
+                                       const rpc::ExecutorCredential& credential, int64_t iterations,
+                                       absl::Duration work, std::atomic<bool>* stop);
 
 std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std::string& token = "");
+
+// A registered executor: its identity and a client that calls as it.
+struct JoinedExecutor {
+  rpc::ExecutorCredential credential;
+  proto::Assignment assignment;
+  std::unique_ptr<rpc::PlannerClient> client;
+};
+
+// Registers `world` executors whose first heartbeats take the ranks of `job`
+// (which must be the only pending job); index = rank. Aborts the test
+// (REQUIRE) unless every rank of `job` is taken.
+std::vector<JoinedExecutor> JoinJob(const std::string& address, const std::string& job, int world,
+                                    const std::string& token = "");
 
 // A real Redis and an in-process planner server on loopback ports.
 struct Stack {

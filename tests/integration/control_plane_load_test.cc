@@ -57,9 +57,11 @@ TEST_CASE("Load: 64 executors fetch plans of a 16-stage x 4-way job; p99 under 5
       absl::SleepFor(absl::Milliseconds(25));
     }
   });
+  const std::vector<JoinedExecutor> executors = JoinJob(s.address(), *id, 64);
   std::vector<std::unique_ptr<SimulatedRank>> ranks;
   for (int r = 0; r < 64; ++r) {
-    ranks.push_back(RunRank([&] { return s.address(); }, *id, r, kIters, absl::Milliseconds(300), &stop));
+    ranks.push_back(RunRank([&] { return s.address(); }, *id, r, executors[r].credential, kIters,
+                            absl::Milliseconds(300), &stop));
   }
   std::vector<double> ready;  // FetchPlan latency when the plan was already stored
   for (auto& r : ranks) {

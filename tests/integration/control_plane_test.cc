@@ -2,6 +2,7 @@
 // planning ahead, plan serving, errors, outages, executor loss, watch,
 // bootstrap and the status endpoint. Load: control_plane_load_test.cc.
 #include <httplib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -108,6 +109,7 @@ TEST_CASE("Bad inputs get clear errors and change nothing") {
   REQUIRE(WriteFileAtomic(dir + "/bad1.pbtxt", "name: \"x\"\nmodel { hidden: }\n").ok());
   REQUIRE(WriteFileAtomic(dir + "/bad2.pbtxt", "name: \"x\"\niters: 3\n").ok());
   REQUIRE(WriteFileAtomic(dir + "/token", "t0ken\n").ok());
+  REQUIRE(::chmod((dir + "/token").c_str(), 0600) == 0);  // a secret: the CLI refuses it readable by others
   for (const auto& [file, needle] : std::vector<std::pair<std::string, std::string>>{
            {dir + "/bad1.pbtxt", "bad1.pbtxt:2"}, {dir + "/bad2.pbtxt", "\"iters\""}}) {
     std::ostringstream out, err;
@@ -128,7 +130,8 @@ TEST_CASE("Executors register, get ranks, run the job to success; watch and boot
   auto client = Client(s.address());
   auto id = client->Submit(SmallJob(2, 1, 5, 2));
   REQUIRE(id.ok());
-  std::vector<std::string> executors;
+  std::vector<rpc::ExecutorCredential> executors;
+  std::vector<std::unique_ptr<rpc::PlannerClient>> as;  // a client per executor, calling as it
   for (int d = 0; d < 2; ++d) {
     proto::RegisterExecutorRequest req;
     req.set_node("node0");
@@ -136,13 +139,15 @@ TEST_CASE("Executors register, get ranks, run the job to success; watch and boot
     req.set_backend(proto::Backend::cpu);
     auto r = client->Register(req);
     REQUIRE(r.ok());
-    executors.push_back(r->executor_id());
+    executors.push_back({r->executor_id(), r->executor_secret()});
+    as.push_back(Client(s.address()));
+    as.back()->SetExecutorCredential(executors.back());
   }
   std::vector<int> ranks(2, -1);
   for (int e = 0; e < 2; ++e) {
     proto::HeartbeatRequest hb;
-    hb.set_executor_id(executors[e]);
-    auto r = client->Heartbeat(hb);
+    hb.set_executor_id(executors[e].executor_id);
+    auto r = as[e]->Heartbeat(hb);
     REQUIRE(r.ok());
     CHECK(r->assignment().job_id() == *id);
     ranks[e] = r->assignment().rank();
@@ -152,14 +157,14 @@ TEST_CASE("Executors register, get ranks, run the job to success; watch and boot
 
   // Bootstrap: a Get issued before the Set waits for it.
   std::thread waiter([&] {
-    auto v = client->BootstrapGet(*id, "gloo", absl::Seconds(10));
+    auto v = as[1]->BootstrapGet(*id, "gloo", absl::Seconds(10));
     CHECK(v.ok());
     if (v.ok()) CHECK(*v == "127.0.0.1:1234");
   });
   absl::SleepFor(absl::Milliseconds(200));
-  REQUIRE(client->BootstrapSet(*id, "gloo", "127.0.0.1:1234").ok());
+  REQUIRE(as[0]->BootstrapSet(*id, "gloo", "127.0.0.1:1234").ok());
   waiter.join();
-  CHECK(client->BootstrapGet(*id, "missing", absl::Milliseconds(300)).status().code() ==
+  CHECK(as[0]->BootstrapGet(*id, "missing", absl::Milliseconds(300)).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
 
   std::vector<proto::JobEvent> events;
@@ -173,8 +178,8 @@ TEST_CASE("Executors register, get ranks, run the job to success; watch and boot
   });
   std::atomic<bool> stop{false};
   std::vector<std::unique_ptr<SimulatedRank>> sim;
-  for (int r = 0; r < 2; ++r) {
-    sim.push_back(RunRank([&] { return s.address(); }, *id, r, 5, absl::Milliseconds(50), &stop));
+  for (int e = 0; e < 2; ++e) {
+    sim.push_back(RunRank([&] { return s.address(); }, *id, ranks[e], executors[e], 5, absl::Milliseconds(50), &stop));
   }
   for (auto& r : sim) {
     r->thread.join();
@@ -187,8 +192,8 @@ TEST_CASE("Executors register, get ranks, run the job to success; watch and boot
   CHECK(events.back().status().iterations_done() == 5);
   // Heartbeats after the end tell executors to stop.
   proto::HeartbeatRequest hb;
-  hb.set_executor_id(executors[0]);
-  CHECK(client->Heartbeat(hb)->stop());
+  hb.set_executor_id(executors[0].executor_id);
+  CHECK(as[0]->Heartbeat(hb)->stop());
 }
 
 TEST_CASE("A silent executor fails its job within the heartbeat timeout, naming the rank") {
@@ -196,29 +201,15 @@ TEST_CASE("A silent executor fails its job within the heartbeat timeout, naming 
   auto client = Client(s.address());
   auto id = client->Submit(SmallJob(2, 1, 50, 2));
   REQUIRE(id.ok());
-  std::string lost_id, alive_id;
-  int lost_rank = -1;
-  for (int d = 0; d < 2; ++d) {
-    proto::RegisterExecutorRequest req;
-    req.set_node("node0");
-    req.set_device_index(d);
-    auto reg = client->Register(req);
-    proto::HeartbeatRequest hb;
-    hb.set_executor_id(reg->executor_id());
-    auto r = client->Heartbeat(hb);
-    if (d == 1) {
-      lost_id = reg->executor_id();
-      lost_rank = r->assignment().rank();
-    } else {
-      alive_id = reg->executor_id();
-    }
-  }
+  std::vector<JoinedExecutor> executors = JoinJob(s.address(), *id, 2);
+  const int lost_rank = 1;
+  const std::string lost_id = executors[lost_rank].credential.executor_id;
   std::atomic<bool> stop{false};
-  std::thread beating([&] {  // executor 0 keeps beating; executor 1 went silent (as if SIGKILLed)
+  std::thread beating([&] {  // rank 0 keeps beating; rank 1 went silent (as if SIGKILLed)
     proto::HeartbeatRequest hb;
-    hb.set_executor_id(alive_id);
+    hb.set_executor_id(executors[0].credential.executor_id);
     while (!stop) {
-      (void)client->Heartbeat(hb);
+      (void)executors[0].client->Heartbeat(hb);
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
@@ -236,6 +227,7 @@ TEST_CASE("Redis down for seconds: the planner stays up, reports unhealthy and U
   auto client = Client(s.address());
   auto id = client->Submit(SmallJob(2, 1, 20, 2));
   REQUIRE(id.ok());
+  std::vector<JoinedExecutor> executors = JoinJob(s.address(), *id, 2);
   REQUIRE(Eventually([&] { return client->Get(*id)->plans_ready() == 1; }));
   httplib::Client http("127.0.0.1", s.planner->http_port());
   CHECK(http.Get("/healthz")->status == 200);
@@ -258,9 +250,9 @@ TEST_CASE("Redis down for seconds: the planner stays up, reports unhealthy and U
   rep.set_job_id(*id);
   rep.set_rank(0);
   rep.set_iteration(0);
-  REQUIRE(client->ReportIteration(rep).ok());
+  REQUIRE(executors[0].client->ReportIteration(rep).ok());
   rep.set_rank(1);
-  REQUIRE(client->ReportIteration(rep).ok());
+  REQUIRE(executors[1].client->ReportIteration(rep).ok());
   CHECK(Eventually([&] { return client->Get(*id)->plans_ready() == 2; }));
   CHECK(client->FetchPlan(*id, 2, 1, absl::Seconds(5)).ok());
 }

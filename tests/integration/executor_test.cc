@@ -32,7 +32,7 @@ std::string TmpDir() {
 std::unique_ptr<ChildProcess> StartExecutor(const std::string& planner, int device) {
   return std::make_unique<ChildProcess>(
       std::vector<std::string>{RunfilesRoot() + "/runtime/executor/dynapipe-executor", "--planner=" + planner,
-                               absl::StrCat("--device=", device), "--node=itest", "--http_port=-1",
+                               "--data_root=/", absl::StrCat("--device=", device), "--node=itest", "--http_port=-1",
                                "--comm_timeout_s=20", "--log_level=warn",
                                absl::StrCat("--log_file=", TmpDir(), "/executor-", ::getpid(), "-", device, ".log")},
       std::vector<std::pair<std::string, std::string>>{{"OPENBLAS_NUM_THREADS", "1"}});

@@ -41,7 +41,10 @@ TEST_CASE("Two planners share the work exactly once; after one is SIGKILLed the 
   const std::string addr_a = (*a)->address(), addr_b = (*b)->address();
   auto address = [&] { return a_alive ? addr_a : addr_b; };
   std::vector<std::unique_ptr<SimulatedRank>> ranks;
-  for (int r = 0; r < 4; ++r) ranks.push_back(RunRank(address, *id, r, kIters, absl::Milliseconds(40), &stop));
+  const std::vector<JoinedExecutor> executors = JoinJob(addr_a, *id, 4);
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(RunRank(address, *id, r, executors[r].credential, kIters, absl::Milliseconds(40), &stop));
+  }
   REQUIRE(Eventually([&] { return ranks[0]->done >= 8; }, absl::Seconds(30)));
   (*a)->Signal(SIGKILL);
   REQUIRE((*a)->Exited(absl::Seconds(5)));
@@ -76,7 +79,10 @@ TEST_CASE("A planner restarted mid-job resumes from Redis: nothing lost, nothing
   };
   std::atomic<bool> stop{false};
   std::vector<std::unique_ptr<SimulatedRank>> ranks;
-  for (int r = 0; r < 2; ++r) ranks.push_back(RunRank(addr, *id, r, kIters, absl::Milliseconds(40), &stop));
+  const std::vector<JoinedExecutor> executors = JoinJob(address, *id, 2);
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(RunRank(addr, *id, r, executors[r].credential, kIters, absl::Milliseconds(40), &stop));
+  }
   REQUIRE(Eventually([&] { return ranks[1]->done >= 5; }, absl::Seconds(30)));
   (*first)->Signal(SIGTERM);  // clean drain
   CHECK((*first)->Exited(absl::Seconds(10)));

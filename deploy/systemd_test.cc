@@ -1,0 +1,132 @@
+// deploy/systemd/: the units' command lines, expanded as systemd and sh
+// expand them (systemd: %i, %H, "$$" -> "$"; sh: the variables of
+// dynapipe.env), run stand-in daemons that print their flags. The planner
+// and every executor get the token file, the planner the Redis password
+// file; nothing binds every interface; TLS flags appear exactly when the
+// environment file sets them.
+
+#include <sys/wait.h>
+
+#include <array>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/testing/temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+std::string Runfiles() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return std::string(srcdir != nullptr ? srcdir : ".") + "/dynapipe";
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Shell(const std::string& command) {
+  std::string out;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  ::pclose(pipe);
+  return out;
+}
+
+void ReplaceAll(std::string* s, const std::string& from, const std::string& to) {
+  for (size_t at = s->find(from); at != std::string::npos; at = s->find(from, at + to.size())) {
+    s->replace(at, from.size(), to);
+  }
+}
+
+// The unit's ExecStart with its continuation lines, specifiers and "$$"
+// resolved as systemd does.
+std::string ExecStart(const std::string& unit) {
+  std::istringstream lines(ReadAll(Runfiles() + "/deploy/systemd/" + unit));
+  std::string line, cmd;
+  bool in = false;
+  while (std::getline(lines, line)) {
+    if (line.rfind("ExecStart=", 0) == 0) {
+      in = true;
+      line = line.substr(10);
+    }
+    if (!in) continue;
+    const bool more = !line.empty() && line.back() == '\\';
+    cmd += more ? line.substr(0, line.size() - 1) : line;
+    if (!more) break;
+  }
+  ReplaceAll(&cmd, "%i", "3");
+  ReplaceAll(&cmd, "%H", "node7");
+  ReplaceAll(&cmd, "$$", "$");
+  return cmd;
+}
+
+// The variables dynapipe.env sets, as `NAME='value'` words for env(1).
+std::string EnvWords(const std::string& env_file) {
+  std::istringstream lines(ReadAll(env_file));
+  std::string line, words;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    words += " " + line.substr(0, eq) + "='" + line.substr(eq + 1) + "'";
+  }
+  return words;
+}
+
+// Runs `unit`'s command with the env file's variables (plus `extra`), the
+// daemons replaced by stand-ins that print one flag per line.
+std::string Flags(const std::string& unit, const std::string& extra) {
+  const std::string dir = dynapipe::testing::FreshTempDir("systemd_" + unit.substr(9, 4));
+  fs::create_directories(dir + "/bin");
+  for (const char* daemon : {"dynapipe-planner", "dynapipe-executor"}) {
+    const std::string path = dir + "/bin/" + daemon;
+    std::ofstream(path) << "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n";
+    fs::permissions(path, fs::perms::owner_all);
+  }
+  std::ofstream(dir + "/exec.sh") << ExecStart(unit) << "\n";
+  return Shell("env -i PATH=/usr/bin:/bin" + EnvWords(Runfiles() + "/deploy/systemd/dynapipe.env") + extra +
+               " DYNAPIPE_BIN='" + dir + "/bin' /bin/sh '" + dir + "/exec.sh'");
+}
+
+TEST_CASE("systemd units pass the token and Redis password files, bind no wildcard, and TLS only when configured") {
+  for (const char* file : {"dynapipe.env", "dynapipe-planner.service", "dynapipe-executor@.service"}) {
+    INFO(file);
+    const std::string text = ReadAll(Runfiles() + "/deploy/systemd/" + file);
+    REQUIRE_FALSE(text.empty());
+    CHECK_THAT(text, !Contains("0.0.0.0") && !Contains("--insecure"));
+  }
+  const std::string planner = Flags("dynapipe-planner.service", "");
+  INFO(planner);
+  CHECK_THAT(planner, Contains("--token_file=/etc/dynapipe/token\n"));
+  CHECK_THAT(planner, Contains("--redis_password_file=/etc/dynapipe/redis.password\n"));
+  CHECK_THAT(planner, Contains("--http_host=127.0.0.1\n") && Contains("--listen=planner-host:50051\n"));
+  CHECK_THAT(planner, !Contains("--tls"));
+  const std::string executor = Flags("dynapipe-executor@.service", "");
+  INFO(executor);
+  CHECK_THAT(executor, Contains("--token_file=/etc/dynapipe/token\n") && Contains("--device=3\n"));
+  CHECK_THAT(executor, !Contains("--tls"));
+
+  const std::string tls = " DYNAPIPE_TLS_CERT=/etc/dynapipe/tls/p.crt DYNAPIPE_TLS_KEY=/etc/dynapipe/tls/p.key"
+                          " DYNAPIPE_TLS_CA=/etc/dynapipe/tls/ca.crt";
+  const std::string planner_tls = Flags("dynapipe-planner.service", tls);
+  INFO(planner_tls);
+  CHECK_THAT(planner_tls, Contains("--tls_cert=/etc/dynapipe/tls/p.crt\n--tls_key=/etc/dynapipe/tls/p.key\n"));
+  CHECK_THAT(Flags("dynapipe-executor@.service", tls), Contains("--tls_ca=/etc/dynapipe/tls/ca.crt\n"));
+}
+
+}  // namespace

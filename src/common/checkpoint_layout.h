@@ -1,0 +1,27 @@
+#pragma once
+
+// Where checkpoint shards live on disk, shared by the executor (which writes
+// them, runtime/checkpoint) and the planner (which finds the newest complete
+// checkpoint when Redis has no record of it):
+//   {dir}/iter-{iteration:08d}/rank-{rank:05d}.ckpt
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dynapipe::checkpoint_layout {
+
+// {dir}/iter-{iteration:08d}/rank-{rank:05d}.ckpt
+std::string ShardPath(absl::string_view dir, int64_t iteration, int rank);
+
+// The highest iteration whose directory holds the shard files of all ranks
+// 0..world-1 (temporary files do not count); -1 if none or `dir` is missing.
+// Looks at names only: reading a shard may still find it corrupt.
+absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world);
+
+// The highest iteration with a shard file of any rank; -1 if none.
+absl::StatusOr<int64_t> NewestShardOnDisk(absl::string_view dir);
+
+}  // namespace dynapipe::checkpoint_layout

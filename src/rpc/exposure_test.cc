@@ -1,0 +1,49 @@
+#include "src/rpc/exposure.h"
+
+#include <catch2/catch.hpp>
+
+namespace dynapipe::rpc {
+namespace {
+
+TEST_CASE("IsLoopbackHost: only addresses this machine alone can reach") {
+  for (const char* h : {"127.0.0.1", "127.1.2.3", "localhost", "LOCALHOST", "::1", "::ffff:127.0.0.1", "unix:/tmp/s"}) {
+    INFO(h);
+    CHECK(IsLoopbackHost(h));
+  }
+  for (const char* h : {"0.0.0.0", "::", "", "10.0.0.1", "128.0.0.1", "planner-host", "localhost.example.com",
+                        "::ffff:10.0.0.1", "127.0.0.1.example.com"}) {
+    INFO(h);
+    CHECK_FALSE(IsLoopbackHost(h));
+  }
+}
+
+TEST_CASE("HostOf takes the host out of host:port, [v6]:port and bare hosts") {
+  CHECK(HostOf("127.0.0.1:50051") == "127.0.0.1");
+  CHECK(HostOf("0.0.0.0:0") == "0.0.0.0");
+  CHECK(HostOf("[::1]:50051") == "::1");
+  CHECK(HostOf("[::]:50051") == "::");
+  CHECK(HostOf("::1") == "::1");
+  CHECK(HostOf("node-7") == "node-7");
+  CHECK(HostOf(":50051") == "");
+  CHECK(HostOf("unix:/run/dynapipe.sock") == "unix:/run/dynapipe.sock");
+}
+
+TEST_CASE("Without a token, an address off loopback is refused naming its flag, unless --insecure") {
+  const std::vector<Exposure> loopback = {{"--listen", "127.0.0.1:50051"}, {"--http_host", "localhost"}};
+  CHECK(RequireTokenOffLoopback(false, false, loopback).ok());
+  const std::vector<Exposure> open = {{"--listen", "127.0.0.1:50051"}, {"--http_host", "0.0.0.0"}};
+  const absl::Status refused = RequireTokenOffLoopback(false, false, open);
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  const std::string msg(refused.message());
+  CHECK(msg.rfind("--http_host 0.0.0.0 is not a loopback address", 0) == 0);
+  CHECK(msg.find("--token_file") != std::string::npos);
+  CHECK(msg.find("--insecure") != std::string::npos);
+  CHECK(msg.find('\n') == std::string::npos);
+  const absl::Status no_host = RequireTokenOffLoopback(false, false, {{"--listen", ":50051"}});
+  CHECK(no_host.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(RequireTokenOffLoopback(false, true, open).ok());  // --insecure: a warning, not a refusal
+  CHECK(RequireTokenOffLoopback(true, false, open).ok());  // a token: anything goes
+}
+
+}  // namespace
+}  // namespace dynapipe::rpc

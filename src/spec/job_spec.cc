@@ -1,0 +1,278 @@
+#include "src/spec/job_spec.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "src/common/proto_io.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::spec {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// An integer field: 0 takes `def` (when def > 0), then it must lie in [lo, hi].
+template <typename T, typename Set>
+absl::Status Int(absl::string_view field, T value, T def, T lo, T hi, Set set) {
+  if (value == 0 && def > 0) value = def;
+  if (value < lo || value > hi) return Bad(field, absl::StrCat("must be in ", lo, "..", hi, ", got ", value));
+  set(value);
+  return absl::OkStatus();
+}
+
+// A real field: finite, 0 takes `def` (when def > 0), then in [lo, hi].
+template <typename Set>
+absl::Status Real(absl::string_view field, double value, double def, double lo, double hi, Set set) {
+  if (!std::isfinite(value)) return Bad(field, absl::StrCat("must be a finite number, got ", value));
+  if (value == 0 && def > 0) value = def;
+  if (value < lo || value > hi) return Bad(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", value));
+  set(value);
+  return absl::OkStatus();
+}
+
+// An enum field: a value the proto declares; unspecified (0) takes `def`.
+template <typename E>
+absl::Status Enum(absl::string_view field, E value, E def, bool (*valid)(int), E* out) {
+  if (!valid(static_cast<int>(value))) return Bad(field, absl::StrCat("unknown value ", static_cast<int>(value)));
+  *out = static_cast<int>(value) == 0 ? def : value;
+  return absl::OkStatus();
+}
+
+// A name: bounded and printable (names reach logs and status pages).
+absl::Status Name(absl::string_view field, const std::string& s) {
+  if (s.size() > kMaxNameBytes) {
+    return Bad(field, absl::StrCat("longer than ", kMaxNameBytes, " bytes (", s.size(), ")"));
+  }
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) return Bad(field, "contains a control character");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NormalizeModel(proto::ModelSpec* m) {
+  RETURN_IF_ERROR(Name("model.name", m->name()));
+  proto::ModelKind::Value kind{};
+  RETURN_IF_ERROR(Enum("model.kind", m->kind(), proto::ModelKind::unspecified, proto::ModelKind::Value_IsValid, &kind));
+  if (kind == proto::ModelKind::unspecified) return Bad("model.kind", "must be gpt or t5");
+  const bool t5 = kind == proto::ModelKind::t5;
+  RETURN_IF_ERROR(Int("model.num_layers", m->num_layers(), 0, 1, kMaxLayers, [&](int v) { m->set_num_layers(v); }));
+  if (t5) {
+    RETURN_IF_ERROR(Int("model.num_decoder_layers", m->num_decoder_layers(), 0, 1, kMaxLayers,
+                        [&](int v) { m->set_num_decoder_layers(v); }));
+  } else if (m->num_decoder_layers() != 0) {
+    return Bad("model.num_decoder_layers", "only t5 models have decoder layers");
+  }
+  RETURN_IF_ERROR(Int("model.hidden", m->hidden(), 0, 1, kMaxHidden, [&](int v) { m->set_hidden(v); }));
+  RETURN_IF_ERROR(Int("model.heads", m->heads(), 0, 1, kMaxHeads, [&](int v) { m->set_heads(v); }));
+  if (m->hidden() % m->heads() != 0) {
+    return Bad("model.heads", absl::StrCat(m->heads(), " does not divide model.hidden ", m->hidden()));
+  }
+  RETURN_IF_ERROR(Int("model.ffn", m->ffn(), std::min(kMaxFfn, 4 * m->hidden()), 1, kMaxFfn,
+                      [&](int v) { m->set_ffn(v); }));
+  RETURN_IF_ERROR(Int("model.vocab", m->vocab(), 0, 1, kMaxVocab, [&](int v) { m->set_vocab(v); }));
+  // max_positions takes its default from batching (NormalizeJobSpec).
+  if (m->max_positions() < 0 || m->max_positions() > kMaxPositions) {
+    return Bad("model.max_positions", absl::StrCat("must be in 1..", kMaxPositions, ", got ", m->max_positions()));
+  }
+  proto::DType::Value dtype{};
+  RETURN_IF_ERROR(Enum("model.dtype", m->dtype(), proto::DType::unspecified, proto::DType::Value_IsValid, &dtype));
+  if (dtype == proto::DType::int32) return Bad("model.dtype", "int32 is not a compute type (fp32, bf16, fp16)");
+  // unspecified stays: the executing backend's own type.
+  proto::AttentionKernel::Value attention{};
+  RETURN_IF_ERROR(Enum("model.attention", m->attention(), proto::AttentionKernel::varlen,
+                       proto::AttentionKernel::Value_IsValid, &attention));
+  m->set_attention(attention);
+  return absl::OkStatus();
+}
+
+absl::Status NormalizeParallelism(const proto::ModelSpec& model, proto::ParallelismSpec* p) {
+  RETURN_IF_ERROR(Int("parallelism.pp", p->pp(), kDefaultPp, 1, kMaxPp, [&](int v) { p->set_pp(v); }));
+  RETURN_IF_ERROR(Int("parallelism.dp", p->dp(), kDefaultDp, 1, kMaxDp, [&](int v) { p->set_dp(v); }));
+  if (int64_t{p->pp()} * p->dp() > kMaxWorld) {
+    return Bad("parallelism", absl::StrCat("pp x dp = ", int64_t{p->pp()} * p->dp(), " ranks exceeds ", kMaxWorld));
+  }
+  const int layers = model.num_layers() + model.num_decoder_layers();
+  if (p->layer_to_device_size() != 0 && p->layer_to_device_size() != layers) {
+    return Bad("parallelism.layer_to_device",
+               absl::StrCat("has ", p->layer_to_device_size(), " entries for a model of ", layers, " layers"));
+  }
+  for (int i = 0; i < p->layer_to_device_size(); ++i) {
+    if (p->layer_to_device(i) < 0 || p->layer_to_device(i) >= p->pp()) {
+      return Bad(absl::StrCat("parallelism.layer_to_device[", i, "]"),
+                 absl::StrCat("device ", p->layer_to_device(i), " outside 0..", p->pp() - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NormalizeBatching(proto::ModelSpec* model, proto::BatchingSpec* b) {
+  proto::BatchingSpec::Method method{};
+  RETURN_IF_ERROR(Enum("batching.method", b->method(), proto::BatchingSpec::dynamic,
+                       proto::BatchingSpec::Method_IsValid, &method));
+  b->set_method(method);
+  RETURN_IF_ERROR(Int<int64_t>("batching.global_batch_tokens", b->global_batch_tokens(), kDefaultGlobalBatchTokens, 1,
+                               kMaxBatchTokens, [&](int64_t v) { b->set_global_batch_tokens(v); }));
+  const int max_positions = model->max_positions();
+  const int default_seq = max_positions > 0 ? std::min(kDefaultMaxSeqLen, max_positions) : kDefaultMaxSeqLen;
+  RETURN_IF_ERROR(Int("batching.max_seq_len", b->max_seq_len(), default_seq, 1, kMaxPositions,
+                      [&](int v) { b->set_max_seq_len(v); }));
+  if (max_positions == 0) model->set_max_positions(b->max_seq_len());
+  if (b->max_seq_len() > model->max_positions()) {
+    return Bad("batching.max_seq_len",
+               absl::StrCat(b->max_seq_len(), " exceeds model.max_positions ", model->max_positions()));
+  }
+  RETURN_IF_ERROR(Int("batching.round_multiple", b->round_multiple(), kDefaultRoundMultiple, 1, 4096,
+                      [&](int v) { b->set_round_multiple(v); }));
+  // 0 stays: the planner tries every power of two that fits.
+  RETURN_IF_ERROR(Int("batching.micro_batch_size", b->micro_batch_size(), 0, 0, kMaxMicroBatchSize,
+                      [&](int v) { b->set_micro_batch_size(v); }));
+  RETURN_IF_ERROR(Int<int64_t>("batching.micro_batch_tokens", b->micro_batch_tokens(), 0, 0, kMaxBatchTokens,
+                               [&](int64_t v) { b->set_micro_batch_tokens(v); }));
+  RETURN_IF_ERROR(Real("batching.cap_tolerance", b->cap_tolerance(), kDefaultCapTolerance, 0, 1,
+                       [&](double v) { b->set_cap_tolerance(v); }));
+  RETURN_IF_ERROR(Int("batching.dp_candidates", b->dp_candidates(), kDefaultDpCandidates, 1, kMaxCandidates,
+                      [&](int v) { b->set_dp_candidates(v); }));
+  return absl::OkStatus();
+}
+
+absl::Status NormalizeSchedule(proto::ScheduleSpec* s) {
+  proto::ScheduleSpec::Policy policy{};
+  RETURN_IF_ERROR(Enum("schedule.policy", s->policy(), proto::ScheduleSpec::auto_, proto::ScheduleSpec::Policy_IsValid,
+                       &policy));
+  s->set_policy(policy);
+  proto::RecomputeLevel::Value recompute{};
+  RETURN_IF_ERROR(Enum("schedule.recompute", s->recompute(), proto::RecomputeLevel::auto_,
+                       proto::RecomputeLevel::Value_IsValid, &recompute));
+  s->set_recompute(recompute);
+  return Int("schedule.permutations", s->permutations(), kDefaultPermutations, 1, kMaxCandidates,
+             [&](int v) { s->set_permutations(v); });
+}
+
+absl::Status NormalizeOptimizer(int64_t iterations, proto::OptimizerSpec* o) {
+  RETURN_IF_ERROR(Real("optimizer.lr", o->lr(), kDefaultLr, 1e-12, kMaxLr, [&](double v) { o->set_lr(v); }));
+  // 0 cannot be asked for: in proto3 it means "the default".
+  RETURN_IF_ERROR(Real("optimizer.beta1", o->beta1(), kDefaultBeta1, 0, 0.999999, [&](double v) { o->set_beta1(v); }));
+  RETURN_IF_ERROR(Real("optimizer.beta2", o->beta2(), kDefaultBeta2, 0, 0.999999, [&](double v) { o->set_beta2(v); }));
+  RETURN_IF_ERROR(Real("optimizer.eps", o->eps(), kDefaultEps, 1e-30, 1, [&](double v) { o->set_eps(v); }));
+  RETURN_IF_ERROR(Real("optimizer.weight_decay", o->weight_decay(), kDefaultWeightDecay, 0, kMaxWeightDecay,
+                       [&](double v) { o->set_weight_decay(v); }));
+  RETURN_IF_ERROR(Real("optimizer.grad_clip", o->grad_clip(), 0, 0, 1e12, [&](double v) { o->set_grad_clip(v); }));
+  proto::LrSchedule* s = o->mutable_lr_schedule();
+  proto::LrSchedule::Kind kind{};
+  RETURN_IF_ERROR(
+      Enum("optimizer.lr_schedule.kind", s->kind(), proto::LrSchedule::constant, proto::LrSchedule::Kind_IsValid, &kind));
+  s->set_kind(kind);
+  RETURN_IF_ERROR(Int<int64_t>("optimizer.lr_schedule.warmup_iters", s->warmup_iters(), 0, 0, kMaxIterations,
+                               [&](int64_t v) { s->set_warmup_iters(v); }));
+  RETURN_IF_ERROR(Int<int64_t>("optimizer.lr_schedule.decay_iters", s->decay_iters(), iterations, 1, kMaxIterations,
+                               [&](int64_t v) { s->set_decay_iters(v); }));
+  if (kind == proto::LrSchedule::cosine && s->decay_iters() < s->warmup_iters()) {
+    return Bad("optimizer.lr_schedule.decay_iters",
+               absl::StrCat(s->decay_iters(), " is shorter than warmup_iters ", s->warmup_iters()));
+  }
+  return Real("optimizer.lr_schedule.min_lr", s->min_lr(), 0, 0, o->lr(), [&](double v) { s->set_min_lr(v); });
+}
+
+absl::Status NormalizeCluster(bool analytic, proto::ClusterSpec* c) {
+  RETURN_IF_ERROR(Name("cluster.name", c->name()));
+  RETURN_IF_ERROR(Int("cluster.num_nodes", c->num_nodes(), kDefaultNumNodes, 1, kMaxNodes,
+                      [&](int v) { c->set_num_nodes(v); }));
+  RETURN_IF_ERROR(Int("cluster.devices_per_node", c->devices_per_node(), kDefaultDevicesPerNode, 1, kMaxDevicesPerNode,
+                      [&](int v) { c->set_devices_per_node(v); }));
+  proto::DeviceSpec* d = c->mutable_device();
+  RETURN_IF_ERROR(Name("cluster.device.name", d->name()));
+  // The analytic cost model needs the device's speeds; a measured profile does not.
+  const double speed_lo = analytic ? 1e-9 : 0;
+  const char* why = " (or set cost_profile_path)";
+  if (analytic && d->peak_tflops() == 0) return Bad("cluster.device.peak_tflops", absl::StrCat("must be set", why));
+  if (analytic && d->memory_bandwidth_gbps() == 0) {
+    return Bad("cluster.device.memory_bandwidth_gbps", absl::StrCat("must be set", why));
+  }
+  RETURN_IF_ERROR(Real("cluster.device.peak_tflops", d->peak_tflops(), 0, speed_lo, kMaxTflops,
+                       [&](double v) { d->set_peak_tflops(v); }));
+  RETURN_IF_ERROR(Real("cluster.device.memory_bandwidth_gbps", d->memory_bandwidth_gbps(), 0, speed_lo, kMaxBandwidth,
+                       [&](double v) { d->set_memory_bandwidth_gbps(v); }));
+  RETURN_IF_ERROR(Real("cluster.device.memory_mb", d->memory_mb(), 0, 0, kMaxMemoryMb,
+                       [&](double v) { d->set_memory_mb(v); }));
+  RETURN_IF_ERROR(Real("cluster.intra_node_bandwidth_gbps", c->intra_node_bandwidth_gbps(),
+                       kDefaultIntraNodeBandwidthGbps, 1e-6, kMaxBandwidth,
+                       [&](double v) { c->set_intra_node_bandwidth_gbps(v); }));
+  RETURN_IF_ERROR(Real("cluster.inter_node_bandwidth_gbps", c->inter_node_bandwidth_gbps(),
+                       kDefaultInterNodeBandwidthGbps, 1e-6, kMaxBandwidth,
+                       [&](double v) { c->set_inter_node_bandwidth_gbps(v); }));
+  // Latencies may be 0.
+  RETURN_IF_ERROR(Real("cluster.intra_node_latency_us", c->intra_node_latency_us(), 0, 0, kMaxLatencyUs,
+                       [&](double v) { c->set_intra_node_latency_us(v); }));
+  return Real("cluster.inter_node_latency_us", c->inter_node_latency_us(), 0, 0, kMaxLatencyUs,
+              [&](double v) { c->set_inter_node_latency_us(v); });
+}
+
+}  // namespace
+
+absl::Status CheckJobPath(absl::string_view field, absl::string_view path) {
+  if (path.empty()) return Bad(field, "must be set");
+  if (path.size() > kMaxPathBytes) {
+    return Bad(field, absl::StrCat("longer than ", kMaxPathBytes, " bytes (", path.size(), ")"));
+  }
+  for (unsigned char c : path) {
+    if (c < 0x20 || c == 0x7f) return Bad(field, "contains a control character");
+  }
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part == "..") return Bad(field, "must not contain \"..\" (paths stay under the daemons' --data_root)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {
+  RETURN_IF_ERROR(Name("name", spec.name()));
+  RETURN_IF_ERROR(Int<int64_t>("iterations", spec.iterations(), 0, 1, kMaxIterations,
+                               [&](int64_t v) { spec.set_iterations(v); }));
+  RETURN_IF_ERROR(NormalizeModel(spec.mutable_model()));
+  RETURN_IF_ERROR(NormalizeParallelism(spec.model(), spec.mutable_parallelism()));
+  RETURN_IF_ERROR(NormalizeBatching(spec.mutable_model(), spec.mutable_batching()));
+  RETURN_IF_ERROR(NormalizeSchedule(spec.mutable_schedule()));
+  RETURN_IF_ERROR(NormalizeOptimizer(spec.iterations(), spec.mutable_optimizer()));
+
+  proto::DatasetSpec* ds = spec.mutable_dataset();
+  RETURN_IF_ERROR(CheckJobPath("dataset.path", ds->path()));
+  proto::DatasetSpec::Format format{};
+  RETURN_IF_ERROR(Enum("dataset.format", ds->format(), proto::DatasetSpec::lengths, proto::DatasetSpec::Format_IsValid,
+                       &format));
+  ds->set_format(format);
+  if (!spec.cost_profile_path().empty()) RETURN_IF_ERROR(CheckJobPath("cost_profile_path", spec.cost_profile_path()));
+
+  proto::CheckpointSpec* ck = spec.mutable_checkpoint();
+  RETURN_IF_ERROR(Int<int64_t>("checkpoint.interval", ck->interval(), 0, 0, kMaxIterations,
+                               [&](int64_t v) { ck->set_interval(v); }));
+  if (ck->dir().empty()) {
+    if (ck->interval() > 0 || ck->resume()) {
+      return Bad("checkpoint.dir", "must be set to write or resume checkpoints");
+    }
+  } else {
+    RETURN_IF_ERROR(CheckJobPath("checkpoint.dir", ck->dir()));
+    // "/ckpt/run/" and "/ckpt/run" are one directory.
+    std::string dir = ck->dir();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    ck->set_dir(dir);
+  }
+
+  RETURN_IF_ERROR(Int("planner_lookahead", spec.planner_lookahead(), kDefaultPlannerLookahead, 1, kMaxLookahead,
+                      [&](int v) { spec.set_planner_lookahead(v); }));
+  RETURN_IF_ERROR(NormalizeCluster(spec.cost_profile_path().empty(), spec.mutable_cluster()));
+  RETURN_IF_ERROR(Real("memory_limit_mb", spec.memory_limit_mb(), spec.cluster().device().memory_mb(), 0, kMaxMemoryMb,
+                       [&](double v) { spec.set_memory_limit_mb(v); }));
+  if (spec.memory_limit_mb() == 0) return Bad("memory_limit_mb", "must be set (or cluster.device.memory_mb)");
+  return spec;
+}
+
+absl::StatusOr<proto::JobSpec> LoadJobSpec(const std::string& path) {
+  proto::JobSpec spec;
+  RETURN_IF_ERROR(LoadProtoFile(path, &spec));
+  return Annotate(NormalizeJobSpec(std::move(spec)), path);
+}
+
+}  // namespace dynapipe::spec

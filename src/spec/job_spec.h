@@ -1,0 +1,84 @@
+#pragma once
+
+// The one place a JobSpec's defaults are declared and its fields checked.
+// NormalizeJobSpec runs where a spec enters the system (Submit, `dynapipe
+// submit`, local runs, the worker) and returns the spec with every default
+// written out, so code downstream reads plain fields and never substitutes a
+// default of its own. It is pure (no I/O): checks that need files (the path
+// under --data_root, the dataset's vocabulary) live with the file readers.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/job.pb.h"
+
+namespace dynapipe::spec {
+
+// Defaults (what a 0 / empty / unspecified field means).
+inline constexpr int kDefaultPp = 1;
+inline constexpr int kDefaultDp = 1;
+inline constexpr int64_t kDefaultGlobalBatchTokens = 65536;
+inline constexpr int kDefaultMaxSeqLen = 2048;  // or model.max_positions when smaller
+inline constexpr int kDefaultRoundMultiple = 8;
+inline constexpr double kDefaultCapTolerance = 0.02;
+inline constexpr int kDefaultDpCandidates = 3;
+inline constexpr int kDefaultPermutations = 4;
+inline constexpr int kDefaultPlannerLookahead = 4;
+inline constexpr double kDefaultLr = 3e-4;
+inline constexpr double kDefaultBeta1 = 0.9;
+inline constexpr double kDefaultBeta2 = 0.95;
+inline constexpr double kDefaultEps = 1e-8;
+inline constexpr double kDefaultWeightDecay = 0.1;
+inline constexpr int kDefaultNumNodes = 1;
+inline constexpr int kDefaultDevicesPerNode = 1;
+inline constexpr double kDefaultIntraNodeBandwidthGbps = 2400;  // NVLink-class, Gbit/s
+inline constexpr double kDefaultInterNodeBandwidthGbps = 400;   // one 400G NIC per device
+// model.ffn: 4 * model.hidden; model.max_positions: batching.max_seq_len;
+// batching.method, schedule.policy, schedule.recompute: the first real value
+// of each enum (dynamic, auto, auto); dataset.format: lengths;
+// optimizer.lr_schedule.kind: constant, decay_iters: the job's iterations;
+// memory_limit_mb: cluster.device.memory_mb.
+
+// Upper bounds: far above any real job, low enough that arithmetic on them
+// cannot overflow and that no handler allocates more than a few MB for them.
+inline constexpr int kMaxNameBytes = 256;
+inline constexpr int kMaxPathBytes = 4096;
+inline constexpr int kMaxLayers = 4096;
+inline constexpr int kMaxHidden = 1 << 16;
+inline constexpr int kMaxHeads = 1 << 10;
+inline constexpr int kMaxFfn = 1 << 20;
+inline constexpr int kMaxVocab = 1 << 24;
+inline constexpr int kMaxPositions = 1 << 20;
+inline constexpr int kMaxPp = 4096;
+inline constexpr int kMaxDp = 1 << 16;
+inline constexpr int kMaxWorld = 1 << 20;
+inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 34;
+inline constexpr int kMaxMicroBatchSize = 1 << 20;
+inline constexpr int kMaxCandidates = 64;
+inline constexpr int64_t kMaxIterations = 1'000'000'000;
+inline constexpr int kMaxLookahead = 1024;
+inline constexpr int kMaxNodes = 1 << 16;
+inline constexpr int kMaxDevicesPerNode = 1024;
+inline constexpr double kMaxMemoryMb = 1 << 24;  // 16 TB
+inline constexpr double kMaxTflops = 1e6;
+inline constexpr double kMaxBandwidth = 1e7;      // GB/s or Gbit/s
+inline constexpr double kMaxLatencyUs = 1e7;      // 10 s
+inline constexpr double kMaxLr = 10;
+inline constexpr double kMaxWeightDecay = 10;
+
+// Fills every default and checks every field. INVALID_ARGUMENT names the
+// first offending field ("optimizer.beta1: must be in [0, 1), got 1.5").
+// Idempotent: normalising a normalised spec returns it unchanged.
+absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec);
+
+// A job spec file (text proto or JSON), normalised; errors name the file.
+absl::StatusOr<proto::JobSpec> LoadJobSpec(const std::string& path);
+
+// OK when `path` can name a file under a root: non-empty, at most
+// kMaxPathBytes, no NUL or control characters, no ".." component.
+// `field` prefixes the error ("dataset.path: ...").
+absl::Status CheckJobPath(absl::string_view field, absl::string_view path);
+
+}  // namespace dynapipe::spec
