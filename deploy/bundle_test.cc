@@ -14,33 +14,16 @@
 #include <string>
 #include <vector>
 
+#include "src/testing/shell.h"
 #include "src/testing/temp_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using dynapipe::testing::Runfiles;
+using Output = dynapipe::testing::ShellOutput;
 
-struct Output {
-  int rc = -1;
-  std::string text;  // stdout and stderr
-};
-
-Output Shell(const std::string& command) {
-  Output out;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  out.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
-std::string Runfiles() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/dynapipe";
-}
+Output Shell(const std::string& command) { return dynapipe::testing::RunShell(command); }
 
 // What the target machine provides (deploy/make_bundle.sh's list).
 bool TargetProvided(const std::string& soname) {

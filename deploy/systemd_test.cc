@@ -17,35 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "src/testing/shell.h"
 #include "src/testing/temp_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using dynapipe::testing::ReadAll;
+using dynapipe::testing::Runfiles;
 
-std::string Runfiles() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/dynapipe";
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string Shell(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  ::pclose(pipe);
-  return out;
-}
+std::string Shell(const std::string& command) { return dynapipe::testing::RunShell(command).text; }
 
 void ReplaceAll(std::string* s, const std::string& from, const std::string& to) {
   for (size_t at = s->find(from); at != std::string::npos; at = s->find(from, at + to.size())) {

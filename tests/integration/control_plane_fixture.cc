@@ -153,7 +153,7 @@ std::vector<JoinedExecutor> JoinJob(const std::string& address, const std::strin
 
 std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, const std::string& job, int rank,
                                        const rpc::ExecutorCredential& credential, int64_t iterations,
-                                       absl::Duration work, std::atomic<bool>* stop) {
+                                       absl::Duration work, std::atomic<bool>* stop, bool heartbeats) {
   auto r = std::make_unique<SimulatedRank>();
   SimulatedRank* self = r.get();
   r->thread = std::thread([=] {
@@ -185,7 +185,7 @@ std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, con
         for (; ticks > 0 && !finished && !stop->load(); --ticks) absl::SleepFor(absl::Milliseconds(20));
         ticks = 50;
         MutexLock lock(&beat_mu);
-        if (finished || stop->load()) break;
+        if (!heartbeats || finished || stop->load()) break;
         if (c == nullptr || address() != at) {
           at = address();
           c = Client(at);

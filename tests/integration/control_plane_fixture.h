@@ -76,9 +76,11 @@ struct SimulatedRank {
   std::vector<double> fetch_ms;  // latency of FetchPlan calls
 };
 
+// `heartbeats`: whether the rank's executor heartbeats every second meanwhile
+// (needed once a run can outlast the heartbeat timeout, or a planner restarts).
 std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, const std::string& job, int rank,
                                        const rpc::ExecutorCredential& credential, int64_t iterations,
-                                       absl::Duration work, std::atomic<bool>* stop);
+                                       absl::Duration work, std::atomic<bool>* stop, bool heartbeats = true);
 
 std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std::string& token = "");
 

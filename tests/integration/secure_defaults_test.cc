@@ -15,12 +15,14 @@
 #include "src/cli/job_commands.h"
 #include "src/common/file_util.h"
 #include "src/testing/redis_server.h"
+#include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
 
 namespace dynapipe::testing {
 namespace {
 
 using Catch::Matchers::Contains;
+using Output = ShellOutput;
 
 std::string TmpDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -30,25 +32,12 @@ std::string TmpDir() {
 std::string Planner() { return RunfilesRoot() + "/planner/service/dynapipe-planner"; }
 std::string Executor() { return RunfilesRoot() + "/runtime/executor/dynapipe-executor"; }
 
-struct Output {
-  int rc = -1;       // 137: still running at the limit (killed)
-  std::string text;  // stdout and stderr
-};
-
 // Runs `argv` to its end, or kills it after `limit`: a daemon that should
 // refuse to start but serves instead fails the test instead of hanging it.
 Output RunToExit(const std::vector<std::string>& argv, int limit_s = 20) {
   std::string command = absl::StrCat("OPENBLAS_NUM_THREADS=1 timeout -s KILL ", limit_s);
   for (const std::string& a : argv) absl::StrAppend(&command, " '", a, "'");
-  Output out;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  out.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+  return RunShell(command);  // rc 137: still running at the limit (killed)
 }
 
 // A refusal: the process exits 2 at once with exactly one line that says `want`.
@@ -65,13 +54,6 @@ std::string WriteSecret(const std::string& name, const std::string& text, mode_t
   REQUIRE(WriteFileAtomic(path, text).ok());
   REQUIRE(::chmod(path.c_str(), mode) == 0);
   return path;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // An executor process on `planner` whose status endpoint is up once the
