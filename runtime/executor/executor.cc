@@ -120,6 +120,7 @@ absl::Status Executor::Run() {
     spdlog::info("job {}: rank {} of {} (pp rank {}, dp rank {}), from iteration {}", a.job_id(), a.rank(),
                  a.world_size(), a.pp_rank(), a.dp_rank(), a.start_iteration());
     const absl::Status s = RunJob(a);
+    if (options_.after_job_for_test) options_.after_job_for_test();
     MutexLock l(&mu_);
     if (s.ok()) {
       spdlog::info("job {}: done on this executor", a.job_id());

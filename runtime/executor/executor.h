@@ -10,6 +10,7 @@
 // so nothing waits on a dead peer past its deadline.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +36,10 @@ struct ExecutorOptions {
   absl::Duration comm_timeout = absl::Seconds(60);
   absl::Duration connect_timeout = absl::Seconds(60);
   int prefetch = 2;             // plans fetched ahead of the running iteration
+  // Tests only: runs on the job thread after a job ends (its communicator
+  // already destroyed), before the executor forgets the job: where a
+  // heartbeat's abort could once reach a freed communicator.
+  std::function<void()> after_job_for_test;
 };
 
 class Executor {

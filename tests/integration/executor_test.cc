@@ -17,7 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/backend/backend.h"
 #include "runtime/data/synth.h"
+#include "runtime/executor/executor.h"
 #include "tests/integration/control_plane_fixture.h"
 
 namespace dynapipe::testing {
@@ -234,6 +236,42 @@ int RunCapturing(const std::string& cmd, std::string* out) {
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out->append(buf, n);
   return ::pclose(pipe);
+}
+
+TEST_CASE("an abort that lands after a job's communicator is gone touches nothing (job end vs heartbeat)",
+          "[executor][integration]") {
+  // In process, so the abort can be placed in the window exactly: after the
+  // job's communicator was destroyed, before the executor forgot the job.
+  // It once reached the freed communicator (ASan: heap-use-after-free).
+  Stack s = StartStack();
+  auto client = Client(s.address());
+  proto::JobSpec spec = TrainJob(2, "", 0);
+  spec.mutable_parallelism()->set_pp(1);
+  spec.mutable_parallelism()->set_dp(1);
+  spec.clear_checkpoint();
+  auto id = client->Submit(spec);
+  REQUIRE(id.ok());
+  runtime::executor::ExecutorOptions o;
+  o.planner.address = s.address();
+  o.data_root = "/";
+  o.comm_timeout = absl::Seconds(20);
+  runtime::executor::Executor* self = nullptr;
+  std::atomic<int> aborts{0};
+  o.after_job_for_test = [&] {
+    ++aborts;
+    self->Shutdown();  // what a heartbeat saying "stop" or a signal does: abort the running job
+  };
+  auto backend = runtime::CreateBackend({.kind = proto::Backend::cpu});
+  REQUIRE(backend.ok());
+  runtime::executor::Executor executor(o, std::move(*backend));
+  self = &executor;
+  absl::Status run;
+  std::thread runner([&] { run = executor.Run(); });
+  const proto::JobStatus end = WaitEnded(client.get(), *id, absl::Seconds(60));
+  CHECK(end.state() == proto::JobState::succeeded);
+  CHECK(Eventually([&] { return aborts.load() == 1; }));
+  runner.join();  // Shutdown from the hook ends Run
+  CHECK(run.ok());
 }
 
 TEST_CASE("dynapipe-executor --backend cuda without a GPU stops at start with one line saying so") {
