@@ -50,6 +50,11 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
                    Annotate(ConfinedPath(data_root, spec.dataset().path()), "dataset.path"));
   std::vector<RawLength> raw;
   if (spec.dataset().format() == proto::DatasetSpec::indexed) {
+    // The files inside the directory too: each may be a link leading out.
+    for (const char* file : {"dataset.pbtxt", "index.bin", "tokens.bin"}) {
+      RETURN_IF_ERROR(
+          Annotate(ConfinedPath(data_root, absl::StrCat(dataset_path, "/", file)).status(), "dataset.path"));
+    }
     auto dataset = runtime::data::Dataset::Open(dataset_path);
     if (!dataset.ok()) return Annotate(dataset.status(), "dataset.path");
     // Caught here, not at the first forward pass of every executor.

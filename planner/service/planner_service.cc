@@ -324,6 +324,21 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
     return done(absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " ended (",
                                                            proto::JobState::Value_Name(status->state()), ")")));
   }
+  // Plans are committed with their iteration's "planned" mark in one step:
+  // a mark without the plan means it expired or was deleted, and waiting
+  // would only run out the caller's deadline.
+  if (auto planned = store_->IsPlanned(req.job_id(), req.iteration()); planned.ok() && *planned) {
+    auto again = store_->GetPlan(req.job_id(), req.iteration(), req.rank());
+    if (again.ok() || again.status().code() != absl::StatusCode::kNotFound) {
+      record(again);
+      return done(std::move(again));
+    }
+    const absl::Status lost = absl::DataLossError(absl::StrCat("plan of job ", req.job_id(), " iteration ",
+                                                               req.iteration(), " rank ", req.rank(),
+                                                               " is marked planned but missing from the store"));
+    record(lost);
+    return done(lost);
+  }
   auto shared_done = std::make_shared<FetchDone>(std::move(done));
   Waiter w;
   w.key = absl::StrCat("plan ", req.job_id(), " ", req.iteration());

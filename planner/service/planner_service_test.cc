@@ -218,6 +218,20 @@ TEST_CASE("Submit keeps job paths under data_root and never echoes a file's cont
   refused("link.txt", "outside --data_root");
   refused("notes.txt", "notes.txt:2");  // the line number, not the line
   refused("/etc/shadow", "outside --data_root");
+  // An indexed dataset directory inside the root whose files link out.
+  std::filesystem::create_directories(root + "/ds");
+  for (const char* f : {"dataset.pbtxt", "index.bin", "tokens.bin"}) {
+    REQUIRE(WriteFileAtomic(base + "/" + f, "hunter2").ok());
+    std::filesystem::create_symlink(base + "/" + f, root + "/ds/" + f);
+  }
+  {
+    proto::JobSpec linked = spec;
+    linked.mutable_dataset()->set_path("ds");
+    linked.mutable_dataset()->set_format(proto::DatasetSpec::indexed);
+    const absl::Status st = Submit(svc, linked).status();
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st.message()), Contains("outside --data_root") && !Contains("hunter2"));
+  }
   proto::JobSpec ckpt = spec;
   ckpt.mutable_checkpoint()->set_dir(base + "/elsewhere");
   CHECK_THAT(std::string(Submit(svc, ckpt).status().message()), Contains("checkpoint.dir") && Contains("outside"));
