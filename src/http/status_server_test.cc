@@ -15,9 +15,12 @@
 #include "absl/time/clock.h"
 
 #include "src/http/metrics.h"
+#include "src/testing/loopback.h"
 
 namespace dynapipe::http {
 namespace {
+
+using testing::ConnectLoopback;
 
 TEST_CASE("Status server serves health, status and metrics on a loopback port; read-only") {
   std::atomic<bool> healthy{true};
@@ -47,23 +50,6 @@ TEST_CASE("Status server serves health, status and metrics on a loopback port; r
   CHECK(text.find("dynapipe_plan_ms_count 3\n") != std::string::npos);
   CHECK(client.Post("/status", "x", "text/plain")->status == 405);
   CHECK(client.Get("/nope")->status == 404);
-}
-
-// A client socket connected to 127.0.0.1:port (-1 on failure); reads wait at most `timeout`.
-int ConnectLoopback(int port, absl::Duration timeout) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  timeval tv = absl::ToTimeval(timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 // Reads until the server closes the connection; true if it did so before `deadline`.

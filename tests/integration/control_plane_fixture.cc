@@ -125,24 +125,30 @@ std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std
   return std::move(*rpc::PlannerClient::Connect(o));
 }
 
+JoinedExecutor RegisterExecutor(const std::string& address, const std::string& node, int device,
+                                const std::string& token) {
+  JoinedExecutor e;
+  e.client = Client(address, token);
+  proto::RegisterExecutorRequest req;
+  req.set_node(node);
+  req.set_device_index(device);
+  auto reg = e.client->Register(req);
+  REQUIRE(reg.ok());
+  e.credential = {reg->executor_id(), reg->executor_secret()};
+  e.client->SetExecutorCredential(e.credential);
+  proto::HeartbeatRequest hb;
+  hb.set_executor_id(e.credential.executor_id);
+  auto beat = e.client->Heartbeat(hb);
+  REQUIRE(beat.ok());
+  e.assignment = beat->assignment();
+  return e;
+}
+
 std::vector<JoinedExecutor> JoinJob(const std::string& address, const std::string& job, int world,
                                     const std::string& token) {
   std::vector<JoinedExecutor> out(world);
   for (int d = 0; d < world; ++d) {
-    JoinedExecutor e;
-    e.client = Client(address, token);
-    proto::RegisterExecutorRequest req;
-    req.set_node("sim");
-    req.set_device_index(d);
-    auto reg = e.client->Register(req);
-    REQUIRE(reg.ok());
-    e.credential = {reg->executor_id(), reg->executor_secret()};
-    e.client->SetExecutorCredential(e.credential);
-    proto::HeartbeatRequest hb;
-    hb.set_executor_id(e.credential.executor_id);
-    auto beat = e.client->Heartbeat(hb);
-    REQUIRE(beat.ok());
-    e.assignment = beat->assignment();
+    JoinedExecutor e = RegisterExecutor(address, "sim", d, token);
     REQUIRE(e.assignment.job_id() == job);
     REQUIRE((e.assignment.rank() >= 0 && e.assignment.rank() < world));
     REQUIRE(out[e.assignment.rank()].client == nullptr);

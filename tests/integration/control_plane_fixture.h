@@ -91,6 +91,11 @@ struct JoinedExecutor {
   std::unique_ptr<rpc::PlannerClient> client;
 };
 
+// Registers an executor (credential attached to its client) and sends its
+// first heartbeat; `assignment` is what that heartbeat returned.
+JoinedExecutor RegisterExecutor(const std::string& address, const std::string& node, int device,
+                                const std::string& token = "");
+
 // Registers `world` executors whose first heartbeats take the ranks of `job`
 // (which must be the only pending job); index = rank. Aborts the test
 // (REQUIRE) unless every rank of `job` is taken.

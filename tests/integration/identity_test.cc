@@ -60,19 +60,8 @@ std::unique_ptr<rpc::PlannerClient> As(const Stack& s, const rpc::ExecutorCreden
 
 // Registers an executor that stays idle (no pending job has a free rank).
 JoinedExecutor RegisterIdle(const Stack& s) {
-  JoinedExecutor e;
-  e.client = Client(s.address());
-  proto::RegisterExecutorRequest req;
-  req.set_node("idle");
-  auto reg = e.client->Register(req);
-  REQUIRE(reg.ok());
-  e.credential = {reg->executor_id(), reg->executor_secret()};
-  e.client->SetExecutorCredential(e.credential);
-  proto::HeartbeatRequest hb;
-  hb.set_executor_id(e.credential.executor_id);
-  auto beat = e.client->Heartbeat(hb);
-  REQUIRE(beat.ok());
-  REQUIRE(beat->assignment().job_id().empty());
+  JoinedExecutor e = RegisterExecutor(s.address(), "idle", 0);
+  REQUIRE(e.assignment.job_id().empty());
   return e;
 }
 
