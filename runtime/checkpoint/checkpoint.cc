@@ -13,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -256,7 +257,8 @@ absl::Status WriteShard(absl::string_view dir, const ShardRef& shard) {
 
 absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int rank) {
   const std::string path = ShardPath(dir, iteration, rank);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint shard ", path, " not found"));
@@ -265,6 +267,7 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
   ShardReader reader(path, fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) return absl::UnavailableError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) return reader.DataLoss("not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
 
   char magic[kMagicSize];
@@ -293,6 +296,15 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
   if (header.iteration() != iteration || header.rank() != rank) {
     return reader.DataLoss(absl::StrCat("holds iteration ", header.iteration(), " rank ", header.rank(),
                                         ", not what its path says"));
+  }
+  // A name listed twice would let one tensor's values silently replace another's.
+  for (const auto* list : {&header.params(), &header.adam_m(), &header.adam_v()}) {
+    std::set<absl::string_view> names;
+    for (const auto& t : *list) {
+      if (!names.insert(t.name()).second) {
+        return reader.DataLoss(absl::StrCat("tensor \"", absl::CHexEscape(t.name()), "\" is listed twice"));
+      }
+    }
   }
   char pad[kAlign];
   RETURN_IF_ERROR(reader.Read(pad, data_start - (kMagicSize + sizeof(header_len) + header_len)));

@@ -68,7 +68,8 @@ using checkpoint_layout::ShardPath;
 absl::Status WriteShard(absl::string_view dir, const ShardRef& shard);
 
 // Reads and verifies a shard: NOT_FOUND if absent; DATA_LOSS (naming the
-// file) if truncated, corrupt, failing the checksum or holding another
+// file) if not a regular file (a FIFO is refused, not waited on), truncated,
+// corrupt, failing the checksum, listing a tensor twice, or holding another
 // iteration or rank than its path says.
 absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int rank);
 

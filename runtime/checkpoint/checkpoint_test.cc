@@ -1,5 +1,6 @@
 #include "runtime/checkpoint/checkpoint.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 
@@ -183,6 +185,56 @@ TEST_CASE("A shard under another iteration's or rank's name is DATA_LOSS") {
   Put(ShardPath(dir, 4, 0), Bytes(ShardPath(dir, 3, 0)));
   CHECK(ReadShard(dir, 3, 1).status().code() == absl::StatusCode::kDataLoss);
   CHECK(ReadShard(dir, 4, 0).status().code() == absl::StatusCode::kDataLoss);
+}
+
+TEST_CASE("A FIFO, a device or a directory in place of a shard is DATA_LOSS, without blocking") {
+  const std::string dir = testing::FreshTempDir("special");
+  std::filesystem::create_directories(dir + "/iter-00000003");
+  const std::string path = ShardPath(dir, 3, 0);
+  // Before: open() of the FIFO waited for a writer forever (`dynapipe eval`
+  // hung, as would an executor resuming from it).
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  auto fifo = ReadShard(dir, 3, 0);
+  CHECK(fifo.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(fifo.status().message()), Contains("not a regular file"));
+  std::filesystem::remove(path);
+  std::filesystem::create_symlink("/dev/zero", path);
+  CHECK(ReadShard(dir, 3, 0).status().code() == absl::StatusCode::kDataLoss);
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(path);
+  CHECK(ReadShard(dir, 3, 0).status().code() == absl::StatusCode::kDataLoss);
+}
+
+TEST_CASE("A checkpoint dir that cannot name a directory is INVALID_ARGUMENT, not UNAVAILABLE that callers retry") {
+  const std::string dir = testing::FreshTempDir("unnamable");
+  std::filesystem::create_directories(dir);
+  // Before: ENAMETOOLONG and ELOOP were UNAVAILABLE, so `dynapipe submit` of a
+  // job naming such a checkpoint.dir retried until its deadline.
+  CHECK(LatestCompleteOnDisk(dir + "/" + std::string(300, 'c'), 1).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  std::filesystem::create_symlink(dir + "/loop", dir + "/loop");
+  CHECK(LatestCompleteOnDisk(dir + "/loop", 1).status().code() == absl::StatusCode::kInvalidArgument);
+  std::ofstream(dir + "/file") << "x";
+  CHECK(LatestCompleteOnDisk(dir + "/file", 1).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("A shard listing a tensor twice is DATA_LOSS") {
+  const std::string dir = testing::FreshTempDir("twice");
+  const Buffers buf;
+  // Before: both copies were returned and readers kept whichever came last
+  // (Checkpointer::Restore by name, `dynapipe eval` in order), silently.
+  ShardRef s = buf.Ref(2, 0, 1);
+  s.params.push_back({"layers.0.w", buf.m});
+  REQUIRE(WriteShard(dir, s).ok());
+  auto got = ReadShard(dir, 2, 0);
+  CHECK(got.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(got.status().message()), Contains("layers.0.w") && Contains("listed twice"));
+  s = buf.Ref(2, 0, 1);
+  s.adam_v.push_back(s.adam_v.front());
+  REQUIRE(WriteShard(dir, s).ok());
+  CHECK(ReadShard(dir, 2, 0).status().code() == absl::StatusCode::kDataLoss);
+  REQUIRE(WriteShard(dir, buf.Ref(2, 0, 1)).ok());
+  CHECK(ReadShard(dir, 2, 0).ok());
 }
 
 TEST_CASE("WriteShard refuses impossible shards") {

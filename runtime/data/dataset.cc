@@ -45,14 +45,19 @@ absl::Status CloseSynced(std::FILE* f, const std::string& path) {
   return absl::OkStatus();
 }
 
-// Read-only memory map of a whole file.
+// Read-only memory map of a whole regular file. O_NONBLOCK: opening a FIFO
+// must not wait for a writer (a FIFO, a device or a directory is refused).
 absl::StatusOr<std::pair<const uint8_t*, size_t>> Map(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("open ", path, ": ", std::strerror(errno)));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     return absl::UnavailableError(absl::StrCat("stat ", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
   const size_t n = static_cast<size_t>(st.st_size);
   void* p = n > 0 ? ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
@@ -174,6 +179,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir) {
     return corrupt("tokens.bin size does not match the index (truncated?)");
   }
   if (d->num_samples_ != d->info_.num_samples()) return corrupt("dataset.pbtxt and index.bin disagree on the sample count");
+  if (tokens != d->info_.num_tokens()) return corrupt("dataset.pbtxt and index.bin disagree on the token count");
+  if (d->info_.format_version() != kFormatVersion) {
+    return corrupt(absl::StrCat("dataset.pbtxt: format version ", d->info_.format_version(), ", expected ", kFormatVersion));
+  }
+  if (d->info_.vocab() == 0) return corrupt("dataset.pbtxt: vocab must be positive");
   uint64_t expect = 0;  // samples are contiguous, in order
   for (uint64_t i = 0; i < d->num_samples_; ++i) {
     Record r;

@@ -8,7 +8,9 @@
 //                 u32 target_len, u32 task, u32 reserved}
 //   dataset.pbtxt DatasetInfo (vocabulary, task names, special ids, source)
 // Readers memory-map both files and touch only the samples a plan names;
-// anything inconsistent is DATA_LOSS. Writers publish atomically (temporary
+// anything inconsistent is DATA_LOSS (dataset.pbtxt's counts, version and
+// vocabulary included); a file that is not a regular file (a FIFO, a device,
+// a directory) is INVALID_ARGUMENT, never waited on. Writers publish atomically (temporary
 // files, fsync, rename; dataset.pbtxt last).
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 #include "runtime/data/dataset.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -112,6 +113,66 @@ TEST_CASE("An index whose lengths wrap 32 bits, or whose counts wrap a size chec
   auto wrapped = Dataset::Open(dir);
   CHECK(wrapped.status().code() == absl::StatusCode::kDataLoss);
   CHECK(wrapped.status().message().find("sample count") != std::string::npos);
+}
+
+TEST_CASE("A FIFO, a device or a directory in place of a dataset file is refused without blocking") {
+  const std::string dir = testing::FreshTempDir("special");
+  proto::DatasetInfo info;
+  info.set_vocab(10);
+  info.add_tasks("a");
+  auto w = DatasetWriter::Create(dir, info);
+  REQUIRE((*w)->Add(std::vector<uint32_t>{1, 2}, std::vector<uint32_t>{3}, 0).ok());
+  REQUIRE((*w)->Finish().ok());
+  REQUIRE(Dataset::Open(dir).ok());
+  for (const char* file : {"index.bin", "tokens.bin"}) {
+    INFO(file);
+    const std::string path = dir + "/" + file;
+    std::filesystem::rename(path, path + ".real");
+    // Before: open() of the FIFO waited for a writer forever (a planner's
+    // Submit handler blocked with it); /dev/zero mapped as an empty file.
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    CHECK(Dataset::Open(dir).status().code() == absl::StatusCode::kInvalidArgument);
+    std::filesystem::remove(path);
+    std::filesystem::create_symlink("/dev/zero", path);
+    CHECK(Dataset::Open(dir).status().code() == absl::StatusCode::kInvalidArgument);
+    std::filesystem::remove(path);
+    std::filesystem::create_directory(path);
+    CHECK(Dataset::Open(dir).status().code() == absl::StatusCode::kInvalidArgument);
+    std::filesystem::remove(path);
+    std::filesystem::rename(path + ".real", path);
+    REQUIRE(Dataset::Open(dir).ok());
+  }
+}
+
+TEST_CASE("A dataset.pbtxt that disagrees with index.bin on tokens, format or vocabulary is DATA_LOSS") {
+  const std::string dir = testing::FreshTempDir("pbtxt");
+  proto::DatasetInfo info;
+  info.set_vocab(10);
+  info.add_tasks("a");
+  auto w = DatasetWriter::Create(dir, info);
+  REQUIRE((*w)->Add(std::vector<uint32_t>{1, 2}, std::vector<uint32_t>{3}, 0).ok());
+  REQUIRE((*w)->Finish().ok());
+  std::string text;
+  {
+    std::ifstream in(dir + "/dataset.pbtxt");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(Dataset::Open(dir).ok());
+  // Before: only num_samples was compared; the others were taken as written.
+  for (const auto& [field, value] : {std::pair{"num_tokens", "4"}, {"format_version", "2"}, {"vocab", "0"}}) {
+    INFO(field << ": " << value);
+    const std::string lines = "\n" + text;
+    const size_t at = lines.find(std::string("\n") + field + ": ");
+    REQUIRE(at != std::string::npos);
+    const size_t end = lines.find('\n', at + 1);
+    std::ofstream(dir + "/dataset.pbtxt", std::ios::trunc)
+        << lines.substr(1, at) << field << ": " << value << lines.substr(end);
+    const auto opened = Dataset::Open(dir);
+    CHECK(opened.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(opened.status().message().find("dataset.pbtxt") != std::string::npos);
+  }
+  std::ofstream(dir + "/dataset.pbtxt", std::ios::trunc) << text;
+  CHECK(Dataset::Open(dir).ok());
 }
 
 TEST_CASE("Synthetic samples follow the given lengths and their task's rule") {

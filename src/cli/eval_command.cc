@@ -20,17 +20,22 @@ constexpr char kUsage[] =
 
 absl::Status Eval(const Args& a, std::ostream& out) {
   if (!a.Has("job") || !a.Has("data")) return absl::InvalidArgumentError("eval needs --job and --data");
+  // Flags first: a bad value is named before any file is read. (A negative
+  // iteration would evaluate the initial model as if it were a checkpoint.)
+  ASSIGN_OR_RETURN(const int64_t samples, a.Int("samples", 500));
+  if (samples < 1) return absl::InvalidArgumentError(absl::StrCat("--samples: must be positive, got ", samples));
+  ASSIGN_OR_RETURN(int64_t iteration, a.Int("iteration", -1));
+  if (a.Has("iteration") && iteration < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--iteration: must be a checkpoint's iteration (0 or more), got ",
+                                                   iteration));
+  }
   ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::LoadJobSpec(a.Str("job")));
   const std::string dir = a.Str("checkpoint", spec.checkpoint().dir());
   const int world = spec.parallelism().pp() * spec.parallelism().dp();
-  int64_t iteration;
-  if (a.Has("iteration")) {
-    ASSIGN_OR_RETURN(iteration, a.Int("iteration", -1));
-  } else {
+  if (!a.Has("iteration")) {
     ASSIGN_OR_RETURN(iteration, runtime::checkpoint::LatestCompleteOnDisk(dir, world));
     if (iteration < 0) return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", dir));
   }
-  ASSIGN_OR_RETURN(const int64_t samples, a.Int("samples", 500));
   ASSIGN_OR_RETURN(auto dataset, runtime::data::Dataset::Open(a.Str("data")));
   const int max_seq = spec.batching().max_seq_len();
   runtime::BufferPool pool(runtime::CpuAllocator());

@@ -22,7 +22,11 @@ absl::Status ListError(const std::error_code& ec, const std::filesystem::path& p
   if (ec == std::errc::permission_denied || ec == std::errc::operation_not_permitted) {
     return absl::PermissionDeniedError(message);
   }
-  if (ec == std::errc::not_a_directory) return absl::InvalidArgumentError(message);
+  // A path that cannot name a directory here: retrying will not help (as ErrnoStatus in file_util.cc).
+  if (ec == std::errc::not_a_directory || ec == std::errc::filename_too_long ||
+      ec == std::errc::too_many_symbolic_link_levels) {
+    return absl::InvalidArgumentError(message);
+  }
   return absl::UnavailableError(message);
 }
 

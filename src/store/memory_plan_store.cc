@@ -127,7 +127,7 @@ absl::StatusOr<proto::ExecutionPlan> MemoryPlanStore::GetPlan(const std::string&
     if (p == it->second.plans.end()) return absl::NotFoundError(absl::StrCat(what, " not stored"));
     bytes = p->second;
   }
-  return DecodePlan(bytes, what);
+  return DecodePlanFor(bytes, job, iteration, rank);
 }
 
 absl::StatusOr<int64_t> MemoryPlanStore::PlanWrites(const std::string& job, int64_t iteration) {

@@ -122,4 +122,10 @@ inline absl::Status CheckShardMark(const std::string& checkpoint_dir, int64_t it
 // Parses stored plan bytes; DATA_LOSS unless they parse and the checksum matches.
 absl::StatusOr<proto::ExecutionPlan> DecodePlan(const std::string& bytes, const std::string& what);
 
+// DecodePlan for the plan stored as `job`'s, `iteration`'s and `rank`'s: also
+// DATA_LOSS when the (intact, sealed) plan names another job, iteration or
+// rank, i.e. was copied there from another key.
+absl::StatusOr<proto::ExecutionPlan> DecodePlanFor(const std::string& bytes, const std::string& job,
+                                                   int64_t iteration, int rank);
+
 }  // namespace dynapipe::store

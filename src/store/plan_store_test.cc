@@ -14,10 +14,10 @@
 namespace dynapipe::store {
 namespace {
 
-proto::ExecutionPlan MakePlan(int rank, int64_t iteration) {
+proto::ExecutionPlan MakePlan(const std::string& job, int rank, int64_t iteration) {
   proto::ExecutionPlan p;
   p.set_schema_version(planner::kPlanSchemaVersion);
-  p.set_job_id("j");
+  p.set_job_id(job);
   p.set_iteration(iteration);
   p.set_rank(rank);
   p.set_pp_size(2);
@@ -70,7 +70,7 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   // Exactly-once commits under leases.
   CHECK(*store.TryLease(*id, 0, "planner-a", absl::Seconds(30)));
   CHECK_FALSE(*store.TryLease(*id, 0, "planner-b", absl::Seconds(30)));
-  std::vector<proto::ExecutionPlan> plans = {MakePlan(0, 0), MakePlan(1, 0)};
+  std::vector<proto::ExecutionPlan> plans = {MakePlan(*id, 0, 0), MakePlan(*id, 1, 0)};
   CHECK_FALSE(*store.CommitPlans(*id, 0, "planner-b", plans, absl::Minutes(5)));  // not its lease
   CHECK(*store.CommitPlans(*id, 0, "planner-a", plans, absl::Minutes(5)));
   CHECK_FALSE(*store.CommitPlans(*id, 0, "planner-a", plans, absl::Minutes(5)));  // already stored
@@ -95,6 +95,15 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   flipped[flipped.size() / 2] ^= 0x01;
   corrupt(*id, 0, 1, flipped);
   CHECK(store.GetPlan(*id, 0, 1).status().code() == absl::StatusCode::kDataLoss);
+  // Intact, sealed plans under another plan's key (before: served as they were).
+  for (const proto::ExecutionPlan& moved : {plans[0], MakePlan(*id, 1, 3), MakePlan("job-other", 1, 0)}) {
+    corrupt(*id, 0, 1, moved.SerializeAsString());
+    auto wrong = store.GetPlan(*id, 0, 1);
+    CHECK(wrong.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(wrong.status().message().find("moved from another key") != std::string::npos);
+  }
+  corrupt(*id, 0, 1, good);
+  CHECK(store.GetPlan(*id, 0, 1).ok());
 
   // Progress.
   proto::IterationReport r;

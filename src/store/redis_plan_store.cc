@@ -103,6 +103,17 @@ absl::StatusOr<proto::ExecutionPlan> DecodePlan(const std::string& bytes, const 
   return plan;
 }
 
+absl::StatusOr<proto::ExecutionPlan> DecodePlanFor(const std::string& bytes, const std::string& job,
+                                                   int64_t iteration, int rank) {
+  const std::string what = absl::StrCat("plan of job ", job, " iteration ", iteration, " rank ", rank);
+  ASSIGN_OR_RETURN(proto::ExecutionPlan plan, DecodePlan(bytes, what));
+  if (plan.job_id() != job || plan.iteration() != iteration || plan.rank() != rank) {
+    return absl::DataLossError(absl::StrCat(what, ": the stored plan is job ", plan.job_id(), "'s, iteration ",
+                                            plan.iteration(), " rank ", plan.rank(), " (moved from another key)"));
+  }
+  return plan;
+}
+
 RedisPlanStore::RedisPlanStore(RedisOptions options, std::string prefix)
     : options_(options), keys_(std::move(prefix)), client_(std::move(options)) {
   subscriber_ = std::thread([this] { SubscriberLoop(); });
@@ -202,9 +213,10 @@ absl::StatusOr<bool> RedisPlanStore::IsPlanned(const std::string& job, int64_t i
 
 absl::StatusOr<proto::ExecutionPlan> RedisPlanStore::GetPlan(const std::string& job, int64_t iteration, int rank) {
   ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.Plan(job, iteration, rank)}));
-  const std::string what = absl::StrCat("plan of job ", job, " iteration ", iteration, " rank ", rank);
-  if (r.is_nil()) return absl::NotFoundError(absl::StrCat(what, " not stored"));
-  return DecodePlan(r.str, what);
+  if (r.is_nil()) {
+    return absl::NotFoundError(absl::StrCat("plan of job ", job, " iteration ", iteration, " rank ", rank, " not stored"));
+  }
+  return DecodePlanFor(r.str, job, iteration, rank);
 }
 
 absl::StatusOr<int64_t> RedisPlanStore::PlanWrites(const std::string& job, int64_t iteration) {
