@@ -6,11 +6,14 @@
 //   GET /metrics  Prometheus text
 // Other methods and paths get 405 / 404.
 //
-// Slow or stalled clients cannot take it down: every read and write has a
-// short deadline, an idle keep-alive connection is closed soon, and enough
-// workers serve connections that a few stalled ones leave /healthz answering.
-// Its port is exclusive: a second server on a taken port fails to start.
+// Slow or stalled clients cannot take it down: a request head must arrive
+// whole within a short deadline, every write has one, an idle keep-alive
+// connection is closed soon, and enough workers serve connections that a few
+// stalled ones leave /healthz answering. Request heads are parsed strictly
+// (request_head.h) and bodies never read. Its port is exclusive: a second
+// server on a taken port fails to start.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,11 +22,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace dynapipe::http {
+
+struct RequestHead;
 
 class StatusServer {
  public:
@@ -34,9 +35,9 @@ class StatusServer {
     std::function<std::string()> status;   // JSON object
     std::function<std::string()> metrics;  // Prometheus text
 
-    // A client silent this long in the middle of a request (or a response it
-    // does not read) is disconnected: a stalled connection holds a worker at
-    // most this long.
+    // A request head not complete this long after its first byte (or after
+    // the connection opened), or a response not taken this long, ends the
+    // connection: a stalled connection holds a worker at most this long.
     absl::Duration read_timeout = absl::Seconds(2);
     absl::Duration write_timeout = absl::Seconds(2);
     // An idle keep-alive connection is closed after this long, and after
@@ -59,9 +60,25 @@ class StatusServer {
   void Shutdown();
 
  private:
-  StatusServer() = default;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  class Pool;
+  explicit StatusServer(Options options);
+  void AcceptLoop();
+  // Serves one connection until it closes, fails, idles out or the server stops.
+  void Serve(int fd);
+  // What to answer a parsed request with (status, content type, body).
+  struct Response {
+    int status = 200;
+    std::string content_type = "text/plain";
+    std::string body;
+  };
+  Response Route(const RequestHead& head) const;
+
+  const Options options_;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;  // an eventfd, readable from the moment Shutdown begins
+  std::unique_ptr<Pool> pool_;
+  std::thread accept_thread_;
+  std::atomic<bool> shut_down_{false};
   int port_ = 0;
 };
 

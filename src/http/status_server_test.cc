@@ -49,6 +49,7 @@ TEST_CASE("Status server serves health, status and metrics on a loopback port; r
   CHECK(text.find("dynapipe_plan_ms_bucket{le=\"+Inf\"} 3\n") != std::string::npos);
   CHECK(text.find("dynapipe_plan_ms_count 3\n") != std::string::npos);
   CHECK(client.Post("/status", "x", "text/plain")->status == 405);
+  CHECK(client.Head("/status")->status == 200);
   CHECK(client.Get("/nope")->status == 404);
 }
 
@@ -100,6 +101,87 @@ TEST_CASE("Stalled clients cannot starve /healthz and are disconnected within th
     ::close(stalled[i]);
   }
   CHECK(client.Get("/healthz")->status == 200);
+}
+
+// Sends `bytes` on a new connection, then reads until the server closes it
+// (or 10 s pass): the whole reply.
+std::string Exchange(int port, const std::string& bytes) {
+  const int fd = ConnectLoopback(port, absl::Seconds(10));
+  if (fd < 0) return "connect failed";
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server may refuse and close before all is sent
+    sent += static_cast<size_t>(n);
+  }
+  std::string reply;
+  char buf[4096];
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) reply.append(buf, static_cast<size_t>(n));
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
+  }
+  ::close(fd);
+  return reply;
+}
+
+TEST_CASE("Malformed request heads are refused with one status line each; pipelined requests are answered in order") {
+  auto server = StatusServer::Start({});
+  REQUIRE(server.ok());
+  const int port = (*server)->port();
+  const std::string get = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1";
+  CHECK(Exchange(port, get + "\r\nNoColonHere\r\n\r\n").rfind("HTTP/1.1 400 ", 0) == 0);
+  CHECK(Exchange(port, get + "\r\nX-A: a\rb\r\n\r\n").rfind("HTTP/1.1 400 ", 0) == 0);
+  std::string many = get;
+  for (int i = 0; i < 10000; ++i) many += "\r\nX-H" + std::to_string(i) + ": v";
+  CHECK(Exchange(port, many + "\r\n\r\n").rfind("HTTP/1.1 431 ", 0) == 0);
+  CHECK(Exchange(port, "\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03").rfind("HTTP/1.1 400 ", 0) == 0);
+  CHECK(Exchange(port, "BREW /healthz HTTP/1.1\r\nHost: h\r\n\r\n").rfind("HTTP/1.1 501 ", 0) == 0);
+  // A body the endpoint never reads: refused, and the client still gets the answer.
+  const std::string post = "POST /healthz HTTP/1.1\r\nHost: h\r\nContent-Length: 1048576\r\n\r\n";
+  const std::string refused = Exchange(port, post + std::string(1 << 20, 'x'));
+  CHECK(refused.rfind("HTTP/1.1 405 ", 0) == 0);
+  CHECK(refused.find("Allow: GET, HEAD\r\n") != std::string::npos);
+  // Three requests in one write: three answers, the last closing.
+  const std::string three = Exchange(port,
+                                     "GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n"
+                                     "HEAD /status HTTP/1.1\r\nHost: h\r\n\r\n"
+                                     "GET /nope HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  const size_t first = three.find("HTTP/1.1 200 OK"), second = three.find("HTTP/1.1 200 OK", first + 1),
+               third = three.find("HTTP/1.1 404 ");
+  CHECK(first == 0);
+  CHECK(second != std::string::npos);
+  CHECK(third > second);
+  CHECK(three.find("{}") == std::string::npos);  // HEAD: no body
+  CHECK(three.find("Connection: close") > second);
+  // The endpoint still answers.
+  CHECK(Exchange(port, get + "\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 200 OK", 0) == 0);
+}
+
+TEST_CASE("A request head trickled a byte at a time is cut off at the read timeout") {
+  StatusServer::Options o;
+  o.read_timeout = absl::Milliseconds(500);
+  auto server = StatusServer::Start(o);
+  REQUIRE(server.ok());
+  const int fd = ConnectLoopback((*server)->port(), absl::Seconds(10));
+  REQUIRE(fd >= 0);
+  const std::string slow = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + std::string(200, 'p');
+  const absl::Time start = absl::Now();
+  std::string reply;
+  char buf[512];
+  for (char c : slow) {
+    if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;  // closed by the server
+    absl::SleepFor(absl::Milliseconds(20));           // every byte well inside a per-read timeout
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) reply.append(buf, static_cast<size_t>(n));
+    if (n == 0) break;
+  }
+  const absl::Duration took = absl::Now() - start;
+  ::close(fd);
+  INFO("cut off after " << absl::FormatDuration(took) << ", reply: " << reply);
+  CHECK(reply.rfind("HTTP/1.1 408 ", 0) == 0);
+  CHECK(took < absl::Seconds(3));  // the whole trickle would take about 5 s
 }
 
 TEST_CASE("A second status server on a taken port fails to start instead of sharing it") {
