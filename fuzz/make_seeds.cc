@@ -1,7 +1,7 @@
 // Writes the seed corpus of every harness (fuzz/corpus/<harness>/) with the
 // project's own code: job specs from configs/jobs in text and JSON, lengths
 // from tests/data, datasets from the synthetic generator, shards from
-// WriteShard and plans from the planner. Beside the valid seeds sit
+// WriteShard, plans from the planner, HTTP request heads as clients send them. Beside the valid seeds sit
 // near-valid ones (one field or byte off) that the parsers must reject.
 //
 //   bazel run //fuzz:make_seeds -- fuzz/corpus    (relative to the repository root)
@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -331,12 +332,43 @@ absl::Status PlanSeeds(const Dirs& d) {
   return absl::OkStatus();
 }
 
+// ---- http_head: status-endpoint request heads ---------------------------------
+// The first byte is the size of each read the harness simulates.
+
+absl::Status HttpHeadSeeds(const Dirs& d) {
+  const std::string host = "\r\nHost: 127.0.0.1:9100";
+  std::string many = "GET /metrics HTTP/1.1" + host;
+  for (int i = 0; i < 70; ++i) absl::StrAppend(&many, "\r\nX-", i, ": v");
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      {"get-healthz", "GET /healthz HTTP/1.1" + host + "\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n"},
+      {"prometheus-scrape", "GET /metrics HTTP/1.1" + host +
+                                "\r\nAccept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n"
+                                "X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n"},
+      {"head-keep-alive-pipelined", "HEAD /status?pretty=1 HTTP/1.1" + host + "\r\nConnection: keep-alive\r\n\r\n"
+                                    "GET /healthz HTTP/1.0\r\n\r\n"},
+      {"post-with-body", "POST /status HTTP/1.1" + host + "\r\nContent-Length: 5\r\n\r\nhello"},
+      {"bad-no-colon", "GET /healthz HTTP/1.1" + host + "\r\nNoColonHere\r\n\r\n"},
+      {"bad-bare-cr", "GET /healthz HTTP/1.1" + host + "\r\nX-A: a\rb\r\n\r\n"},
+      {"bad-folded", "GET /healthz HTTP/1.1" + host + "\r\nX-A: a\r\n b\r\n\r\n"},
+      {"bad-two-hosts", "GET /healthz HTTP/1.1" + host + host + "\r\n\r\n"},
+      {"bad-cl-and-te", "POST / HTTP/1.1" + host + "\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"},
+      {"bad-too-many-fields", many + "\r\n\r\n"},
+      {"bad-version", "GET / HTTP/2.0" + host + "\r\n\r\n"},
+  };
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    const char piece = static_cast<char>(1 + (i * 7) % 64);
+    RETURN_IF_ERROR(Put(d, "http_head", seeds[i].first + ".txt", std::string(1, piece) + seeds[i].second));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Dirs& d) {
   RETURN_IF_ERROR(Annotate(ConfigSeeds(d), "config"));
   RETURN_IF_ERROR(Annotate(LengthsSeeds(d), "lengths"));
   RETURN_IF_ERROR(Annotate(DatasetSeeds(d), "dataset"));
   RETURN_IF_ERROR(Annotate(CheckpointSeeds(d), "checkpoint"));
   RETURN_IF_ERROR(Annotate(PlanSeeds(d), "plan"));
+  RETURN_IF_ERROR(Annotate(HttpHeadSeeds(d), "http_head"));
   return absl::OkStatus();
 }
 

@@ -51,10 +51,7 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   std::vector<RawLength> raw;
   if (spec.dataset().format() == proto::DatasetSpec::indexed) {
     // The files inside the directory too: each may be a link leading out.
-    for (const char* file : {"dataset.pbtxt", "index.bin", "tokens.bin"}) {
-      RETURN_IF_ERROR(
-          Annotate(ConfinedPath(data_root, absl::StrCat(dataset_path, "/", file)).status(), "dataset.path"));
-    }
+    RETURN_IF_ERROR(Annotate(runtime::data::CheckDatasetConfined(data_root, dataset_path), "dataset.path"));
     auto dataset = runtime::data::Dataset::Open(dataset_path);
     if (!dataset.ok()) return Annotate(dataset.status(), "dataset.path");
     // Caught here, not at the first forward pass of every executor.

@@ -152,6 +152,11 @@ absl::Status DatasetWriter::Finish() {
   return WriteFileAtomic(dir_ + "/dataset.pbtxt", text);
 }
 
+absl::Status CheckDatasetConfined(const std::string& data_root, const std::string& dir) {
+  for (const char* file : kDatasetFiles) RETURN_IF_ERROR(ConfinedPath(data_root, absl::StrCat(dir, "/", file)).status());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir) {
   std::unique_ptr<Dataset> d(new Dataset());
   RETURN_IF_ERROR(LoadProtoFileQuietly(dir + "/dataset.pbtxt", &d->info_));

@@ -27,6 +27,13 @@ namespace dynapipe::runtime::data {
 
 inline constexpr uint32_t kFormatVersion = 1;
 
+// The files of a dataset directory.
+inline constexpr const char* kDatasetFiles[] = {"dataset.pbtxt", "index.bin", "tokens.bin"};
+
+// OK when each of the dataset's files in `dir` resolves under `data_root`
+// (ConfinedPath): a directory inside the root whose files link out is refused.
+absl::Status CheckDatasetConfined(const std::string& data_root, const std::string& dir);
+
 struct SampleView {
   std::span<const uint32_t> input;
   std::span<const uint32_t> target;

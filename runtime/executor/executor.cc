@@ -212,9 +212,9 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     if (!dir.ok()) return fail(Annotate(dir.status(), "checkpoint.dir"));
     ckpt_dir = *dir;
   }
-  for (const char* file : {"dataset.pbtxt", "index.bin", "tokens.bin"}) {  // links inside lead nowhere else
-    auto confined = ConfinedPath(options_.data_root, absl::StrCat(*dataset_path, "/", file));
-    if (!confined.ok()) return fail(Annotate(confined.status(), "dataset.path"));
+  // Links inside the directory lead nowhere else.
+  if (auto s = data::CheckDatasetConfined(options_.data_root, *dataset_path); !s.ok()) {
+    return fail(Annotate(s, "dataset.path"));
   }
   auto dataset = data::Dataset::Open(*dataset_path);
   if (!dataset.ok()) return fail(Annotate(dataset.status(), "dataset"));

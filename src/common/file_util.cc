@@ -24,6 +24,9 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
   if (err == ENOTDIR || err == EISDIR || err == ENAMETOOLONG || err == ELOOP) {
     return absl::InvalidArgumentError(message);
   }
+  // The medium cannot give the bytes back (or the file is not readable data,
+  // as /proc/self/mem): not an outage that a retry fixes.
+  if (err == EIO) return absl::DataLossError(message);
   return absl::UnavailableError(message);
 }
 

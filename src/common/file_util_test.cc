@@ -130,6 +130,10 @@ TEST_CASE("ReadFile refuses what is not a regular file, or more than its limit, 
   auto through = ReadFile(dir + "/f/g");
   CHECK(through.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(WriteFileAtomic(dir + "/f/g", "x").code() == absl::StatusCode::kInvalidArgument);
+  // A regular file whose bytes cannot be read (EIO) is lost data, not an outage to retry.
+  auto unreadable = ReadFile("/proc/self/mem");
+  CHECK(unreadable.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(unreadable.status().message().find("/proc/self/mem") != std::string::npos);
 }
 
 TEST_CASE("ReadSecretFile refuses a secret others can read or write, naming the file, its mode and the fix") {

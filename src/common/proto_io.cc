@@ -126,7 +126,10 @@ absl::Status ParseJsonProto(absl::string_view text, absl::string_view source,
       google::protobuf::util::JsonStringToMessage(google::protobuf::StringPiece(text.data(), text.size()),
                                                   message, options);
   if (status.ok()) return absl::OkStatus();
-  const std::string error(status.message());
+  // The parser's message may go on with an excerpt of the input and a caret
+  // line: keep the first line (an error is one line, and never echoes the file).
+  std::string error(status.message());
+  error = error.substr(0, error.find('\n'));
   const int line = LineOfJsonField(text, error);
   if (line > 0) return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": ", error));
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", error));

@@ -111,5 +111,15 @@ TEST_CASE("ToJson prints snake_case names and lower-case enums") {
   CHECK(back.batching().global_batch_tokens() == 65536);
 }
 
+TEST_CASE("A JSON syntax error is one line naming the file, without an excerpt of it") {
+  proto::JobSpec job;
+  const absl::Status s = ParseJsonProto("{\"name\": \"secret-value\"\n}\n}\n", "job.json", &job);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  const std::string m(s.message());
+  CHECK(m.rfind("job.json: ", 0) == 0);
+  CHECK(m.find('\n') == std::string::npos);
+  CHECK(m.find("secret") == std::string::npos);
+}
+
 }  // namespace
 }  // namespace dynapipe

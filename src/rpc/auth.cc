@@ -128,6 +128,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address, const TlsFiles& tls) {
+  // gRPC would take these and log resolver errors on every call attempt.
+  if (address.empty()) return absl::InvalidArgumentError("planner address: empty (give HOST:PORT)");
+  for (unsigned char c : address) {
+    if (c <= 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError("planner address: contains a space or a non-printable byte (give HOST:PORT)");
+    }
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxPlannerResponseBytes);
   args.SetMaxSendMessageSize(kMaxPlannerRequestBytes);

@@ -42,15 +42,54 @@ absl::Status Enum(absl::string_view field, E value, E def, bool (*valid)(int), E
   return absl::OkStatus();
 }
 
-// A name: bounded and printable (names reach logs and status pages).
-absl::Status Name(absl::string_view field, const std::string& s) {
-  if (s.size() > kMaxNameBytes) {
-    return Bad(field, absl::StrCat("longer than ", kMaxNameBytes, " bytes (", s.size(), ")"));
+// Well-formed UTF-8 (RFC 3629: shortest forms, no surrogates, at most
+// U+10FFFF), as protobuf requires of a string field on the wire.
+bool IsUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    int more = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      more = 1, cp = c & 0x1f, min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+      more = 2, cp = c & 0x0f, min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+      more = 3, cp = c & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= static_cast<size_t>(more)) return false;
+    for (int k = 1; k <= more; ++k) {
+      const unsigned char t = s[i + k];
+      if ((t & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (t & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += more + 1;
   }
+  return true;
+}
+
+// Text a job carries: UTF-8 without control characters (it reaches logs,
+// status pages and the wire).
+absl::Status Text(absl::string_view field, absl::string_view s) {
+  if (!IsUtf8(s)) return Bad(field, "not valid UTF-8");
   for (unsigned char c : s) {
     if (c < 0x20 || c == 0x7f) return Bad(field, "contains a control character");
   }
   return absl::OkStatus();
+}
+
+// A name: bounded text.
+absl::Status Name(absl::string_view field, const std::string& s) {
+  if (s.size() > kMaxNameBytes) {
+    return Bad(field, absl::StrCat("longer than ", kMaxNameBytes, " bytes (", s.size(), ")"));
+  }
+  return Text(field, s);
 }
 
 absl::Status NormalizeModel(proto::ModelSpec* m) {
@@ -218,9 +257,7 @@ absl::Status CheckJobPath(absl::string_view field, absl::string_view path) {
   if (path.size() > kMaxPathBytes) {
     return Bad(field, absl::StrCat("longer than ", kMaxPathBytes, " bytes (", path.size(), ")"));
   }
-  for (unsigned char c : path) {
-    if (c < 0x20 || c == 0x7f) return Bad(field, "contains a control character");
-  }
+  RETURN_IF_ERROR(Text(field, path));
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part == "..") return Bad(field, "must not contain \"..\" (paths stay under the daemons' --data_root)");
   }

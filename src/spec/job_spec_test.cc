@@ -195,6 +195,12 @@ TEST_CASE("NormalizeJobSpec refuses garbage with one line naming the field") {
        },
        "checkpoint.interval"},
       {"profile path with ..", [](auto* s) { s->set_cost_profile_path("../p.json"); }, "cost_profile_path"},
+      {"name: a lone continuation byte", [](auto* s) { s->set_name("job\x80"); }, "name"},
+      {"name: an overlong '/'", [](auto* s) { s->set_name("\xc0\xaf"); }, "name"},
+      {"device name: a surrogate", [](auto* s) { s->mutable_cluster()->mutable_device()->set_name("\xed\xa0\x80"); },
+       "cluster.device.name"},
+      {"dataset path: a truncated sequence", [](auto* s) { s->mutable_dataset()->set_path("data/\xe2\x82"); },
+       "dataset.path"},
   };
   for (const BadCase& c : cases) {
     INFO(c.what);
@@ -208,6 +214,13 @@ TEST_CASE("NormalizeJobSpec refuses garbage with one line naming the field") {
     CHECK(std::string(n.status().message()).find('\n') == std::string::npos);
     CHECK(n.status().message().size() < 200);
   }
+}
+
+TEST_CASE("Names and paths in any script pass the UTF-8 check") {
+  proto::JobSpec s = Minimal();
+  s.set_name("flan-\xc3\xa9t\xc3\xa9-\xe6\xb7\xb7\xe5\x90\x88-\xf0\x9f\x9a\x80");  // é, 混合, an emoji
+  s.mutable_dataset()->set_path("donn\xc3\xa9" "es/flan");
+  CHECK(NormalizeJobSpec(s).ok());
 }
 
 TEST_CASE("CheckJobPath accepts plain relative and absolute paths") {

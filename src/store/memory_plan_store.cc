@@ -39,7 +39,7 @@ absl::StatusOr<proto::JobStatus> MemoryPlanStore::GetJob(const std::string& job)
   {
     MutexLock lock(&mu_);
     auto it = jobs_.find(job);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    if (it == jobs_.end()) return JobNotFound(job);
     const Job& j = it->second;
     s.set_job_id(job);
     *s.mutable_spec() = j.spec;
@@ -69,7 +69,7 @@ absl::StatusOr<bool> MemoryPlanStore::SetJobState(const std::string& job, proto:
   {
     MutexLock lock(&mu_);
     auto it = jobs_.find(job);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    if (it == jobs_.end()) return JobNotFound(job);
     Job& j = it->second;
     if (IsTerminal(j.state) || (j.state == state && j.error == error)) return false;
     j.state = state;

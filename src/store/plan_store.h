@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "proto/plan.pb.h"
@@ -21,6 +22,17 @@
 #include "proto/services.pb.h"
 
 namespace dynapipe::store {
+
+// NOT_FOUND for a job id a caller sent, printed as one safe line: an id that
+// is not plain letters, digits, '-' and '_' is quoted with its bytes escaped.
+inline absl::Status JobNotFound(absl::string_view job) {
+  const bool plain = !job.empty() && job.size() <= 64 && std::all_of(job.begin(), job.end(), [](unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' || c == '_';
+  });
+  const std::string shown =
+      plain ? std::string(job) : absl::StrCat("\"", absl::CHexEscape(job.substr(0, 64)), job.size() > 64 ? "...\"" : "\"");
+  return absl::NotFoundError(absl::StrCat("job ", shown, " not found"));
+}
 
 class PlanStore {
  public:

@@ -65,6 +65,9 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(job->iterations_done() == 0);
   CHECK(job->start_iteration() == 0);
   CHECK(store.GetJob("job-999999").status().code() == absl::StatusCode::kNotFound);
+  CHECK(store.GetJob("job-999999").status().message() == "job job-999999 not found");
+  // A caller's id is echoed as one line, its odd bytes escaped.
+  CHECK(store.GetJob("1\n*").status().message() == "job \"1\\n*\" not found");
   CHECK(store.ListJobs()->size() == 1);
 
   // Exactly-once commits under leases.

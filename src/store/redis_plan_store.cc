@@ -139,7 +139,7 @@ absl::StatusOr<std::string> RedisPlanStore::CreateJob(const proto::JobSpec& spec
 
 absl::StatusOr<proto::JobStatus> RedisPlanStore::GetJob(const std::string& job) {
   ASSIGN_OR_RETURN(const RedisReply spec, client_.Command({"GET", keys_.Spec(job)}));
-  if (spec.is_nil()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+  if (spec.is_nil()) return JobNotFound(job);
   proto::JobStatus status;
   status.set_job_id(job);
   if (!status.mutable_spec()->ParseFromString(spec.str)) return absl::DataLossError(absl::StrCat("job ", job, ": corrupt spec"));
