@@ -146,7 +146,7 @@ absl::StatusOr<DataRoot> MakeDataRoot(const std::string& dir, const std::string&
   d.bad_lengths.push_back({"one line of 1 MB of digits", "lengths/gen-1mb-digits.txt"});
   RETURN_IF_ERROR(Write(R + "/lengths/gen-nul.txt", std::string("12 3\n4\0 5\n", 10)));
   d.bad_lengths.push_back({"a NUL inside a number", "lengths/gen-nul.txt"});
-  RETURN_IF_ERROR(Write(R + "/lengths/gen-utf16.txt", std::string("\xff\xfe" "1\0" "2\0 \0" "3\0\n\0", 14)));
+  RETURN_IF_ERROR(Write(R + "/lengths/gen-utf16.txt", std::string("\xff\xfe" "1\0" "2\0 \0" "3\0\n\0", 12)));
   d.bad_lengths.push_back({"UTF-16 text", "lengths/gen-utf16.txt"});
   d.bad_lengths.push_back({"sparse file of 1 GiB + 1 byte", "sparse-1g.txt"});
   d.bad_lengths.push_back({"a FIFO", "fifo"});

@@ -185,7 +185,9 @@ void FeedGrpcAuth(PlannerUnderTest& p, Tally& t, const proto::JobSpec& base) {
     proto::RegisterExecutorRequest q;
     q.set_node("hostile");
     q.set_device_index(i);
-    REQUIRE(p.registry().Register(p.Context().get(), q, &execs[i]).ok());
+    const grpc::Status registered = p.registry().Register(p.Context().get(), q, &execs[i]);
+    INFO("Register: " << registered.error_code() << " " << registered.error_message());
+    REQUIRE(registered.ok());
   }
   const std::string& id = execs[0].executor_id();
   const std::vector<std::pair<std::string, std::string>> credentials = {
