@@ -166,6 +166,12 @@ absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::Sub
   RETURN_IF_ERROR(BuildJobRuntime(spec, "validation", options_.data_root).status());
   ASSIGN_OR_RETURN(const StartPoint start, StartOf(spec));
   ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start.iteration, NowMs()));
+  {
+    // The next idle executor's heartbeat places it, whenever the last pass was.
+    MutexLock lock(&schedule_mu_);
+    jobs_may_wait_ = true;
+    last_eager_schedule_ = absl::InfinitePast();
+  }
   spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, spec.name(), spec.iterations(),
                spec.parallelism().pp(), spec.parallelism().dp());
   if (spec.checkpoint().resume()) {

@@ -145,7 +145,13 @@ class PlannerService {
                                 int world, bool final);
   void LivenessLoop();
   void CheckLiveness();
+  // Gives an idle executor the rank it holds a seat for, placing pending
+  // jobs first if it has none.
   absl::Status MaybeAssign(proto::ExecutorRecord* rec);
+  // Places pending jobs on idle executors, whole gangs only (gang_placement.h);
+  // a job that must wait gets the reason as its error.
+  // `eager`: called from a heartbeat (see jobs_may_wait_).
+  absl::Status ScheduleGangs(bool eager);
   // Moves a pending job to running once every rank is held; true if it did.
   absl::StatusOr<bool> MaybeStartJob(const std::string& job, int world);
   int64_t NowMs() const { return absl::ToUnixMillis(options_.clock->Now()); }
@@ -161,6 +167,13 @@ class PlannerService {
   std::multimap<std::string, std::shared_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
   std::vector<std::string> fired_ ABSL_GUARDED_BY(waiters_mu_);  // events not yet processed
   bool wake_all_ ABSL_GUARDED_BY(waiters_mu_) = false;
+
+  Mutex schedule_mu_;  // one ScheduleGangs pass at a time
+  static constexpr absl::Duration kEagerScheduleInterval = absl::Milliseconds(100);
+  absl::Time last_eager_schedule_ ABSL_GUARDED_BY(schedule_mu_) = absl::InfinitePast();
+  // Whether a pending job may be waiting for executors: set by Submit and by
+  // a pass that left one waiting, cleared by a pass that found none.
+  std::atomic<bool> jobs_may_wait_{true};
 
   Mutex work_mu_;
   uint64_t work_epoch_ ABSL_GUARDED_BY(work_mu_) = 0;  // bumped on events: planners re-scan

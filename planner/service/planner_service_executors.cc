@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "planner/service/gang_placement.h"
 #include "planner/service/planner_service.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
@@ -119,31 +120,79 @@ absl::Status PlannerService::AuthorizeJobMember(const rpc::ExecutorCredential& c
 
 absl::Status PlannerService::MaybeAssign(proto::ExecutorRecord* rec) {
   if (!rec->assignment().job_id().empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const auto ids, store_->ListJobs());
+  ASSIGN_OR_RETURN(store::Seat seat, store_->SeatOf(rec->executor_id()));
+  if (seat.job.empty()) {
+    // Stored first, so that this pass counts the executor as live and idle.
+    RETURN_IF_ERROR(store_->PutExecutor(*rec));
+    RETURN_IF_ERROR(ScheduleGangs(/*eager=*/true));
+    ASSIGN_OR_RETURN(seat, store_->SeatOf(rec->executor_id()));
+    if (seat.job.empty()) return absl::OkStatus();
+  }
+  auto job = store_->GetJob(seat.job);
+  if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
+  if (!job.ok() || store::IsTerminal(job->state())) {
+    // Its job ended before it took the seat (cancelled while waiting).
+    return store_->ReleaseSeat(rec->executor_id(), seat.job);
+  }
+  const int pp = std::max(1, job->spec().parallelism().pp()), dp = std::max(1, job->spec().parallelism().dp());
+  proto::Assignment* a = rec->mutable_assignment();
+  a->set_job_id(seat.job);
+  a->set_rank(seat.rank);
+  a->set_world_size(pp * dp);
+  a->set_pp_rank(seat.rank % pp);
+  a->set_dp_rank(seat.rank / pp);
+  a->set_start_iteration(job->iterations_done());
+  spdlog::info("executor {} takes rank {} of job {}", rec->executor_id(), seat.rank, seat.job);
+  // Record the assignment before anything else can fail.
+  RETURN_IF_ERROR(store_->PutExecutor(*rec));
+  return MaybeStartJob(seat.job, pp * dp).status();
+}
+
+absl::Status PlannerService::ScheduleGangs(bool eager) {
+  // One pass at a time in this process; passes of other planners are safe:
+  // each claim is atomic in the store.
+  MutexLock lock(&schedule_mu_);
+  // An idle executor's heartbeat runs a pass only while jobs may wait, and
+  // at most every kEagerScheduleInterval: a pass reads every job.
+  if (eager) {
+    if (!jobs_may_wait_ || absl::Now() - last_eager_schedule_ < kEagerScheduleInterval) return absl::OkStatus();
+    last_eager_schedule_ = absl::Now();
+  }
+  jobs_may_wait_ = false;
+  ASSIGN_OR_RETURN(std::vector<std::string> ids, store_->ListJobs());
+  // Submission order: ids are increasing numbers.
+  std::sort(ids.begin(), ids.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  });
+  std::vector<PendingJob> pending;
   for (const std::string& id : ids) {
     auto job = store_->GetJob(id);
     if (!job.ok() || job->state() != proto::JobState::pending) continue;
-    const int pp = std::max(1, job->spec().parallelism().pp()), dp = std::max(1, job->spec().parallelism().dp());
-    for (int r = 0; r < pp * dp; ++r) {
-      // A claim this executor made in an earlier, failed heartbeat is still its own.
-      ASSIGN_OR_RETURN(const std::string holder, store_->RankHolder(id, r));
-      bool claimed = holder == rec->executor_id();
-      if (!claimed && holder.empty()) {
-        ASSIGN_OR_RETURN(claimed, store_->ClaimRank(id, r, rec->executor_id()));
-      }
-      if (!claimed) continue;
-      proto::Assignment* a = rec->mutable_assignment();
-      a->set_job_id(id);
-      a->set_rank(r);
-      a->set_world_size(pp * dp);
-      a->set_pp_rank(r % pp);
-      a->set_dp_rank(r / pp);
-      a->set_start_iteration(job->iterations_done());
-      spdlog::info("executor {} takes rank {} of job {}", rec->executor_id(), r, id);
-      // Record the assignment before anything else can fail.
-      RETURN_IF_ERROR(store_->PutExecutor(*rec));
-      RETURN_IF_ERROR(MaybeStartJob(id, pp * dp).status());
-      return absl::OkStatus();
+    ASSIGN_OR_RETURN(const std::string holder, store_->RankHolder(id, 0));
+    if (!holder.empty()) continue;  // placed: its executors take their seats at their next heartbeat
+    pending.push_back({id, store::WorldSize(job->spec())});
+  }
+  if (pending.empty()) return absl::OkStatus();
+  jobs_may_wait_ = true;
+  ASSIGN_OR_RETURN(const std::vector<proto::ExecutorRecord> records, Executors());
+  const int64_t now = NowMs(), timeout = absl::ToInt64Milliseconds(options_.heartbeat_timeout);
+  std::vector<IdleExecutor> idle;
+  int live = 0;
+  for (const proto::ExecutorRecord& rec : records) {
+    if (rec.lost() || now - rec.last_heartbeat_unix_ms() > timeout) continue;
+    ++live;
+    if (!rec.assignment().job_id().empty()) continue;
+    ASSIGN_OR_RETURN(const store::Seat seat, store_->SeatOf(rec.executor_id()));
+    if (seat.job.empty()) idle.push_back({rec.executor_id(), rec.info().node(), rec.info().device_index()});
+  }
+  for (const GangPlacement& p : PlaceGangs(pending, std::move(idle), live)) {
+    if (p.executors.empty()) {
+      RETURN_IF_ERROR(store_->SetJobState(p.job, proto::JobState::pending, p.waiting, now).status());
+      continue;
+    }
+    ASSIGN_OR_RETURN(const bool claimed, store_->ClaimGang(p.job, p.executors));
+    if (claimed) {
+      spdlog::info("job {} placed on {} executors: {}", p.job, p.executors.size(), absl::StrJoin(p.executors, " "));
     }
   }
   return absl::OkStatus();
@@ -172,6 +221,7 @@ absl::StatusOr<proto::HeartbeatResponse> PlannerService::Heartbeat(const proto::
     if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
     if (!job.ok() || store::IsTerminal(job->state()) || rec.lost()) {
       resp.set_stop(true);  // the job ended (or this executor was given up on): stop, then idle
+      RETURN_IF_ERROR(store_->ReleaseSeat(rec.executor_id(), rec.assignment().job_id()));
       rec.clear_assignment();
       rec.set_lost(false);
     }
@@ -209,6 +259,7 @@ absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
 }
 
 void PlannerService::CheckLiveness() {
+  if (auto s = ScheduleGangs(/*eager=*/false); !s.ok()) spdlog::warn("placing jobs: {}", s.message());
   // Pending jobs whose ranks are all held start (also covers a claimer whose
   // own start attempt failed); running jobs with failures are judged.
   if (auto ids = store_->ListJobs(); ids.ok()) {
@@ -250,14 +301,20 @@ void PlannerService::CheckLiveness() {
     rec = std::move(*fresh);
     rec.set_lost(true);
     if (!store_->PutExecutor(rec).ok()) continue;
-    const auto& a = rec.assignment();
     spdlog::warn("executor {} lost: no heartbeat for {} ms", rec.executor_id(), now - rec.last_heartbeat_unix_ms());
-    if (a.job_id().empty()) continue;
+    // Its job: the one it runs, or the one it was placed in and had not
+    // joined yet.
+    store::Seat seat{rec.assignment().job_id(), rec.assignment().rank()};
+    if (seat.job.empty()) {
+      auto placed = store_->SeatOf(rec.executor_id());
+      if (placed.ok()) seat = *placed;
+    }
+    if (seat.job.empty()) continue;
     const std::string why = absl::StrFormat("rank %d lost: executor %s on %s missed heartbeats for %.1f s",
-                                            a.rank(), rec.executor_id(), rec.info().node(),
+                                            seat.rank, rec.executor_id(), rec.info().node(),
                                             (now - rec.last_heartbeat_unix_ms()) / 1e3);
-    auto changed = store_->SetJobState(a.job_id(), proto::JobState::failed, why, now);
-    if (changed.ok() && *changed) spdlog::error("job {} failed: {}", a.job_id(), why);
+    auto changed = store_->SetJobState(seat.job, proto::JobState::failed, why, now);
+    if (changed.ok() && *changed) spdlog::error("job {} failed: {}", seat.job, why);
   }
 }
 

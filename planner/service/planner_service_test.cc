@@ -123,14 +123,18 @@ TEST_CASE("A job submitted with resume starts after the latest complete checkpoi
   proto::CancelJobRequest cancel;
   cancel.set_job_id(*first);
   REQUIRE(svc.Cancel(cancel).ok());
+  std::vector<std::string> executors;
   for (int d = 0; d < 2; ++d) {
     proto::RegisterExecutorRequest reg;
     reg.set_node("n");
     reg.set_device_index(d);
     auto r = svc.Register(reg);
     REQUIRE(r.ok());
+    executors.push_back(r->executor_id());
+  }
+  for (const std::string& id : executors) {
     proto::HeartbeatRequest hb;
-    hb.set_executor_id(r->executor_id());
+    hb.set_executor_id(id);
     auto beat = svc.Heartbeat(hb);
     REQUIRE(beat.ok());
     CHECK(beat->assignment().job_id() == *second);
@@ -359,17 +363,23 @@ TEST_CASE("Submit refuses a model whose vocabulary is smaller than the dataset's
 }
 
 // Registers `n` executors; their first heartbeats take the ranks of the
-// pending job, which then runs.
+// pending job (placed as a gang at the first), which then runs.
 void TakeRanks(PlannerService& svc, int n) {
+  std::vector<std::string> ids;
   for (int d = 0; d < n; ++d) {
     proto::RegisterExecutorRequest reg;
     reg.set_node("n");
     reg.set_device_index(d);
     auto r = svc.Register(reg);
     REQUIRE(r.ok());
+    ids.push_back(r->executor_id());
+  }
+  for (const std::string& id : ids) {
     proto::HeartbeatRequest hb;
-    hb.set_executor_id(r->executor_id());
-    REQUIRE(svc.Heartbeat(hb).ok());
+    hb.set_executor_id(id);
+    auto beat = svc.Heartbeat(hb);
+    REQUIRE(beat.ok());
+    REQUIRE_FALSE(beat->assignment().job_id().empty());
   }
 }
 

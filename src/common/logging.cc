@@ -29,8 +29,12 @@ absl::Status InitLogging(const LoggingOptions& options) {
   auto logger = std::make_shared<spdlog::logger>(options.process_name, sinks.begin(), sinks.end());
   logger->set_level(level);
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %n[%P] %v");
-  logger->flush_on(spdlog::level::warn);
+  // Every INFO line (lifecycle, one per iteration) is written at once: a
+  // daemon killed with SIGKILL keeps its last lines. DEBUG and TRACE lines
+  // go out with the next INFO line or within a second.
+  logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(std::move(logger));
+  spdlog::flush_every(std::chrono::seconds(1));
   return absl::OkStatus();
 }
 

@@ -15,7 +15,7 @@
 //                              "writes:I" = times plans for I were committed (1 = exactly once),
 //                              "done:R" = last iteration rank R completed (start_iteration - 1
 //                              for every rank when the job is created)
-//   {p}job:J:rank:R            executor id holding rank R
+//   {p}job:J:rank:R            executor id holding rank R (every rank set at once: ClaimGang)
 //   {p}job:J:metrics:I:R       IterationReport (binary proto; PX ttl)
 //   {p}job:J:failures          LIST of IterationReports with `error`, in arrival order (PX ttl)
 //   {p}job:J:bootstrap:K       bytes published for the job's communicator
@@ -23,6 +23,7 @@
 //   {p}checkpoint:latest:D     latest iteration whose shards are complete in checkpoint dir D (only
 //                              raised; outlives jobs: a resubmitted job resumes from it)
 //   {p}executors               SET of executor ids
+//   {p}executors:ID:seat       "J R": the rank the executor was given (ClaimGang), until released
 //   {p}executors:ID            ExecutorRecord (binary proto; holds the SHA-256 of the executor's
 //                              secret, never the secret: src/rpc/executor_credential.h)
 //   {p}events                  pub/sub channel: "plan J I", "bootstrap J K", "job J"
@@ -55,6 +56,7 @@ class Keys {
   std::string LatestCheckpoint(const std::string& dir) const { return absl::StrCat(p_, "checkpoint:latest:", dir); }
   std::string Executors() const { return p_ + "executors"; }
   std::string Executor(const std::string& id) const { return absl::StrCat(p_, "executors:", id); }
+  std::string Seat(const std::string& id) const { return absl::StrCat(p_, "executors:", id, ":seat"); }
   std::string Events() const { return p_ + "events"; }
 
  private:

@@ -72,6 +72,7 @@ absl::StatusOr<bool> MemoryPlanStore::SetJobState(const std::string& job, proto:
     if (it == jobs_.end()) return JobNotFound(job);
     Job& j = it->second;
     if (IsTerminal(j.state) || (j.state == state && j.error == error)) return false;
+    if (state == proto::JobState::pending && j.state != proto::JobState::pending) return false;
     j.state = state;
     j.error = error;
     j.update_ms = now_ms;
@@ -207,9 +208,30 @@ absl::StatusOr<int64_t> MemoryPlanStore::LatestCheckpoint(const std::string& che
   return it == latest_checkpoint_.end() ? -1 : it->second;
 }
 
-absl::StatusOr<bool> MemoryPlanStore::ClaimRank(const std::string& job, int rank, const std::string& executor) {
+absl::StatusOr<bool> MemoryPlanStore::ClaimGang(const std::string& job, const std::vector<std::string>& executors) {
+  if (executors.empty()) return absl::InvalidArgumentError("executors: a gang needs at least one");
   MutexLock lock(&mu_);
-  return jobs_[job].ranks.emplace(rank, executor).second;
+  auto& ranks = jobs_[job].ranks;
+  for (size_t r = 0; r < executors.size(); ++r) {
+    if (ranks.count(static_cast<int>(r)) > 0 || seats_.count(executors[r]) > 0) return false;
+  }
+  for (size_t r = 0; r < executors.size(); ++r) {
+    ranks[static_cast<int>(r)] = executors[r];
+    seats_[executors[r]] = Seat{job, static_cast<int>(r)};
+  }
+  return true;
+}
+
+absl::StatusOr<Seat> MemoryPlanStore::SeatOf(const std::string& executor) {
+  MutexLock lock(&mu_);
+  auto it = seats_.find(executor);
+  return it == seats_.end() ? Seat{} : it->second;
+}
+
+absl::Status MemoryPlanStore::ReleaseSeat(const std::string& executor, const std::string& job) {
+  MutexLock lock(&mu_);
+  if (auto it = seats_.find(executor); it != seats_.end() && it->second.job == job) seats_.erase(it);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> MemoryPlanStore::RankHolder(const std::string& job, int rank) {
@@ -242,6 +264,7 @@ absl::StatusOr<std::vector<std::string>> MemoryPlanStore::ListExecutors() {
 absl::Status MemoryPlanStore::DeleteExecutor(const std::string& id) {
   MutexLock lock(&mu_);
   executors_.erase(id);
+  seats_.erase(id);
   return absl::OkStatus();
 }
 

@@ -35,7 +35,9 @@ class MemoryPlanStore : public PlanStore {
   absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir, int64_t iteration,
                                            int rank, int world) override;
   absl::StatusOr<int64_t> LatestCheckpoint(const std::string& checkpoint_dir) override;
-  absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) override;
+  absl::StatusOr<bool> ClaimGang(const std::string& job, const std::vector<std::string>& executors) override;
+  absl::StatusOr<Seat> SeatOf(const std::string& executor) override;
+  absl::Status ReleaseSeat(const std::string& executor, const std::string& job) override;
   absl::StatusOr<std::string> RankHolder(const std::string& job, int rank) override;
   absl::Status PutExecutor(const proto::ExecutorRecord& record) override;
   absl::StatusOr<proto::ExecutorRecord> GetExecutor(const std::string& id) override;
@@ -76,6 +78,7 @@ class MemoryPlanStore : public PlanStore {
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, proto::ExecutorRecord> executors_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Seat> seats_ ABSL_GUARDED_BY(mu_);  // by executor id
   std::map<std::string, int64_t> latest_checkpoint_ ABSL_GUARDED_BY(mu_);  // by checkpoint dir
   Mutex listener_mu_;
   std::function<void(const std::string&)> listener_ ABSL_GUARDED_BY(listener_mu_);

@@ -34,6 +34,12 @@ inline absl::Status JobNotFound(absl::string_view job) {
   return absl::NotFoundError(absl::StrCat("job ", shown, " not found"));
 }
 
+// A rank of a job, held by an executor.
+struct Seat {
+  std::string job;  // "" = no seat
+  int rank = 0;
+};
+
 class PlanStore {
  public:
   virtual ~PlanStore() = default;
@@ -50,7 +56,9 @@ class PlanStore {
   virtual absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) = 0;
   virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
   // Moves the job to `state` (with `error`) unless it is already terminal
-  // (succeeded, failed, cancelled); true if the state changed.
+  // (succeeded, failed, cancelled); true if the state or error changed. A job
+  // never returns to pending: for a job no longer pending, a pending update
+  // (a new waiting reason) changes nothing.
   virtual absl::StatusOr<bool> SetJobState(const std::string& job, proto::JobState::Value state,
                                            const std::string& error, int64_t now_ms) = 0;
 
@@ -88,13 +96,23 @@ class PlanStore {
   // The latest complete checkpoint recorded for `checkpoint_dir`; -1 if none.
   virtual absl::StatusOr<int64_t> LatestCheckpoint(const std::string& checkpoint_dir) = 0;
 
-  // Ranks and executors.
-  virtual absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) = 0;
+  // Ranks and executors. A job's ranks are taken as a gang: ClaimGang gives
+  // rank r of `job` to executors[r] for every rank at once, and only if none
+  // of those ranks is held and none of the executors holds a seat (a rank of
+  // a job not yet released); otherwise nothing changes and it returns false.
+  // Atomic across planners sharing the store.
+  virtual absl::StatusOr<bool> ClaimGang(const std::string& job, const std::vector<std::string>& executors) = 0;
   virtual absl::StatusOr<std::string> RankHolder(const std::string& job, int rank) = 0;  // "" if free
+  // The seat `executor` holds; an empty job if none.
+  virtual absl::StatusOr<Seat> SeatOf(const std::string& executor) = 0;
+  // Frees `executor`'s seat if it is in `job` (a no-op otherwise): the
+  // executor may be given to another job. The job's rank keeps its holder.
+  virtual absl::Status ReleaseSeat(const std::string& executor, const std::string& job) = 0;
   virtual absl::Status PutExecutor(const proto::ExecutorRecord& record) = 0;
   virtual absl::StatusOr<proto::ExecutorRecord> GetExecutor(const std::string& id) = 0;
   virtual absl::StatusOr<std::vector<std::string>> ListExecutors() = 0;
-  // Forgets an executor (OK if it is unknown); its rank claims stay.
+  // Forgets an executor and its seat (OK if it is unknown); its job's rank
+  // keeps its holder.
   virtual absl::Status DeleteExecutor(const std::string& id) = 0;
 
   // Bootstrap key-value data per job.

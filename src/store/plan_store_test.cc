@@ -152,10 +152,34 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(store.GetJob(*id)->error() == "rank 1 lost");
 
   // Ranks, executors, bootstrap.
-  CHECK(*store.ClaimRank(*id, 0, "exec-1"));
-  CHECK_FALSE(*store.ClaimRank(*id, 0, "exec-2"));
+  CHECK(store.RankHolder(*id, 0)->empty());
+  CHECK(*store.ClaimGang(*id, {"exec-1", "exec-2"}));
   CHECK(*store.RankHolder(*id, 0) == "exec-1");
-  CHECK(store.RankHolder(*id, 1)->empty());
+  CHECK(*store.RankHolder(*id, 1) == "exec-2");
+  CHECK(store.RankHolder(*id, 2)->empty());
+  CHECK(store.SeatOf("exec-2")->job == *id);
+  CHECK(store.SeatOf("exec-2")->rank == 1);
+  CHECK(store.SeatOf("exec-3")->job.empty());
+  // All or nothing: a held rank, or an executor with a seat, changes nothing.
+  const std::string other = *store.CreateJob(Spec(2, 1), 0, 1000);
+  CHECK_FALSE(*store.ClaimGang(*id, {"exec-3"}));
+  CHECK_FALSE(*store.ClaimGang(other, {"exec-3", "exec-1"}));
+  CHECK(store.RankHolder(other, 0)->empty());
+  CHECK(store.SeatOf("exec-3")->job.empty());
+  // A seat released (only by its own job) frees the executor for another job.
+  REQUIRE(store.ReleaseSeat("exec-1", other).ok());
+  CHECK(store.SeatOf("exec-1")->job == *id);
+  REQUIRE(store.ReleaseSeat("exec-1", *id).ok());
+  CHECK(store.SeatOf("exec-1")->job.empty());
+  CHECK(*store.RankHolder(*id, 0) == "exec-1");
+  CHECK(*store.ClaimGang(other, {"exec-3", "exec-1"}));
+  CHECK(store.SeatOf("exec-1")->job == other);
+  // A job never goes back to pending; a pending job's reason can change.
+  CHECK(*store.SetJobState(other, proto::JobState::pending, "waiting for executors", 1500));
+  CHECK(store.GetJob(other)->error() == "waiting for executors");
+  CHECK(*store.SetJobState(other, proto::JobState::running, "", 1600));
+  CHECK_FALSE(*store.SetJobState(other, proto::JobState::pending, "late reason", 1700));
+  CHECK(store.GetJob(other)->state() == proto::JobState::running);
   proto::ExecutorRecord rec;
   rec.set_executor_id("exec-1");
   rec.set_last_heartbeat_unix_ms(42);
@@ -165,6 +189,7 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(*store.ListExecutors() == std::vector<std::string>{"exec-1"});
   REQUIRE(store.DeleteExecutor("exec-1").ok());
   REQUIRE(store.DeleteExecutor("exec-1").ok());  // unknown: fine
+  CHECK(store.SeatOf("exec-1")->job.empty());  // its seat went with it
   CHECK(store.GetExecutor("exec-1").status().code() == absl::StatusCode::kNotFound);
   CHECK(store.ListExecutors()->empty());
   CHECK(store.GetBootstrap(*id, "nccl_id").status().code() == absl::StatusCode::kNotFound);

@@ -31,10 +31,32 @@ return 1
 constexpr char kStateScript[] = R"lua(
 local cur = tonumber(redis.call('HGET', KEYS[1], 'state') or '0')
 if cur >= 4 then return 0 end
+if tonumber(ARGV[1]) == 1 and cur ~= 1 then return 0 end
 if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'error') == ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'error', ARGV[2], 'update_ms', ARGV[3])
 redis.call('PUBLISH', KEYS[2], ARGV[4])
 return 1
+)lua";
+
+// KEYS: the job's n rank keys, then the n executors' seat keys; ARGV: job,
+// then the n executor ids (rank order). All or nothing.
+constexpr char kGangScript[] = R"lua(
+local n = #KEYS / 2
+for i = 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1 + i])
+  redis.call('SET', KEYS[n + i], ARGV[1] .. ' ' .. (i - 1))
+end
+return 1
+)lua";
+
+// KEYS: a seat key; ARGV: job. Deletes the seat if it is in that job.
+constexpr char kReleaseSeatScript[] = R"lua(
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then redis.call('DEL', KEYS[1]) end
+return 0
 )lua";
 
 // KEYS: metrics key, progress, events; ARGV: report bytes, ttl_ms, rank, iteration, event.
@@ -286,9 +308,32 @@ absl::StatusOr<int64_t> RedisPlanStore::LatestCheckpoint(const std::string& chec
   return ParseInt(r, -1);
 }
 
-absl::StatusOr<bool> RedisPlanStore::ClaimRank(const std::string& job, int rank, const std::string& executor) {
-  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"SET", keys_.Rank(job, rank), executor, "NX"}));
-  return !r.is_nil();
+absl::StatusOr<bool> RedisPlanStore::ClaimGang(const std::string& job, const std::vector<std::string>& executors) {
+  if (executors.empty()) return absl::InvalidArgumentError("executors: a gang needs at least one");
+  const size_t n = executors.size();
+  std::vector<std::string> args = {"EVAL", kGangScript, std::to_string(2 * n)};
+  for (size_t r = 0; r < n; ++r) args.push_back(keys_.Rank(job, static_cast<int>(r)));
+  for (const std::string& e : executors) args.push_back(keys_.Seat(e));
+  args.push_back(job);
+  for (const std::string& e : executors) args.push_back(e);
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command(args));
+  return r.integer == 1;
+}
+
+absl::StatusOr<Seat> RedisPlanStore::SeatOf(const std::string& executor) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"GET", keys_.Seat(executor)}));
+  if (r.is_nil()) return Seat{};
+  const size_t space = r.str.rfind(' ');
+  Seat seat;
+  if (space == std::string::npos || space == 0 || !absl::SimpleAtoi(r.str.substr(space + 1), &seat.rank)) {
+    return absl::DataLossError(absl::StrCat("executor ", executor, ": corrupt seat record"));
+  }
+  seat.job = r.str.substr(0, space);
+  return seat;
+}
+
+absl::Status RedisPlanStore::ReleaseSeat(const std::string& executor, const std::string& job) {
+  return client_.Command({"EVAL", kReleaseSeatScript, "1", keys_.Seat(executor), job}).status();
 }
 
 absl::StatusOr<std::string> RedisPlanStore::RankHolder(const std::string& job, int rank) {
@@ -319,7 +364,7 @@ absl::StatusOr<std::vector<std::string>> RedisPlanStore::ListExecutors() {
 
 absl::Status RedisPlanStore::DeleteExecutor(const std::string& id) {
   RETURN_IF_ERROR(client_.Command({"SREM", keys_.Executors(), id}).status());
-  return client_.Command({"DEL", keys_.Executor(id)}).status();
+  return client_.Command({"DEL", keys_.Executor(id), keys_.Seat(id)}).status();
 }
 
 absl::Status RedisPlanStore::SetBootstrap(const std::string& job, const std::string& key, const std::string& value) {

@@ -42,7 +42,9 @@ class RedisPlanStore : public PlanStore {
   absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir, int64_t iteration,
                                            int rank, int world) override;
   absl::StatusOr<int64_t> LatestCheckpoint(const std::string& checkpoint_dir) override;
-  absl::StatusOr<bool> ClaimRank(const std::string& job, int rank, const std::string& executor) override;
+  absl::StatusOr<bool> ClaimGang(const std::string& job, const std::vector<std::string>& executors) override;
+  absl::StatusOr<Seat> SeatOf(const std::string& executor) override;
+  absl::Status ReleaseSeat(const std::string& executor, const std::string& job) override;
   absl::StatusOr<std::string> RankHolder(const std::string& job, int rank) override;
   absl::Status PutExecutor(const proto::ExecutorRecord& record) override;
   absl::StatusOr<proto::ExecutorRecord> GetExecutor(const std::string& id) override;

@@ -146,9 +146,23 @@ JoinedExecutor RegisterExecutor(const std::string& address, const std::string& n
 
 std::vector<JoinedExecutor> JoinJob(const std::string& address, const std::string& job, int world,
                                     const std::string& token) {
+  std::vector<JoinedExecutor> joined;
+  for (int d = 0; d < world; ++d) joined.push_back(RegisterExecutor(address, "sim", d, token));
+  // The job is placed as a gang once all are idle; each takes its seat at a
+  // heartbeat after that.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (JoinedExecutor& e : joined) {
+    while (e.assignment.job_id().empty() && absl::Now() < deadline) {
+      proto::HeartbeatRequest hb;
+      hb.set_executor_id(e.credential.executor_id);
+      auto beat = e.client->Heartbeat(hb);
+      REQUIRE(beat.ok());
+      e.assignment = beat->assignment();
+      if (e.assignment.job_id().empty()) absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
   std::vector<JoinedExecutor> out(world);
-  for (int d = 0; d < world; ++d) {
-    JoinedExecutor e = RegisterExecutor(address, "sim", d, token);
+  for (JoinedExecutor& e : joined) {
     REQUIRE(e.assignment.job_id() == job);
     REQUIRE((e.assignment.rank() >= 0 && e.assignment.rank() < world));
     REQUIRE(out[e.assignment.rank()].client == nullptr);

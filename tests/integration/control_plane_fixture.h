@@ -96,7 +96,7 @@ struct JoinedExecutor {
 JoinedExecutor RegisterExecutor(const std::string& address, const std::string& node, int device,
                                 const std::string& token = "");
 
-// Registers `world` executors whose first heartbeats take the ranks of `job`
+// Registers `world` executors and heartbeats them until they hold the ranks of `job`
 // (which must be the only pending job); index = rank. Aborts the test
 // (REQUIRE) unless every rank of `job` is taken.
 std::vector<JoinedExecutor> JoinJob(const std::string& address, const std::string& job, int world,

@@ -196,6 +196,73 @@ TEST_CASE("Executors register, get ranks, run the job to success; watch and boot
   CHECK(as[0]->Heartbeat(hb)->stop());
 }
 
+TEST_CASE("Gang scheduling: a job larger than the cluster takes no executor and says why; a later job runs") {
+  Stack s = StartStack();
+  auto client = Client(s.address());
+  auto big = client->Submit(SmallJob(4, 2, 3, 2));  // 8 ranks
+  REQUIRE(big.ok());
+  std::vector<JoinedExecutor> executors;
+  for (int d = 0; d < 2; ++d) executors.push_back(RegisterExecutor(s.address(), "node0", d));
+  auto beat_all = [&] {
+    for (JoinedExecutor& e : executors) {
+      proto::HeartbeatRequest hb;
+      hb.set_executor_id(e.credential.executor_id);
+      auto r = e.client->Heartbeat(hb);
+      REQUIRE(r.ok());
+      e.assignment = r->assignment();
+    }
+  };
+  // Heartbeats for longer than a liveness pass: the big job takes nobody.
+  CHECK(Eventually(
+      [&] {
+        beat_all();
+        return client->Get(*big)->error() == "waiting for executors: needs 8, 2 registered and live";
+      },
+      absl::Seconds(10)));
+  for (int i = 0; i < 5; ++i) {
+    beat_all();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  for (const JoinedExecutor& e : executors) CHECK(e.assignment.job_id().empty());
+  CHECK(client->Get(*big)->state() == proto::JobState::pending);
+
+  // A job that fits, submitted after it, is placed on both and runs to the end.
+  auto small = client->Submit(SmallJob(2, 1, 3, 2));
+  REQUIRE(small.ok());
+  CHECK(Eventually(
+      [&] {
+        beat_all();
+        return executors[0].assignment.job_id() == *small && executors[1].assignment.job_id() == *small;
+      },
+      absl::Seconds(10)));
+  CHECK(executors[0].assignment.rank() != executors[1].assignment.rank());
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<SimulatedRank>> sim;
+  for (const JoinedExecutor& e : executors) {
+    sim.push_back(RunRank([&] { return s.address(); }, *small, e.assignment.rank(), e.credential, 3,
+                          absl::Milliseconds(20), &stop));
+  }
+  for (auto& r : sim) {
+    r->thread.join();
+    CHECK(r->status.ok());
+  }
+  CHECK(client->Get(*small)->state() == proto::JobState::succeeded);
+  // The big job is still waiting, holding nothing.
+  const auto waiting = client->Get(*big);
+  CHECK(waiting->state() == proto::JobState::pending);
+  CHECK(waiting->error().rfind("waiting for executors: needs 8", 0) == 0);
+  // Cancelling it leaves the executors free for the next job.
+  REQUIRE(client->Cancel(*big).ok());
+  auto next = client->Submit(SmallJob(2, 1, 1, 1));
+  REQUIRE(next.ok());
+  CHECK(Eventually(
+      [&] {
+        beat_all();
+        return executors[0].assignment.job_id() == *next && executors[1].assignment.job_id() == *next;
+      },
+      absl::Seconds(10)));
+}
+
 TEST_CASE("A silent executor fails its job within the heartbeat timeout, naming the rank") {
   Stack s = StartStack("", absl::Milliseconds(800));
   auto client = Client(s.address());

@@ -162,9 +162,9 @@ TEST_CASE("A heartbeat naming another executor is refused and touches neither it
   CHECK(after->last_iteration() == before->last_iteration());
 
   // Squatting through someone else's identity: an idle executor's id would
-  // take a rank of the next pending job on its first heartbeat.
+  // take the rank of the next pending (one-rank) job on its first heartbeat.
   JoinedExecutor idle = RegisterIdle(s);
-  auto next = client->Submit(SmallJob(2, 1, 5, 2));
+  auto next = client->Submit(SmallJob(1, 1, 5, 2));
   REQUIRE(next.ok());
   proto::HeartbeatRequest squat;
   squat.set_executor_id(idle.credential.executor_id);
