@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, data_root, "", "directory that relative dataset paths res
 ABSL_FLAG(int, planning_threads, 2, "planning worker threads");
 ABSL_FLAG(int, lease_ttl_ms, 10000, "lease on an iteration being planned; another planner takes over after it");
 ABSL_FLAG(int, heartbeat_timeout_ms, 10000, "executors silent this long are lost and their job fails");
+ABSL_FLAG(int64_t, progress_timeout_s,
+          absl::ToInt64Seconds(dynapipe::planner::service::ServiceOptions().progress_timeout),
+          "a running job whose completed iterations do not advance this long fails");
 ABSL_FLAG(std::string, port_file, "", "write the chosen gRPC and HTTP ports here (\"grpc http\")");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, log_file, "", "also log to this file");
@@ -81,6 +84,11 @@ int main(int argc, char** argv) {
   o.service.planning_threads = absl::GetFlag(FLAGS_planning_threads);
   o.service.lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ttl_ms));
   o.service.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (absl::GetFlag(FLAGS_progress_timeout_s) < 1) {
+    spdlog::critical("--progress_timeout_s: must be at least 1");
+    return 2;
+  }
+  o.service.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_s));
   auto server = PlannerServer::Start(o);
   if (!server.ok()) {
     spdlog::critical("{}", server.status().message());

@@ -39,6 +39,9 @@ struct ServiceOptions {
   // After a rank reports a failure, how long to wait for the other ranks'
   // reports before judging which rank caused it (failures.h).
   absl::Duration failure_grace = absl::Seconds(3);
+  // A running job whose completed iterations do not advance this long fails,
+  // naming the iteration it is stuck at: no job stays "running" forever.
+  absl::Duration progress_timeout = absl::Minutes(30);
   absl::Duration recheck = absl::Milliseconds(500);  // waiters re-check even without events
   Clock* clock = Clock::Real();
 };
@@ -167,6 +170,19 @@ class PlannerService {
   std::multimap<std::string, std::shared_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
   std::vector<std::string> fired_ ABSL_GUARDED_BY(waiters_mu_);  // events not yet processed
   bool wake_all_ ABSL_GUARDED_BY(waiters_mu_) = false;
+
+  // Liveness thread only: when the store last had trouble (an executor's
+  // heartbeat may have failed because of it, not of the executor), and each
+  // running job's progress as last seen.
+  absl::Time store_trouble_at_ = absl::InfinitePast();
+  int64_t store_errors_seen_ = -1;
+  struct Progress {
+    int64_t done = -1;
+    absl::Time since;
+  };
+  std::map<std::string, Progress> progress_;
+  // Fails running jobs whose progress stalled past progress_timeout.
+  void CheckProgress(const std::string& job, const proto::JobStatus& status);
 
   Mutex schedule_mu_;  // one ScheduleGangs pass at a time
   static constexpr absl::Duration kEagerScheduleInterval = absl::Milliseconds(100);

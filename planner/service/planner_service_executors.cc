@@ -267,8 +267,12 @@ void PlannerService::CheckLiveness() {
       auto job = store_->GetJob(id);
       if (!job.ok()) continue;
       if (job->state() == proto::JobState::pending) (void)MaybeStartJob(id, store::WorldSize(job->spec()));
+      if (job->state() != proto::JobState::running) {
+        progress_.erase(id);
+        continue;
+      }
+      CheckProgress(id, *job);
       // Failures reported long enough ago are judged with what has arrived.
-      if (job->state() != proto::JobState::running) continue;
       auto failures = store_->Failures(id);
       if (!failures.ok() || failures->empty() ||
           NowMs() - failures->front().received_unix_ms() < absl::ToInt64Milliseconds(options_.failure_grace)) {
@@ -280,8 +284,13 @@ void PlannerService::CheckLiveness() {
     }
   }
   // Right after this process starts, heartbeats may be stale only because no
-  // planner was running: give executors one timeout to check in.
-  if (options_.clock->Now() - started_ < options_.heartbeat_timeout) return;
+  // planner was running; during and right after a store outage, because
+  // heartbeats could not be recorded: give executors one timeout to check in.
+  const int64_t store_errors = store_->errors();
+  if (!store_->healthy() || store_errors != store_errors_seen_) store_trouble_at_ = options_.clock->Now();
+  store_errors_seen_ = store_errors;
+  const absl::Time grace_from = std::max(started_, store_trouble_at_);
+  if (options_.clock->Now() - grace_from < options_.heartbeat_timeout) return;
   auto records = Executors();
   if (!records.ok()) return;
   const int64_t now = NowMs();
@@ -316,6 +325,23 @@ void PlannerService::CheckLiveness() {
     auto changed = store_->SetJobState(seat.job, proto::JobState::failed, why, now);
     if (changed.ok() && *changed) spdlog::error("job {} failed: {}", seat.job, why);
   }
+}
+
+void PlannerService::CheckProgress(const std::string& job, const proto::JobStatus& status) {
+  const absl::Time now = options_.clock->Now();
+  auto [it, fresh] = progress_.try_emplace(job, Progress{status.iterations_done(), now});
+  Progress& p = it->second;
+  if (fresh || status.iterations_done() != p.done) {
+    p = {status.iterations_done(), now};
+    return;
+  }
+  // While the store is in trouble, reports could not be recorded either.
+  if (now - std::max(p.since, store_trouble_at_) < options_.progress_timeout) return;
+  const std::string why = absl::StrFormat(
+      "no progress for %s: iteration %d not completed by every rank (--progress_timeout_s)",
+      absl::FormatDuration(absl::Trunc(now - p.since, absl::Seconds(1))), status.iterations_done());
+  auto changed = store_->SetJobState(job, proto::JobState::failed, why, NowMs());
+  if (changed.ok() && *changed) spdlog::error("job {} failed: {}", job, why);
 }
 
 void PlannerService::LivenessLoop() {

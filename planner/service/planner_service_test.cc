@@ -415,6 +415,54 @@ TEST_CASE("A failed job names the rank its peers lost, not the bystander that re
   CHECK(st->error() == "rank 1 failed (ranks 0, 3 lost it): rank 3 iteration 1: recv from rank 1 failed");
 }
 
+TEST_CASE("A running job whose progress stalls past the progress timeout fails, naming the iteration") {
+  store::MemoryPlanStore store;
+  ServiceOptions options = AnywhereOptions();
+  options.heartbeat_timeout = absl::Milliseconds(1200);  // liveness passes every 300 ms
+  options.progress_timeout = absl::Milliseconds(1500);
+  PlannerService svc(&store, options);
+  auto id = Submit(svc, Job(10, "/ckpt/progress"));
+  REQUIRE(id.ok());
+  TakeRanks(svc, 2);
+  REQUIRE(State(store, *id) == proto::JobState::running);
+  // The executors stay alive throughout: only progress is missing.
+  std::atomic<bool> done{false};
+  std::thread beats([&] {
+    while (!done) {
+      const auto records = svc.Executors();
+      for (size_t i = 0; records.ok() && i < records->size(); ++i) {
+        proto::HeartbeatRequest hb;
+        hb.set_executor_id((*records)[i].executor_id());
+        (void)svc.Heartbeat(hb);
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  svc.Start();
+  // Progress keeps it running: each completed iteration restarts the clock.
+  for (int64_t it = 0; it < 4; ++it) {
+    absl::SleepFor(absl::Milliseconds(700));
+    REQUIRE(Report(svc, *id, it, 0, false).ok());
+    REQUIRE(Report(svc, *id, it, 1, false).ok());
+  }
+  CHECK(State(store, *id) == proto::JobState::running);
+  // Then rank 1 goes quiet on iteration 4 while its heartbeats still come.
+  REQUIRE(Report(svc, *id, 4, 0, false).ok());
+  const absl::Time stalled = absl::Now();
+  const absl::Time deadline = stalled + absl::Seconds(10);
+  while (State(store, *id) == proto::JobState::running && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  const absl::Duration took = absl::Now() - stalled;
+  done = true;
+  beats.join();
+  svc.Stop();
+  const auto st = store.GetJob(*id);
+  CHECK(st->state() == proto::JobState::failed);
+  CHECK_THAT(st->error(), Catch::Matchers::StartsWith("no progress for ") &&
+                              Catch::Matchers::EndsWith(": iteration 4 not completed by every rank (--progress_timeout_s)"));
+  CHECK(took >= options.progress_timeout - absl::Milliseconds(100));
+  CHECK(took < options.progress_timeout + absl::Seconds(2));
+}
+
 TEST_CASE("Failure reports still incomplete after the grace period are judged with what arrived") {
   store::MemoryPlanStore store;
   FakeClock clock;

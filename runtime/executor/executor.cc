@@ -245,10 +245,12 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
 
   PlanPrefetcher plans(
       job, a.rank(), [this, job, rank = a.rank()](int64_t i) { return client_->FetchPlan(job, i, rank, kPlanWait); },
-      spec.iterations(), options_.prefetch, [this] {
+      spec.iterations(), options_.prefetch,
+      [this] {
         MutexLock l(&mu_);
         return stop_job_;
-      });
+      },
+      options_.planner.timeout);
   const int64_t first_iteration = iteration;
   auto first = plans.Next(iteration);
   if (!first.ok()) return fail(Annotate(first.status(), absl::StrCat("plan of iteration ", iteration)));

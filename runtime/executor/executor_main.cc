@@ -28,6 +28,8 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate of the planner (enables T
 ABSL_FLAG(std::string, data_root, "", "directory that relative dataset and checkpoint paths resolve against");
 ABSL_FLAG(std::string, listen_address, "127.0.0.1", "address peers connect to for pipeline and gradient traffic");
 ABSL_FLAG(int, comm_timeout_s, 60, "deadline of every transfer and collective wait");
+ABSL_FLAG(int, planner_grace_s, 60,
+          "a planner outage (restart, network blip) this long is ridden through: calls to it are retried meanwhile");
 ABSL_FLAG(int, prefetch, 2, "plans fetched ahead of the running iteration");
 ABSL_FLAG(int, http_port, 0, "status endpoint port (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
   o.executor.planner.address = absl::GetFlag(FLAGS_planner);
   o.executor.planner.token = *token;
   o.executor.planner.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  if (absl::GetFlag(FLAGS_planner_grace_s) < 1) return fatal(absl::InvalidArgumentError("--planner_grace_s: must be at least 1"));
+  o.executor.planner.timeout = absl::Seconds(absl::GetFlag(FLAGS_planner_grace_s));
   o.executor.device = absl::GetFlag(FLAGS_device);
   o.executor.node = absl::GetFlag(FLAGS_node);
   if (o.executor.node.empty()) {

@@ -1,18 +1,23 @@
 #include "runtime/executor/plan_prefetcher.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "src/common/status_macros.h"
 #include "src/common/logging.h"
 
 namespace dynapipe::runtime::executor {
 
 PlanPrefetcher::PlanPrefetcher(std::string job, int rank, Fetch fetch, int64_t end, int depth,
-                               std::function<bool()> stopped)
+                               std::function<bool()> stopped, absl::Duration outage_grace)
     : job_(std::move(job)),
       rank_(rank),
       fetch_(std::move(fetch)),
       end_(end),
       depth_(std::max(0, depth)),
-      stopped_(std::move(stopped)) {}
+      stopped_(std::move(stopped)),
+      outage_grace_(outage_grace) {}
 
 PlanPrefetcher::~PlanPrefetcher() {
   for (auto& [i, f] : ahead_) f.wait();
@@ -25,6 +30,7 @@ void PlanPrefetcher::Start(int64_t iteration) {
 
 absl::StatusOr<proto::ExecutionPlan> PlanPrefetcher::Next(int64_t iteration) {
   for (int64_t k = iteration; k <= iteration + depth_; ++k) Start(k);
+  absl::Time outage_start = absl::InfiniteFuture();  // first failure of an unbroken run of unreachable answers
   while (true) {
     auto found = ahead_.find(iteration);
     if (found == ahead_.end()) {
@@ -41,9 +47,23 @@ absl::StatusOr<proto::ExecutionPlan> PlanPrefetcher::Next(int64_t iteration) {
       }
       return plan;
     }
-    if (plan.status().code() != absl::StatusCode::kDeadlineExceeded) return plan;
+    const absl::StatusCode code = plan.status().code();
+    const bool unreachable = code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled;
+    if (!unreachable) outage_start = absl::InfiniteFuture();
+    if (unreachable) {
+      outage_start = std::min(outage_start, absl::Now());
+      if (absl::Now() - outage_start >= outage_grace_) {
+        return Annotate(plan.status(), absl::StrCat("the planner was unreachable for ",
+                                                     absl::FormatDuration(absl::Now() - outage_start)));
+      }
+      spdlog::warn("plan of iteration {}: planner unreachable ({}); asking again", iteration, plan.status().message());
+      absl::SleepFor(absl::Milliseconds(200));
+    } else if (code != absl::StatusCode::kDeadlineExceeded) {
+      return plan;
+    } else {
+      spdlog::info("waiting for the plan of iteration {}", iteration);
+    }
     if (stopped_()) return absl::AbortedError("job stopped while waiting for its plan");
-    spdlog::info("waiting for the plan of iteration {}", iteration);
     Start(iteration);
   }
 }

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/plan.pb.h"
 
 namespace dynapipe::runtime::executor {
@@ -27,8 +28,11 @@ class PlanPrefetcher {
 
   // Plans of job `job` for rank `rank`, iterations [.., end), fetched up to
   // `depth` beyond the one asked for. `stopped` says the job ended elsewhere
-  // (checked between attempts).
-  PlanPrefetcher(std::string job, int rank, Fetch fetch, int64_t end, int depth, std::function<bool()> stopped);
+  // (checked between attempts). A planner that cannot be reached
+  // (UNAVAILABLE, or CANCELLED by its shutdown) is asked again until it has
+  // been away `outage_grace` in a row: a restart is ridden through.
+  PlanPrefetcher(std::string job, int rank, Fetch fetch, int64_t end, int depth, std::function<bool()> stopped,
+                 absl::Duration outage_grace = absl::ZeroDuration());
   // Waits for the fetches still running (each is bounded).
   ~PlanPrefetcher();
   PlanPrefetcher(const PlanPrefetcher&) = delete;
@@ -49,6 +53,7 @@ class PlanPrefetcher {
   int64_t end_;
   int depth_;
   std::function<bool()> stopped_;
+  absl::Duration outage_grace_;
   std::map<int64_t, std::future<absl::StatusOr<proto::ExecutionPlan>>> ahead_;
 };
 

@@ -5,6 +5,8 @@
 #include <map>
 #include <mutex>
 
+#include "absl/time/clock.h"
+
 namespace dynapipe::runtime::executor {
 namespace {
 
@@ -43,6 +45,35 @@ TEST_CASE("plans come in order, fetched ahead, and a plan not ready yet is asked
   CHECK(planner.attempts.count(5) == 0);
   CHECK(planner.attempts[3] == 1);
   CHECK(plans.Next(5).status().code() == absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE("a planner outage shorter than the grace is ridden through; a longer one ends the wait, saying so",
+          "[executor]") {
+  // Unreachable (UNAVAILABLE, or CANCELLED by a planner shutting down) until `back`.
+  std::atomic<int> calls{0};
+  const absl::Time back = absl::Now() + absl::Milliseconds(800);
+  auto restarting = [&](int64_t i) -> absl::StatusOr<proto::ExecutionPlan> {
+    if (absl::Now() < back) {
+      return ++calls % 2 == 0 ? absl::UnavailableError("connection refused") : absl::CancelledError("shutting down");
+    }
+    proto::ExecutionPlan p;
+    p.set_job_id("job-000001");
+    p.set_rank(3);
+    p.set_iteration(i);
+    return p;
+  };
+  PlanPrefetcher rides("job-000001", 3, restarting, 3, 0, [] { return false; }, absl::Seconds(5));
+  auto p0 = rides.Next(0);
+  REQUIRE(p0.ok());
+  CHECK(calls > 1);
+  PlanPrefetcher gives_up(
+      "job-000001", 3, [](int64_t) -> absl::StatusOr<proto::ExecutionPlan> { return absl::UnavailableError("refused"); },
+      3, 0, [] { return false; }, absl::Milliseconds(500));
+  const absl::Time t0 = absl::Now();
+  auto lost = gives_up.Next(0);
+  CHECK(lost.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(lost.status().message()).find("the planner was unreachable for") != std::string::npos);
+  CHECK(absl::Now() - t0 < absl::Seconds(3));
 }
 
 TEST_CASE("a stopped job ends the wait for its plan; a plan of another job, rank or iteration is refused",

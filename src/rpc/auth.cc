@@ -136,6 +136,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
     }
   }
   grpc::ChannelArguments args;
+  // A restarted planner is reached within about a second: gRPC's default
+  // reconnect backoff grows to 120 s, which kept executors away from a
+  // planner already serving again.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(kMaxPlannerResponseBytes);
   args.SetMaxSendMessageSize(kMaxPlannerRequestBytes);
   if (!tls.enabled()) return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);

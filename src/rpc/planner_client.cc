@@ -24,7 +24,8 @@ absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc
     Authenticate(&ctx);
     ctx.set_deadline(absl::ToChronoTime(deadline));
     const absl::Status s = FromGrpc(call(&ctx));
-    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff >= deadline) return s;
+    const bool transient = s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
+    if (!transient || absl::Now() + backoff >= deadline) return s;
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }

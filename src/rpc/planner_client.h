@@ -24,7 +24,11 @@ class PlannerClient {
     std::string address = "127.0.0.1:50051";
     std::string token;
     TlsFiles tls;
-    absl::Duration timeout = absl::Seconds(10);  // per call, retries included
+    // Per call, retries included: how long a planner outage (a restart, a
+    // network blip) may last before a call gives up. Calls are retried while
+    // the planner is UNAVAILABLE or CANCELLED them (a planner shutting down
+    // cancels the calls in flight).
+    absl::Duration timeout = absl::Seconds(10);
   };
   static absl::StatusOr<std::unique_ptr<PlannerClient>> Connect(Options options);
 

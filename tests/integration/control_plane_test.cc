@@ -324,6 +324,39 @@ TEST_CASE("Redis down for seconds: the planner stays up, reports unhealthy and U
   CHECK(client->FetchPlan(*id, 2, 1, absl::Seconds(5)).ok());
 }
 
+TEST_CASE("A Redis outage longer than the heartbeat timeout is not counted against live executors") {
+  Stack s = StartStack("", absl::Milliseconds(1500), /*persistent=*/true);
+  auto client = Client(s.address());
+  auto id = client->Submit(SmallJob(2, 1, 20, 2));
+  REQUIRE(id.ok());
+  std::vector<JoinedExecutor> executors = JoinJob(s.address(), *id, 2);
+  std::atomic<bool> beating{true};
+  std::thread beats([&] {
+    while (beating) {
+      for (JoinedExecutor& e : executors) {
+        proto::HeartbeatRequest hb;
+        hb.set_executor_id(e.credential.executor_id);
+        (void)e.client->Heartbeat(hb);  // fails while Redis is down, as a real executor's would
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  s.redis->Stop();
+  absl::SleepFor(absl::Seconds(3));  // twice the heartbeat timeout
+  REQUIRE(s.redis->Restart().ok());
+  REQUIRE(Eventually([&] { return client->Get(*id).ok(); }, absl::Seconds(10)));
+  absl::SleepFor(absl::Seconds(1));  // liveness passes after the outage
+  auto st = client->Get(*id);
+  INFO(st->error());
+  CHECK(st->state() == proto::JobState::running);
+  // A real silence is still caught: heartbeats stop, the job fails naming a rank.
+  beating = false;
+  beats.join();
+  CHECK(Eventually([&] { return client->Get(*id)->state() == proto::JobState::failed; }, absl::Seconds(10)));
+  CHECK_THAT(client->Get(*id)->error(), Contains("missed heartbeats"));
+}
+
 TEST_CASE("A FetchPlan waiting on a job that gets cancelled ends at once; so do waits at shutdown") {
   Stack s = StartStack();
   auto client = Client(s.address());

@@ -163,6 +163,48 @@ TEST_CASE("executors train 2 x 2, checkpoint, and resume bit-identically", "[exe
   for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
 }
 
+TEST_CASE("a planner restarted mid-job (SIGTERM, 3 s away) is ridden through: the job ends bit-identically",
+          "[executor][integration]") {
+  auto redis = RedisServer::Start(absl::Seconds(10), /*persistent=*/true);
+  REQUIRE(redis.ok());
+  const std::vector<std::string> flags = {"--heartbeat_timeout_ms=5000"};
+  auto planner = PlannerProcess::Start((*redis)->port(), flags);
+  REQUIRE(planner.ok());
+  const std::string address = (*planner)->address();
+  auto client = Client(address);
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(address, d));
+
+  const std::string quiet = TmpDir() + "/ckpt-ride-quiet", restarted = TmpDir() + "/ckpt-ride-restarted";
+  auto a = client->Submit(TrainJob(12, quiet, 12));
+  REQUIRE(a.ok());
+  const proto::JobStatus sa = WaitEnded(client.get(), *a, absl::Seconds(120));
+  INFO(sa.error());
+  REQUIRE(sa.state() == proto::JobState::succeeded);
+
+  auto b = client->Submit(TrainJob(12, restarted, 12));
+  REQUIRE(b.ok());
+  REQUIRE(Eventually([&] { return client->Get(*b).ok() && client->Get(*b)->iterations_done() >= 3; },
+                     absl::Seconds(120)));
+  // As `systemctl restart` does: SIGTERM, wait for the exit, start again on the same address.
+  (*planner)->Signal(SIGTERM);
+  REQUIRE((*planner)->Exited(absl::Seconds(15)));
+  absl::SleepFor(absl::Seconds(3));
+  std::vector<std::string> again = flags;
+  again.push_back("--listen=" + address);
+  planner = PlannerProcess::Start((*redis)->port(), again);
+  REQUIRE(planner.ok());
+  const proto::JobStatus sb = WaitEnded(client.get(), *b, absl::Seconds(120));
+  INFO(sb.error());
+  REQUIRE(sb.state() == proto::JobState::succeeded);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(Params(restarted, 11, r) == Params(quiet, 11, r));
+  }
+  CHECK(sb.last_loss() == sa.last_loss());
+  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
+}
+
 TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; a resubmitted job resumes",
           "[executor][integration]") {
   const absl::Duration heartbeat_timeout = absl::Seconds(3);
