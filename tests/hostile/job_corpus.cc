@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "planner/testing/test_specs.h"
 
 namespace dynapipe::testing::hostile {
 namespace {
@@ -73,14 +74,7 @@ proto::JobSpec BaseJob(const std::string& lengths) {
   s.set_memory_limit_mb(40000);
   s.set_iterations(4);
   s.set_planner_lookahead(2);
-  auto* c = s.mutable_cluster();
-  c->set_devices_per_node(8);
-  c->mutable_device()->set_name("h100");
-  c->mutable_device()->set_peak_tflops(989);
-  c->mutable_device()->set_memory_bandwidth_gbps(3350);
-  c->mutable_device()->set_memory_mb(80000);
-  c->set_intra_node_bandwidth_gbps(2400);
-  c->set_inter_node_bandwidth_gbps(400);
+  *s.mutable_cluster() = planner::testing::H100Cluster();
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "src/common/mutex.h"
 #include "src/testing/redis_server.h"
+#include "planner/testing/test_specs.h"
 
 namespace dynapipe::testing {
 
@@ -42,14 +43,7 @@ proto::JobSpec SmallJob(int pp, int dp, int iterations, int lookahead, int layer
   s.set_memory_limit_mb(40000);
   s.set_iterations(iterations);
   s.set_planner_lookahead(lookahead);
-  auto* c = s.mutable_cluster();
-  c->set_devices_per_node(8);
-  c->mutable_device()->set_name("h100");
-  c->mutable_device()->set_peak_tflops(989);
-  c->mutable_device()->set_memory_bandwidth_gbps(3350);
-  c->mutable_device()->set_memory_mb(80000);
-  c->set_intra_node_bandwidth_gbps(2400);
-  c->set_inter_node_bandwidth_gbps(400);
+  *s.mutable_cluster() = planner::testing::H100Cluster();
   return s;
 }
 
