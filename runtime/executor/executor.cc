@@ -77,7 +77,8 @@ absl::Status Executor::RegisterOnce() {
   executor_id_ = resp.executor_id();
   heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(50, resp.heartbeat_interval_ms()));
   last_heartbeat_ok_ = absl::Now();
-  spdlog::info("registered as {} with the planner at {}", executor_id_, options_.planner.address);
+  spdlog::info("registered as {} with the planner at {}; peers reach it at {}", executor_id_, options_.planner.address,
+               options_.listen_address);
   return absl::OkStatus();
 }
 

@@ -26,7 +26,9 @@ ABSL_FLAG(std::string, token_file, "",
           "file (mode 0600) holding the planner's API token; without one, only loopback addresses unless --insecure");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate of the planner (enables TLS)");
 ABSL_FLAG(std::string, data_root, "", "directory that relative dataset and checkpoint paths resolve against");
-ABSL_FLAG(std::string, listen_address, "127.0.0.1", "address peers connect to for pipeline and gradient traffic");
+ABSL_FLAG(std::string, listen_address, "auto",
+          "address peers connect to for pipeline and gradient traffic; auto: this machine's address on the route "
+          "to the planner (127.0.0.1 for a planner on loopback)");
 ABSL_FLAG(int, comm_timeout_s, 60, "deadline of every transfer and collective wait");
 ABSL_FLAG(int, planner_grace_s, 60,
           "a planner outage (restart, network blip) this long is ridden through: calls to it are retried meanwhile");
@@ -75,6 +77,11 @@ int main(int argc, char** argv) {
   }
   o.executor.data_root = absl::GetFlag(FLAGS_data_root);
   o.executor.listen_address = absl::GetFlag(FLAGS_listen_address);
+  if (o.executor.listen_address == "auto") {
+    auto local = dynapipe::rpc::LocalAddressToward(o.executor.planner.address);
+    if (!local.ok()) return fatal(dynapipe::Annotate(local.status(), "--listen_address=auto"));
+    o.executor.listen_address = *local;  // logged at registration
+  }
   o.executor.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   o.executor.prefetch = absl::GetFlag(FLAGS_prefetch);
   o.backend.kind = *backend;

@@ -1,7 +1,13 @@
 #include "src/rpc/exposure.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
@@ -40,6 +46,45 @@ std::string HostOf(absl::string_view address) {
   // More than one colon and no brackets: a bare IPv6 address.
   if (colon == absl::string_view::npos || address.find(':') != colon) return std::string(address);
   return std::string(address.substr(0, colon));
+}
+
+absl::StatusOr<std::string> LocalAddressToward(absl::string_view address) {
+  std::string host = HostOf(address);
+  std::string port = "9";  // any port: nothing is sent
+  if (host.size() < address.size()) {
+    const size_t colon = address.rfind(':');
+    port = std::string(address.substr(colon + 1));
+  }
+  if (host == "localhost") host = "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", address, ": ", ::gai_strerror(rc)));
+  }
+  std::string why = "no address";
+  std::string out;
+  for (addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw = local.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (::inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) out = text;
+    } else {
+      why = std::strerror(errno);
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (out.empty()) return absl::UnavailableError(absl::StrCat("no route to ", address, ": ", why));
+  return out;
 }
 
 absl::Status RequireTokenOffLoopback(bool has_token, bool insecure, const std::vector<Exposure>& exposures) {

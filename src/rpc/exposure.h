@@ -11,6 +11,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 // Defined once here for dynapipe-planner and dynapipe-executor; read only in
@@ -27,6 +28,13 @@ bool IsLoopbackHost(absl::string_view host);
 // The host of "host:port" or "[v6]:port"; a string without a port (a bare
 // host, "::1", "unix:/path") is returned whole.
 std::string HostOf(absl::string_view address);
+
+// The local address this machine uses to reach `address` ("host:port"): the
+// source address the kernel picks for a route to it (a UDP socket is
+// connected, no packet is sent). What peers on that network can reach this
+// machine at; 127.0.0.1 for a loopback target. UNAVAILABLE naming the
+// address when it cannot be resolved or has no route.
+absl::StatusOr<std::string> LocalAddressToward(absl::string_view address);
 
 // An address a daemon serves on or sends its calls to, and the flag that set it.
 struct Exposure {

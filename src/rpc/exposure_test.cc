@@ -45,5 +45,13 @@ TEST_CASE("Without a token, an address off loopback is refused naming its flag, 
   CHECK(RequireTokenOffLoopback(true, false, open).ok());  // a token: anything goes
 }
 
+TEST_CASE("LocalAddressToward: the source address of the route to a target") {
+  CHECK(*LocalAddressToward("127.0.0.1:50051") == "127.0.0.1");
+  CHECK(*LocalAddressToward("localhost:50051") == "127.0.0.1");
+  const auto bad = LocalAddressToward("no-such-host.invalid:50051");
+  CHECK(bad.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(bad.status().message()).find("no-such-host.invalid:50051") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace dynapipe::rpc
