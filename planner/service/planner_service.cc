@@ -48,7 +48,6 @@ PlannerService::~PlannerService() {
 
 void PlannerService::Start() {
   started_ = options_.clock->Now();
-  store_errors_seen_ = store_->errors();
   for (int i = 0; i < std::max(1, options_.planning_threads); ++i) threads_.emplace_back([this] { PlanningLoop(); });
   threads_.emplace_back([this] { WaiterLoop(); });
   threads_.emplace_back([this] { LivenessLoop(); });

@@ -175,7 +175,6 @@ class PlannerService {
   // heartbeat may have failed because of it, not of the executor), and each
   // running job's progress as last seen.
   absl::Time store_trouble_at_ = absl::InfinitePast();
-  int64_t store_errors_seen_ = -1;
   struct Progress {
     int64_t done = -1;
     absl::Time since;

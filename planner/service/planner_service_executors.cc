@@ -124,7 +124,8 @@ absl::Status PlannerService::MaybeAssign(proto::ExecutorRecord* rec) {
   if (seat.job.empty()) {
     // Stored first, so that this pass counts the executor as live and idle.
     RETURN_IF_ERROR(store_->PutExecutor(*rec));
-    RETURN_IF_ERROR(ScheduleGangs(/*eager=*/true));
+    // A failed pass must not fail this executor's heartbeat: the next pass retries.
+    if (absl::Status s = ScheduleGangs(/*eager=*/true); !s.ok()) spdlog::warn("placing jobs: {}", s.message());
     ASSIGN_OR_RETURN(seat, store_->SeatOf(rec->executor_id()));
     if (seat.job.empty()) return absl::OkStatus();
   }
@@ -176,11 +177,16 @@ absl::Status PlannerService::ScheduleGangs(bool eager) {
   jobs_may_wait_ = true;
   ASSIGN_OR_RETURN(const std::vector<proto::ExecutorRecord> records, Executors());
   const int64_t now = NowMs(), timeout = absl::ToInt64Milliseconds(options_.heartbeat_timeout);
+  const int64_t fresh = std::min(timeout, std::max<int64_t>(1000, 3 * absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   std::vector<IdleExecutor> idle;
   int live = 0;
   for (const proto::ExecutorRecord& rec : records) {
     if (rec.lost() || now - rec.last_heartbeat_unix_ms() > timeout) continue;
     ++live;
+    // Placed only if it checked in within a few heartbeat intervals: the
+    // record of an executor that just died (or was restarted under a new id)
+    // stays live for a whole timeout, and a job placed on it would fail.
+    if (now - rec.last_heartbeat_unix_ms() > fresh) continue;
     if (!rec.assignment().job_id().empty()) continue;
     ASSIGN_OR_RETURN(const store::Seat seat, store_->SeatOf(rec.executor_id()));
     if (seat.job.empty()) idle.push_back({rec.executor_id(), rec.info().node(), rec.info().device_index()});
@@ -286,9 +292,9 @@ void PlannerService::CheckLiveness() {
   // Right after this process starts, heartbeats may be stale only because no
   // planner was running; during and right after a store outage, because
   // heartbeats could not be recorded: give executors one timeout to check in.
-  const int64_t store_errors = store_->errors();
-  if (!store_->healthy() || store_errors != store_errors_seen_) store_trouble_at_ = options_.clock->Now();
-  store_errors_seen_ = store_errors;
+  // Only unreachability counts (error replies such as WRONGTYPE do not: they
+  // would switch loss detection off for good).
+  if (!store_->healthy()) store_trouble_at_ = options_.clock->Now();
   const absl::Time grace_from = std::max(started_, store_trouble_at_);
   if (options_.clock->Now() - grace_from < options_.heartbeat_timeout) return;
   auto records = Executors();

@@ -415,6 +415,36 @@ TEST_CASE("A failed job names the rank its peers lost, not the bystander that re
   CHECK(st->error() == "rank 1 failed (ranks 0, 3 lost it): rank 3 iteration 1: recv from rank 1 failed");
 }
 
+TEST_CASE("Gangs go to executors that checked in recently, not to records of executors that just went quiet") {
+  store::MemoryPlanStore store;
+  FakeClock clock;
+  ServiceOptions options = AnywhereOptions();
+  options.clock = &clock;  // heartbeat timeout 10 s, interval 1 s
+  PlannerService svc(&store, options);
+  auto register_executor = [&](int device) {
+    proto::RegisterExecutorRequest reg;
+    reg.set_node("n");
+    reg.set_device_index(device);
+    auto r = svc.Register(reg);
+    REQUIRE(r.ok());
+    return r->executor_id();
+  };
+  // Two executors that registered and then died (or were restarted under new ids).
+  const std::vector<std::string> quiet = {register_executor(0), register_executor(1)};
+  clock.Advance(absl::Seconds(4));  // still "live" (under the timeout), no longer fresh
+  const std::vector<std::string> fresh = {register_executor(0), register_executor(1)};
+  auto id = Submit(svc, Job(10, "/ckpt/fresh"));
+  REQUIRE(id.ok());
+  for (const std::string& e : fresh) {
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(e);
+    auto beat = svc.Heartbeat(hb);
+    REQUIRE(beat.ok());
+    CHECK(beat->assignment().job_id() == *id);
+  }
+  for (const std::string& e : quiet) CHECK(store.SeatOf(e)->job.empty());
+}
+
 TEST_CASE("A running job whose progress stalls past the progress timeout fails, naming the iteration") {
   store::MemoryPlanStore store;
   ServiceOptions options = AnywhereOptions();

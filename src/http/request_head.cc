@@ -108,6 +108,7 @@ HeadResult CheckFraming(RequestHead& head) {
     }
   }
   if (head.chunked && head.content_length) return Refuse(400, "both Content-Length and Transfer-Encoding");
+  if (hosts > 1) return Refuse(400, "more than one Host field");
   if (head.minor_version == 1 && hosts != 1) return Refuse(400, "an HTTP/1.1 request needs exactly one Host field");
   if (head.minor_version == 0 && !keep_alive) head.wants_close = true;
   return {};

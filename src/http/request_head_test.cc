@@ -53,6 +53,7 @@ TEST_CASE("Lenient-server guesses are refused with 400") {
   CHECK(Refusal(Head(std::string("GET /a\0b HTTP/1.1", 17))) == 400);
   CHECK(Refusal(Head("GET /healthz HTTP/1.1", "")) == 400);                        // no Host
   CHECK(Refusal(Head("GET /healthz HTTP/1.1", "\r\nHost: a\r\nHost: b")) == 400);  // two Hosts
+  CHECK(Refusal(Head("GET /healthz HTTP/1.0", "\r\nHost: a\r\nHost: b")) == 400);  // in 1.0 too
   CHECK(Refusal("GET /healthz HTTP/1.1\r\nHost: h\r\n") == 400);                   // no blank line
 }
 

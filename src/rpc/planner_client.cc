@@ -16,7 +16,8 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Connect(Options op
   return c;
 }
 
-absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call,
+                                  bool repeatable) {
   const absl::Time deadline = absl::Now() + total;
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
@@ -24,7 +25,8 @@ absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc
     Authenticate(&ctx);
     ctx.set_deadline(absl::ToChronoTime(deadline));
     const absl::Status s = FromGrpc(call(&ctx));
-    const bool transient = s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
+    const bool transient =
+        s.code() == absl::StatusCode::kUnavailable || (repeatable && s.code() == absl::StatusCode::kCancelled);
     if (!transient || absl::Now() + backoff >= deadline) return s;
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
@@ -35,7 +37,8 @@ absl::StatusOr<std::string> PlannerClient::Submit(const proto::JobSpec& spec) {
   proto::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   proto::SubmitJobResponse resp;
-  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->Submit(c, req, &resp); }));
+  RETURN_IF_ERROR(Retry(
+      options_.timeout, [&](grpc::ClientContext* c) { return jobs_->Submit(c, req, &resp); }, /*repeatable=*/false));
   return resp.job_id();
 }
 
@@ -95,7 +98,8 @@ absl::Status PlannerClient::ReportIteration(const proto::IterationReport& report
 
 absl::StatusOr<proto::RegisterExecutorResponse> PlannerClient::Register(const proto::RegisterExecutorRequest& req) {
   proto::RegisterExecutorResponse resp;
-  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return registry_->Register(c, req, &resp); }));
+  RETURN_IF_ERROR(Retry(
+      options_.timeout, [&](grpc::ClientContext* c) { return registry_->Register(c, req, &resp); }, /*repeatable=*/false));
   return resp;
 }
 

@@ -26,8 +26,8 @@ class PlannerClient {
     TlsFiles tls;
     // Per call, retries included: how long a planner outage (a restart, a
     // network blip) may last before a call gives up. Calls are retried while
-    // the planner is UNAVAILABLE or CANCELLED them (a planner shutting down
-    // cancels the calls in flight).
+    // the planner is UNAVAILABLE, and calls that may be repeated also when it
+    // CANCELLED them (a planner shutting down cancels the calls in flight).
     absl::Duration timeout = absl::Seconds(10);
   };
   static absl::StatusOr<std::unique_ptr<PlannerClient>> Connect(Options options);
@@ -57,7 +57,11 @@ class PlannerClient {
   explicit PlannerClient(Options o) : options_(std::move(o)) {}
   // Runs `call` (one attempt with the given context) until it is not
   // UNAVAILABLE or `total` has passed.
-  absl::Status Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call);
+  // Calls until OK, a lasting error or `total` passes. UNAVAILABLE is retried;
+  // CANCELLED (the planner shut down mid-call, perhaps after acting on it)
+  // only when `repeatable`: a Submit or Register repeated would act twice.
+  absl::Status Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call,
+                     bool repeatable = true);
   // Adds the token and the executor credential to a call.
   void Authenticate(grpc::ClientContext* context);
 
