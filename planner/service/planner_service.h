@@ -155,6 +155,13 @@ class PlannerService {
   // a job that must wait gets the reason as its error.
   // `eager`: called from a heartbeat (see jobs_may_wait_).
   absl::Status ScheduleGangs(bool eager);
+  // Every job, in submission order (jobs that cannot be read are skipped).
+  absl::StatusOr<std::vector<proto::JobStatus>> JobsInOrder();
+  // The pass itself, on jobs and executor records already read (a null
+  // `records` is read only if some job waits).
+  absl::Status PlaceWaitingJobs(const std::vector<proto::JobStatus>& jobs,
+                                const std::vector<proto::ExecutorRecord>* records)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(schedule_mu_);
   // Moves a pending job to running once every rank is held; true if it did.
   absl::StatusOr<bool> MaybeStartJob(const std::string& job, int world);
   int64_t NowMs() const { return absl::ToUnixMillis(options_.clock->Now()); }

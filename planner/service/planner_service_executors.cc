@@ -159,28 +159,45 @@ absl::Status PlannerService::ScheduleGangs(bool eager) {
     if (!jobs_may_wait_ || absl::Now() - last_eager_schedule_ < kEagerScheduleInterval) return absl::OkStatus();
     last_eager_schedule_ = absl::Now();
   }
-  jobs_may_wait_ = false;
+  ASSIGN_OR_RETURN(const std::vector<proto::JobStatus> jobs, JobsInOrder());
+  return PlaceWaitingJobs(jobs, nullptr);
+}
+
+absl::StatusOr<std::vector<proto::JobStatus>> PlannerService::JobsInOrder() {
   ASSIGN_OR_RETURN(std::vector<std::string> ids, store_->ListJobs());
   // Submission order: ids are increasing numbers.
   std::sort(ids.begin(), ids.end(), [](const std::string& a, const std::string& b) {
     return a.size() != b.size() ? a.size() < b.size() : a < b;
   });
-  std::vector<PendingJob> pending;
+  std::vector<proto::JobStatus> jobs;
   for (const std::string& id : ids) {
-    auto job = store_->GetJob(id);
-    if (!job.ok() || job->state() != proto::JobState::pending) continue;
-    ASSIGN_OR_RETURN(const std::string holder, store_->RankHolder(id, 0));
+    if (auto job = store_->GetJob(id); job.ok()) jobs.push_back(std::move(*job));
+  }
+  return jobs;
+}
+
+absl::Status PlannerService::PlaceWaitingJobs(const std::vector<proto::JobStatus>& jobs,
+                                              const std::vector<proto::ExecutorRecord>* records) {
+  jobs_may_wait_ = false;
+  std::vector<PendingJob> pending;
+  for (const proto::JobStatus& job : jobs) {
+    if (job.state() != proto::JobState::pending) continue;
+    ASSIGN_OR_RETURN(const std::string holder, store_->RankHolder(job.job_id(), 0));
     if (!holder.empty()) continue;  // placed: its executors take their seats at their next heartbeat
-    pending.push_back({id, store::WorldSize(job->spec())});
+    pending.push_back({job.job_id(), store::WorldSize(job.spec())});
   }
   if (pending.empty()) return absl::OkStatus();
   jobs_may_wait_ = true;
-  ASSIGN_OR_RETURN(const std::vector<proto::ExecutorRecord> records, Executors());
+  std::vector<proto::ExecutorRecord> read;
+  if (records == nullptr) {
+    ASSIGN_OR_RETURN(read, Executors());
+    records = &read;
+  }
   const int64_t now = NowMs(), timeout = absl::ToInt64Milliseconds(options_.heartbeat_timeout);
   const int64_t fresh = std::min(timeout, std::max<int64_t>(1000, 3 * absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   std::vector<IdleExecutor> idle;
   int live = 0;
-  for (const proto::ExecutorRecord& rec : records) {
+  for (const proto::ExecutorRecord& rec : *records) {
     if (rec.lost() || now - rec.last_heartbeat_unix_ms() > timeout) continue;
     ++live;
     // Placed only if it checked in within a few heartbeat intervals: the
@@ -265,28 +282,31 @@ absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
 }
 
 void PlannerService::CheckLiveness() {
-  if (auto s = ScheduleGangs(/*eager=*/false); !s.ok()) spdlog::warn("placing jobs: {}", s.message());
+  // Jobs and executors are read once per pass, for placement and for the checks below.
+  const absl::StatusOr<std::vector<proto::JobStatus>> jobs = JobsInOrder();
+  auto records = Executors();
+  if (jobs.ok() && records.ok()) {
+    MutexLock lock(&schedule_mu_);
+    if (auto s = PlaceWaitingJobs(*jobs, &*records); !s.ok()) spdlog::warn("placing jobs: {}", s.message());
+  }
   // Pending jobs whose ranks are all held start (also covers a claimer whose
   // own start attempt failed); running jobs with failures are judged.
-  if (auto ids = store_->ListJobs(); ids.ok()) {
-    for (const auto& id : *ids) {
-      auto job = store_->GetJob(id);
-      if (!job.ok()) continue;
-      if (job->state() == proto::JobState::pending) (void)MaybeStartJob(id, store::WorldSize(job->spec()));
-      if (job->state() != proto::JobState::running) {
-        progress_.erase(id);
-        continue;
-      }
-      CheckProgress(id, *job);
-      // Failures reported long enough ago are judged with what has arrived.
-      auto failures = store_->Failures(id);
-      if (!failures.ok() || failures->empty() ||
-          NowMs() - failures->front().received_unix_ms() < absl::ToInt64Milliseconds(options_.failure_grace)) {
-        continue;
-      }
-      if (auto s = JudgeJobFailures(id, *failures, store::WorldSize(job->spec()), /*final=*/true); !s.ok()) {
-        spdlog::warn("job {}: judging failures: {}", id, s.message());
-      }
+  for (const proto::JobStatus& job : jobs.ok() ? *jobs : std::vector<proto::JobStatus>()) {
+    const std::string& id = job.job_id();
+    if (job.state() == proto::JobState::pending) (void)MaybeStartJob(id, store::WorldSize(job.spec()));
+    if (job.state() != proto::JobState::running) {
+      progress_.erase(id);
+      continue;
+    }
+    CheckProgress(id, job);
+    // Failures reported long enough ago are judged with what has arrived.
+    auto failures = store_->Failures(id);
+    if (!failures.ok() || failures->empty() ||
+        NowMs() - failures->front().received_unix_ms() < absl::ToInt64Milliseconds(options_.failure_grace)) {
+      continue;
+    }
+    if (auto s = JudgeJobFailures(id, *failures, store::WorldSize(job.spec()), /*final=*/true); !s.ok()) {
+      spdlog::warn("job {}: judging failures: {}", id, s.message());
     }
   }
   // Right after this process starts, heartbeats may be stale only because no
@@ -297,7 +317,6 @@ void PlannerService::CheckLiveness() {
   if (!store_->healthy()) store_trouble_at_ = options_.clock->Now();
   const absl::Time grace_from = std::max(started_, store_trouble_at_);
   if (options_.clock->Now() - grace_from < options_.heartbeat_timeout) return;
-  auto records = Executors();
   if (!records.ok()) return;
   const int64_t now = NowMs();
   const int64_t timeout = absl::ToInt64Milliseconds(options_.heartbeat_timeout);
