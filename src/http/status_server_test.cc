@@ -16,11 +16,13 @@
 
 #include "src/http/metrics.h"
 #include "src/testing/loopback.h"
+#include "src/testing/raw_socket.h"
 
 namespace dynapipe::http {
 namespace {
 
 using testing::ConnectLoopback;
+using testing::SendAndRead;
 
 TEST_CASE("Status server serves health, status and metrics on a loopback port; read-only") {
   std::atomic<bool> healthy{true};
@@ -106,24 +108,7 @@ TEST_CASE("Stalled clients cannot starve /healthz and are disconnected within th
 // Sends `bytes` on a new connection, then reads until the server closes it
 // (or 10 s pass): the whole reply.
 std::string Exchange(int port, const std::string& bytes) {
-  const int fd = ConnectLoopback(port, absl::Seconds(10));
-  if (fd < 0) return "connect failed";
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;  // the server may refuse and close before all is sent
-    sent += static_cast<size_t>(n);
-  }
-  std::string reply;
-  char buf[4096];
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n > 0) reply.append(buf, static_cast<size_t>(n));
-    if (n == 0 || (n < 0 && errno != EINTR)) break;
-  }
-  ::close(fd);
-  return reply;
+  return SendAndRead(port, bytes, absl::Seconds(10), [](const std::string&) { return false; }).response;
 }
 
 TEST_CASE("Malformed request heads are refused with one status line each; pipelined requests are answered in order") {

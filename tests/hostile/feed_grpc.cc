@@ -13,7 +13,7 @@
 #include "src/rpc/planner_client.h"
 #include "src/rpc/status_conversion.h"
 #include "tests/hostile/network_corpus.h"
-#include "tests/hostile/raw_socket.h"
+#include "src/testing/raw_socket.h"
 
 namespace dynapipe::testing::hostile {
 namespace {

@@ -11,7 +11,7 @@
 #include "src/store/redis_client.h"
 #include "tests/hostile/data_root.h"
 #include "tests/hostile/network_corpus.h"
-#include "tests/hostile/raw_socket.h"
+#include "src/testing/raw_socket.h"
 
 namespace dynapipe::testing::hostile {
 namespace {

@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "src/common/file_util.h"
 #include "src/rpc/auth.h"
-#include "tests/hostile/raw_socket.h"
+#include "src/testing/raw_socket.h"
 
 namespace dynapipe::testing::hostile {
 

@@ -1,8 +1,8 @@
 #pragma once
 
-// Raw loopback TCP for hostile inputs: bytes no well-behaved client would
-// send (malformed HTTP, junk on the gRPC port, requests that stall), with a
-// deadline on every wait.
+// Raw loopback TCP for tests that send bytes no well-behaved client would
+// (malformed HTTP, junk on the gRPC port, requests that stall), with a
+// deadline on every wait, and small helpers to read HTTP responses.
 
 #include <functional>
 #include <memory>
@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
-namespace dynapipe::testing::hostile {
+namespace dynapipe::testing {
 
 struct Exchange {
   bool closed = false;     // the peer closed or reset the connection
@@ -54,4 +54,4 @@ std::string FirstLine(const std::string& r);
 // True when GET /healthz on `http_port` answers 200 within `limit`.
 bool HealthzOk(int http_port, absl::Duration limit = absl::Seconds(5));
 
-}  // namespace dynapipe::testing::hostile
+}  // namespace dynapipe::testing

@@ -1,8 +1,6 @@
-#include "tests/hostile/raw_socket.h"
+#include "src/testing/raw_socket.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,8 +13,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "src/testing/loopback.h"
 
-namespace dynapipe::testing::hostile {
+namespace dynapipe::testing {
 namespace {
 
 constexpr size_t kMaxResponse = size_t{1} << 20;
@@ -28,18 +27,9 @@ int WaitMs(absl::Time deadline) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RawConnection>> RawConnection::Connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::UnavailableError(absl::StrCat("connect 127.0.0.1:", port, ": ", std::strerror(err)));
-  }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const int fd = ConnectLoopback(port, absl::Seconds(10));
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("connect 127.0.0.1:", port, ": ", std::strerror(errno)));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);  // every wait below polls with its own deadline
   return std::unique_ptr<RawConnection>(new RawConnection(fd));
 }
 
@@ -134,4 +124,4 @@ bool HealthzOk(int http_port, absl::Duration limit) {
   return e.complete && HttpStatus(e.response) == 200;
 }
 
-}  // namespace dynapipe::testing::hostile
+}  // namespace dynapipe::testing
