@@ -30,6 +30,7 @@ packages=(
   python3                  # test-summary helper
   curl                     # deploy/local-cluster.sh health checks
   patchelf                 # deploy/bundle.sh: relocatable binaries
+  slurmctld slurmd slurm-client munge  # deploy/local_slurm_test: the sbatch script on a real Slurm
   clang lld                # deploy/fuzz.sh: libFuzzer harnesses (fuzz/), in their own output base
 )
 

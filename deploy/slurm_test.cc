@@ -49,19 +49,32 @@ int Mode(const std::string& path) {
 
 // The head node is "localhost"; srun ignores where it is told to run and
 // starts --ntasks-per-node copies (SLURM_LOCALID 0..n-1), forwarding SIGTERM.
+// It refuses what a real Slurm 22.05 (deploy/slurm/local-slurm-test.sh)
+// runs wrongly: a step without --overlap (it would wait for the steps
+// before it), task counts left to the batch step's SLURM_NTASKS (one task
+// per node), and --gres=none beside a GPU request in the environment
+// ("Invalid Trackable RESource").
 constexpr char kScontrol[] = R"(#!/usr/bin/env bash
 [ "$1 $2" = "show hostnames" ] && echo localhost
 )";
 constexpr char kSrun[] = R"(#!/usr/bin/env bash
-n=1
+n=1 ntasks="" overlap=0 gres=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -w) shift 2 ;;
     --ntasks-per-node=*) n="${1#*=}"; shift ;;
+    --ntasks=*) ntasks="${1#*=}"; shift ;;
+    --overlap) overlap=1; shift ;;
+    --gres=*) gres="${1#*=}"; shift ;;
     -*) shift ;;
     *) break ;;
   esac
 done
+[ $overlap = 1 ] || { echo "fake srun: no --overlap: $*" >&2; exit 1; }
+[ "$ntasks" = "$n" ] || { echo "fake srun: --ntasks='$ntasks' for $n tasks on one node: $*" >&2; exit 1; }
+if [ "$gres" = none ] && env | grep -q '^SLURM_[A-Z_]*GPU'; then
+  echo "fake srun: --gres=none with a GPU request in the environment: $*" >&2; exit 1
+fi
 pids=()
 for i in $(seq 0 $((n - 1))); do SLURM_LOCALID=$i "$@" & pids+=($!); done
 trap 'kill "${pids[@]}" 2>/dev/null; wait' TERM INT
@@ -106,7 +119,8 @@ TEST_CASE("The Slurm script runs a job with a password-protected Redis on the he
   };
   const std::string redis_port = port(), planner_port = port(), http_port = port();
   const std::string command = "cd '" + work + "' && env PATH='" + fake_bin + "':\"$PATH\" SLURM_JOB_ID=7 " +
-                              "SLURM_JOB_NODELIST=localhost SLURM_GPUS_PER_NODE=2 OPENBLAS_NUM_THREADS=1 " +
+                              "SLURM_JOB_NODELIST=localhost SLURM_GPUS_PER_NODE=2 SLURM_NTASKS=1 SLURM_NTASKS_PER_NODE=1 " +
+                              "DYNAPIPE_BACKEND=cpu OPENBLAS_NUM_THREADS=1 " +
                               "DYNAPIPE_BIN='" + Runfiles() + "' DYNAPIPE_RUN_DIR='" + run + "' REDIS_PORT=" +
                               redis_port + " PLANNER_PORT=" + planner_port + " HTTP_PORT=" + http_port +
                               " timeout -s TERM 240 bash '" + Runfiles() + "/deploy/slurm/dynapipe.sbatch' job.pbtxt";
@@ -142,6 +156,7 @@ TEST_CASE("The Slurm script runs a job with a password-protected Redis on the he
   runner.join();
   INFO(script.text);
   CHECK(script.rc == 0);
+  CHECK_THAT(script.text, Contains("2 cpu executors (2 per node on localhost)"));
   CHECK_THAT(script.text, Contains("submitted ") && Contains("status: http://127.0.0.1:" + http_port + "/status"));
   const std::string planner_log = ReadAll(run + "/planner.log");
   CHECK_THAT(planner_log, !Contains("INSECURE") && Contains("serving gRPC"));

@@ -3,7 +3,9 @@
 // dynapipe.env), run stand-in daemons that print their flags. The planner
 // and every executor get the token file, the planner the Redis password
 // file; nothing binds every interface; TLS flags appear exactly when the
-// environment file sets them.
+// environment file sets them; executors get the backend and their addresses
+// from it; no daemon writes a log file (the journal is the one log). And
+// `systemd-analyze security` rates each unit's sandbox at most 4.0 exposure.
 
 #include <sys/wait.h>
 
@@ -26,8 +28,10 @@ namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using dynapipe::testing::ReadAll;
 using dynapipe::testing::Runfiles;
+using dynapipe::testing::RunShell;
+using dynapipe::testing::ShellOutput;
 
-std::string Shell(const std::string& command) { return dynapipe::testing::RunShell(command).text; }
+std::string Shell(const std::string& command) { return RunShell(command).text; }
 
 void ReplaceAll(std::string* s, const std::string& from, const std::string& to) {
   for (size_t at = s->find(from); at != std::string::npos; at = s->find(from, at + to.size())) {
@@ -98,10 +102,16 @@ TEST_CASE("systemd units pass the token and Redis password files, bind no wildca
   CHECK_THAT(planner, Contains("--redis_password_file=/etc/dynapipe/redis.password\n"));
   CHECK_THAT(planner, Contains("--http_host=127.0.0.1\n") && Contains("--listen=planner-host:50051\n"));
   CHECK_THAT(planner, !Contains("--tls"));
+  CHECK_THAT(planner, !Contains("--log_file"));
   const std::string executor = Flags("dynapipe-executor@.service", "");
   INFO(executor);
   CHECK_THAT(executor, Contains("--token_file=/etc/dynapipe/token\n") && Contains("--device=3\n"));
   CHECK_THAT(executor, !Contains("--tls"));
+  CHECK_THAT(executor,
+             Contains("--backend=cuda\n") && Contains("--listen_address=auto\n") && Contains("--http_host=auto\n"));
+  // The status port is the executor's default, 8081 + the device index.
+  CHECK_THAT(executor, !Contains("--log_file") && !Contains("--http_port"));
+  CHECK_THAT(Flags("dynapipe-executor@.service", " DYNAPIPE_BACKEND=cpu"), Contains("--backend=cpu\n"));
 
   const std::string tls = " DYNAPIPE_TLS_CERT=/etc/dynapipe/tls/p.crt DYNAPIPE_TLS_KEY=/etc/dynapipe/tls/p.key"
                           " DYNAPIPE_TLS_CA=/etc/dynapipe/tls/ca.crt";
@@ -109,6 +119,53 @@ TEST_CASE("systemd units pass the token and Redis password files, bind no wildca
   INFO(planner_tls);
   CHECK_THAT(planner_tls, Contains("--tls_cert=/etc/dynapipe/tls/p.crt\n--tls_key=/etc/dynapipe/tls/p.key\n"));
   CHECK_THAT(Flags("dynapipe-executor@.service", tls), Contains("--tls_ca=/etc/dynapipe/tls/ca.crt\n"));
+}
+
+// The overall exposure in `systemd-analyze security` output ("... Overall
+// exposure level for NAME: 1.7 OK ..."; 0 best, 10 worst), -1 without one.
+double OverallExposure(const std::string& analysis) {
+  const size_t line = analysis.rfind("Overall exposure level for ");
+  if (line == std::string::npos) return -1;
+  const size_t colon = analysis.find(": ", line);
+  if (colon == std::string::npos) return -1;
+  const char* begin = analysis.c_str() + colon + 2;
+  char* end = nullptr;
+  const double exposure = std::strtod(begin, &end);
+  return end == begin ? -1 : exposure;
+}
+
+// The major version of systemd-analyze on PATH ("systemd 252 (...)"), 0 when
+// it cannot say.
+int SystemdAnalyzeVersion() {
+  const std::string out = Shell("systemd-analyze --version");
+  return out.rfind("systemd ", 0) == 0 ? std::atoi(out.c_str() + 8) : 0;
+}
+
+TEST_CASE("systemd-analyze security rates each unit at most 4.0 exposure") {
+  if (RunShell("command -v systemd-analyze").rc != 0) {
+    WARN("skipped: systemd-analyze is not on PATH (it comes with systemd); the units' sandboxes are unchecked");
+    return;
+  }
+  if (const int version = SystemdAnalyzeVersion(); version < 250) {
+    WARN("skipped: systemd-analyze " << version << " predates security --offline (systemd 250)");
+    return;
+  }
+  // Copies, so that the file names are the units' own (runfiles may be links).
+  const std::string dir = dynapipe::testing::FreshTempDir("systemd_analyze");
+  fs::create_directories(dir);
+  for (const char* unit : {"dynapipe-planner.service", "dynapipe-executor@.service"}) {
+    INFO(unit);
+    const std::string path = dir + "/" + unit;
+    fs::copy_file(Runfiles() + "/deploy/systemd/" + unit, path);
+    // Offline: no systemd needs to run here, nor /etc/dynapipe or the user exist.
+    const ShellOutput analysis = RunShell("SYSTEMD_COLORS=0 TMPDIR='" + dir +
+                                          "' systemd-analyze security --offline=true --no-pager '" + path + "'");
+    INFO(analysis.text);
+    REQUIRE(analysis.rc == 0);
+    const double exposure = OverallExposure(analysis.text);
+    REQUIRE(exposure >= 0);
+    CHECK(exposure <= 4.0);
+  }
 }
 
 }  // namespace

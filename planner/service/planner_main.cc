@@ -12,10 +12,12 @@
 #include "planner/service/planner_server.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
+#include "src/rpc/defaults.h"
 #include "src/rpc/exposure.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address (host:port; port 0 picks one)");
-ABSL_FLAG(int, http_port, 8080, "status endpoint port (0 picks one, -1 disables)");
+ABSL_FLAG(std::string, listen, std::string(dynapipe::rpc::kDefaultPlannerAddress),
+          "gRPC address (host:port; port 0 picks one)");
+ABSL_FLAG(int, http_port, dynapipe::rpc::kPlannerStatusPort, "status endpoint port (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
 ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis host:port");
 ABSL_FLAG(std::string, redis_password_file, "",

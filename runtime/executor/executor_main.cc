@@ -13,10 +13,16 @@
 #include "runtime/executor/executor_server.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "src/rpc/auth.h"
+#include "src/rpc/defaults.h"
 #include "src/rpc/exposure.h"
 
-ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address (host:port)");
+ABSL_FLAG(std::string, planner, std::string(dynapipe::rpc::kDefaultPlannerAddress),
+          "planner gRPC address (host:port), or several planners sharing one Redis (host:port,host:port: the next "
+          "is tried when one is down)");
 ABSL_FLAG(int, device, 0, "device index on this node");
 ABSL_FLAG(std::string, node, "", "node name (default: the host name)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (fp32, Gloo) or cuda (bf16, NCCL)");
@@ -33,8 +39,12 @@ ABSL_FLAG(int, comm_timeout_s, 60, "deadline of every transfer and collective wa
 ABSL_FLAG(int, planner_grace_s, 60,
           "a planner outage (restart, network blip) this long is ridden through: calls to it are retried meanwhile");
 ABSL_FLAG(int, prefetch, 2, "plans fetched ahead of the running iteration");
-ABSL_FLAG(int, http_port, 0, "status endpoint port (0 picks one, -1 disables)");
-ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
+ABSL_FLAG(std::string, http_port, "auto",
+          absl::StrCat("status endpoint port; auto: ", dynapipe::rpc::kExecutorStatusPortBase,
+                       " + --device; 0 picks a free one, -1 disables it"));
+ABSL_FLAG(std::string, http_host, "auto",
+          "status endpoint address; auto: the --listen_address (reachable from the planner's network, so a "
+          "scraper there can read /metrics)");
 ABSL_FLAG(std::string, port_file, "", "write the status endpoint's port here");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, log_file, "", "also log to this file");
@@ -88,13 +98,23 @@ int main(int argc, char** argv) {
   o.backend.device = o.executor.device;
   o.backend.comm = *comm;
   o.http_host = absl::GetFlag(FLAGS_http_host);
-  o.http_port = absl::GetFlag(FLAGS_http_port);
+  if (o.http_host == "auto") o.http_host = o.executor.listen_address;
+  if (const std::string port = absl::GetFlag(FLAGS_http_port); port == "auto") {
+    o.http_port = dynapipe::rpc::ExecutorStatusPort(o.executor.device);
+  } else if (!absl::SimpleAtoi(port, &o.http_port) || o.http_port < -1 || o.http_port > 65535) {
+    return fatal(absl::InvalidArgumentError(
+        absl::StrCat("--http_port: expected auto, a port number, 0 (any free port) or -1 (none), got \"",
+                     absl::CHexEscape(port), "\"")));
+  }
   o.port_file = absl::GetFlag(FLAGS_port_file);
   // Without a token, talk to and serve only this machine unless told
   // --insecure: the planner's calls, peers' pipeline and gradient traffic
   // (Gloo), the status endpoint.
-  std::vector<dynapipe::rpc::Exposure> exposures = {{"--planner", o.executor.planner.address},
-                                                    {"--listen_address", o.executor.listen_address}};
+  std::vector<dynapipe::rpc::Exposure> exposures;
+  for (const std::string& planner : dynapipe::rpc::SplitAddressList(o.executor.planner.address)) {
+    exposures.push_back({"--planner", planner});
+  }
+  exposures.push_back({"--listen_address", o.executor.listen_address});
   if (o.http_port >= 0) exposures.push_back({"--http_host", o.http_host});
   if (auto s = dynapipe::rpc::RequireTokenOffLoopback(!token->empty(), absl::GetFlag(FLAGS_insecure), exposures);
       !s.ok()) {

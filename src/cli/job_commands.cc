@@ -10,6 +10,7 @@
 #include "src/cli/args.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
+#include "src/rpc/defaults.h"
 #include "src/rpc/planner_client.h"
 #include "src/spec/job_spec.h"
 
@@ -51,7 +52,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
   auto args = Args::Parse(flag_args, {"planner", "token-file", "timeout-s", "tls-ca"}, {"json"});
   if (!args.ok()) return fail(args.status(), 2);
   rpc::PlannerClient::Options o;
-  o.address = args->Str("planner", Env("DYNAPIPE_PLANNER", "127.0.0.1:50051"));
+  o.address = args->Str("planner", Env("DYNAPIPE_PLANNER", std::string(rpc::kDefaultPlannerAddress)));
   auto token = rpc::ReadToken(args->Str("token-file", Env("DYNAPIPE_TOKEN_FILE", "")));
   if (!token.ok()) return fail(token.status(), 2);
   o.token = *token;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
+#include "src/rpc/exposure.h"
 
 namespace dynapipe::rpc {
 namespace {
@@ -144,10 +145,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(kMaxPlannerResponseBytes);
   args.SetMaxSendMessageSize(kMaxPlannerRequestBytes);
-  if (!tls.enabled()) return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  ASSIGN_OR_RETURN(const std::string target, ChannelTarget(address));
+  if (!tls.enabled()) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   grpc::SslCredentialsOptions options;
   ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(tls.ca));
-  return grpc::CreateCustomChannel(address, grpc::SslCredentials(options), args);
+  // Planners in a list are checked against the first one's name: give them
+  // one certificate that names it (and the others, as alternative names).
+  if (target != address) args.SetSslTargetNameOverride(HostOf(SplitAddressList(address)[0]));
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(options), args);
 }
 
 }  // namespace dynapipe::rpc

@@ -12,7 +12,10 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "src/common/logging.h"
 
 ABSL_FLAG(bool, insecure, false,
@@ -48,7 +51,54 @@ std::string HostOf(absl::string_view address) {
   return std::string(address.substr(0, colon));
 }
 
-absl::StatusOr<std::string> LocalAddressToward(absl::string_view address) {
+std::vector<std::string> SplitAddressList(absl::string_view addresses) {
+  std::vector<std::string> out;
+  for (absl::string_view a : absl::StrSplit(addresses, ',', absl::SkipEmpty())) out.emplace_back(a);
+  return out;
+}
+
+absl::StatusOr<std::string> ChannelTarget(absl::string_view addresses) {
+  const std::vector<std::string> list = SplitAddressList(addresses);
+  if (list.size() == 1) return list[0];
+  if (list.empty()) return absl::InvalidArgumentError("planner address: empty (give HOST:PORT)");
+  int family = AF_UNSPEC;
+  std::vector<std::string> resolved;
+  for (const std::string& address : list) {
+    const std::string host = HostOf(address);
+    const size_t colon = address.rfind(':');
+    if (host.size() == address.size() || colon == std::string::npos || colon + 1 == address.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("planner address list: \"", absl::CHexEscape(address), "\" has no port (give HOST:PORT,HOST:PORT)"));
+    }
+    const std::string port = address.substr(colon + 1);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("planner address list: cannot resolve ", absl::CHexEscape(address), ": ", ::gai_strerror(rc)));
+    }
+    char text[INET6_ADDRSTRLEN] = {};
+    const int af = found->ai_family;
+    const void* raw = af == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr)
+                                     : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr);
+    const bool ok = ::inet_ntop(af, raw, text, sizeof(text)) != nullptr;
+    ::freeaddrinfo(found);
+    if (!ok) return absl::InvalidArgumentError(absl::StrCat("planner address list: cannot resolve ", address));
+    if (family != AF_UNSPEC && af != family) {
+      return absl::InvalidArgumentError("planner address list: mixes IPv4 and IPv6 planners (give one family)");
+    }
+    family = af;
+    resolved.push_back(af == AF_INET6 ? absl::StrCat("[", text, "]:", port) : absl::StrCat(text, ":", port));
+  }
+  return absl::StrCat(family == AF_INET6 ? "ipv6:" : "ipv4:", absl::StrJoin(resolved, ","));
+}
+
+absl::StatusOr<std::string> LocalAddressToward(absl::string_view address_or_list) {
+  const std::vector<std::string> list = SplitAddressList(address_or_list);
+  const absl::string_view address = list.empty() ? address_or_list : absl::string_view(list[0]);
   std::string host = HostOf(address);
   std::string port = "9";  // any port: nothing is sent
   if (host.size() < address.size()) {

@@ -29,10 +29,22 @@ bool IsLoopbackHost(absl::string_view host);
 // host, "::1", "unix:/path") is returned whole.
 std::string HostOf(absl::string_view address);
 
+// The addresses of a comma-separated list ("a:50051,b:50051"), in order;
+// empty elements are dropped. A single address is a list of one.
+std::vector<std::string> SplitAddressList(absl::string_view addresses);
+
+// The gRPC target for a planner address or list. One address is passed
+// through (gRPC resolves it by DNS and re-resolves on reconnect). A list of
+// planners sharing one Redis becomes "ipv4:A:P,B:P" (or ipv6:) with each
+// name resolved now: gRPC's pick_first then connects to the first that
+// answers, and to the next when that one goes away. INVALID_ARGUMENT naming
+// the element that has no port, does not resolve, or mixes address families.
+absl::StatusOr<std::string> ChannelTarget(absl::string_view addresses);
+
 // The local address this machine uses to reach `address` ("host:port"): the
 // source address the kernel picks for a route to it (a UDP socket is
 // connected, no packet is sent). What peers on that network can reach this
-// machine at; 127.0.0.1 for a loopback target. UNAVAILABLE naming the
+// machine at; 127.0.0.1 for a loopback target. For a list, its first address. UNAVAILABLE naming the
 // address when it cannot be resolved or has no route.
 absl::StatusOr<std::string> LocalAddressToward(absl::string_view address);
 

@@ -51,6 +51,21 @@ TEST_CASE("LocalAddressToward: the source address of the route to a target") {
   const auto bad = LocalAddressToward("no-such-host.invalid:50051");
   CHECK(bad.status().code() == absl::StatusCode::kUnavailable);
   CHECK(std::string(bad.status().message()).find("no-such-host.invalid:50051") != std::string::npos);
+  CHECK(*LocalAddressToward("127.0.0.1:50051,192.0.2.1:50051") == "127.0.0.1");  // a list: its first
+}
+
+TEST_CASE("A list of planners becomes one resolved gRPC target; a single address passes through") {
+  CHECK(SplitAddressList("a:1,,b:2") == std::vector<std::string>{"a:1", "b:2"});
+  CHECK(*ChannelTarget("planner-host:50051") == "planner-host:50051");
+  CHECK(*ChannelTarget("127.0.0.1:50051,localhost:50052") == "ipv4:127.0.0.1:50051,127.0.0.1:50052");
+  CHECK(*ChannelTarget("[::1]:1,[::1]:2") == "ipv6:[::1]:1,[::1]:2");
+  const auto no_port = ChannelTarget("127.0.0.1:1,127.0.0.2");
+  CHECK(no_port.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(no_port.status().message()).find("\"127.0.0.2\" has no port") != std::string::npos);
+  CHECK(ChannelTarget("127.0.0.1:1,no-such-host.invalid:2").status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(ChannelTarget("127.0.0.1:1,[::1]:2").status().message()).find("mixes IPv4 and IPv6") !=
+        std::string::npos);
+  CHECK(ChannelTarget(",").status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

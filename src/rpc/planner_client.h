@@ -15,13 +15,14 @@
 #include "proto/services.grpc.pb.h"
 #include "src/common/mutex.h"
 #include "src/rpc/auth.h"
+#include "src/rpc/defaults.h"
 
 namespace dynapipe::rpc {
 
 class PlannerClient {
  public:
   struct Options {
-    std::string address = "127.0.0.1:50051";
+    std::string address = std::string(kDefaultPlannerAddress);
     std::string token;
     TlsFiles tls;
     // Per call, retries included: how long a planner outage (a restart, a

@@ -205,6 +205,49 @@ TEST_CASE("a planner restarted mid-job (SIGTERM, 3 s away) is ridden through: th
   for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
 }
 
+TEST_CASE("a second planner sharing Redis takes over from a SIGKILLed one; the job ends bit-identically",
+          "[executor][integration]") {
+  auto redis = RedisServer::Start(absl::Seconds(10), /*persistent=*/true);
+  REQUIRE(redis.ok());
+  const std::vector<std::string> flags = {"--heartbeat_timeout_ms=5000", "--lease_ttl_ms=3000"};
+  auto first = PlannerProcess::Start((*redis)->port(), flags);
+  auto second = PlannerProcess::Start((*redis)->port(), flags);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  // Executors and the client name both: the first that answers is used.
+  const std::string both = (*first)->address() + "," + (*second)->address();
+  auto client = Client(both);
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(both, d));
+
+  const std::string quiet = TmpDir() + "/ckpt-takeover-quiet", taken = TmpDir() + "/ckpt-takeover";
+  for (const std::string& dir : {quiet, taken}) std::filesystem::remove_all(dir);  // a rerun outside Bazel
+  auto a = client->Submit(TrainJob(40, quiet, 40));
+  INFO(a.status());
+  REQUIRE(a.ok());
+  const proto::JobStatus sa = WaitEnded(client.get(), *a, absl::Seconds(120));
+  INFO(sa.error());
+  REQUIRE(sa.state() == proto::JobState::succeeded);
+
+  auto b = client->Submit(TrainJob(40, taken, 40));
+  REQUIRE(b.ok());
+  REQUIRE(Eventually([&] { return client->Get(*b).ok() && client->Get(*b)->iterations_done() >= 3; },
+                     absl::Seconds(120)));
+  const int64_t killed_at = client->Get(*b)->iterations_done();
+  (*first)->Signal(SIGKILL);
+  REQUIRE((*first)->Exited(absl::Seconds(5)));
+  const proto::JobStatus sb = WaitEnded(client.get(), *b, absl::Seconds(120));
+  INFO(sb.error());
+  REQUIRE(sb.state() == proto::JobState::succeeded);
+  CHECK(killed_at < 40 - 4);  // the survivor planned iterations beyond the dead one's lookahead
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(Params(taken, 39, r) == Params(quiet, 39, r));
+  }
+  CHECK(sb.last_loss() == sa.last_loss());
+  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
+}
+
 TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; a resubmitted job resumes",
           "[executor][integration]") {
   const absl::Duration heartbeat_timeout = absl::Seconds(3);

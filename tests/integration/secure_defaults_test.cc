@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "src/cli/job_commands.h"
 #include "src/common/file_util.h"
+#include "src/rpc/defaults.h"
 #include "src/testing/redis_server.h"
 #include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
@@ -149,6 +150,18 @@ TEST_CASE("With --insecure a daemon serves beyond loopback without a token, warn
   REQUIRE(e.http_port > 0);
   CHECK_THAT(ReadAll(e.log_file), Contains("INSECURE: --listen_address 0.0.0.0") &&
                                       Contains("INSECURE: --http_host 0.0.0.0"));
+}
+
+TEST_CASE("An executor's status endpoint defaults to its listen address and port 8081 + its device index") {
+  // A device index whose default port is free here.
+  auto free_port = PickFreeLoopbackPort();
+  REQUIRE(free_port.ok());
+  const int device = *free_port - rpc::kExecutorStatusPortBase;
+  StartedExecutor e = StartExecutor("default-port", {"--http_port=auto", absl::StrCat("--device=", device)});
+  CHECK(e.http_port == *free_port);
+  CHECK(RunShell(absl::StrCat("ss -ltn 'sport = :", *free_port, "'")).text.find("127.0.0.1:") != std::string::npos);
+  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http_port=80a"}, {"--http_port: expected auto", "\"80a\""});
+  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http_port=70000"}, {"--http_port: expected auto"});
 }
 
 TEST_CASE("A status endpoint port already taken stops the second planner or executor instead of sharing it") {

@@ -1,0 +1,19 @@
+#pragma once
+
+// Addresses and ports every daemon and the CLI default to, declared once.
+// On a node: the planner serves gRPC on 50051 and its status endpoint on
+// 8080; the executor of device i serves its status endpoint on 8081 + i, so
+// a Prometheus scrape configuration names fixed ports.
+
+#include <string_view>
+
+namespace dynapipe::rpc {
+
+inline constexpr std::string_view kDefaultPlannerAddress = "127.0.0.1:50051";
+inline constexpr int kPlannerStatusPort = 8080;
+inline constexpr int kExecutorStatusPortBase = 8081;
+
+// The status port of the executor driving device `device`.
+constexpr int ExecutorStatusPort(int device) { return kExecutorStatusPortBase + device; }
+
+}  // namespace dynapipe::rpc
