@@ -189,6 +189,12 @@ class PlannerService {
   std::map<std::string, Progress> progress_;
   // Fails running jobs whose progress stalled past progress_timeout.
   void CheckProgress(const std::string& job, const proto::JobStatus& status);
+  // Reads the store's id; a different one than last time means the store lost
+  // its data (Redis restarted empty or flushed): said loudly and counted.
+  void CheckStoreIdentity();
+  Mutex store_id_mu_;
+  std::string store_id_ ABSL_GUARDED_BY(store_id_mu_);
+  int64_t store_losses_ ABSL_GUARDED_BY(store_id_mu_) = 0;
 
   Mutex schedule_mu_;  // one ScheduleGangs pass at a time
   static constexpr absl::Duration kEagerScheduleInterval = absl::Milliseconds(100);

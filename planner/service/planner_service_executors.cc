@@ -281,7 +281,22 @@ absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
   return out;
 }
 
+void PlannerService::CheckStoreIdentity() {
+  const absl::StatusOr<std::string> id = store_->StoreId();
+  if (!id.ok()) return;  // unreachable: judged once it answers again
+  MutexLock lock(&store_id_mu_);
+  if (!store_id_.empty() && *id != store_id_) {
+    ++store_losses_;
+    spdlog::error("the plan store (Redis) lost its data: its id was {} and is now {} (restarted without its "
+                  "append-only file, or flushed). Every job submitted before is gone; resubmit with "
+                  "checkpoint.resume to continue from the checkpoints on disk. Job ids are never reused.",
+                  store_id_, *id);
+  }
+  store_id_ = *id;
+}
+
 void PlannerService::CheckLiveness() {
+  CheckStoreIdentity();
   // Jobs and executors are read once per pass, for placement and for the checks below.
   const absl::StatusOr<std::vector<proto::JobStatus>> jobs = JobsInOrder();
   auto records = Executors();
@@ -485,10 +500,17 @@ std::string PlannerService::StatusJson() {
           r.lost() ? "true" : "false", Json(r.assignment().job_id()), r.assignment().job_id().empty() ? -1 : r.assignment().rank()));
     }
   }
+  std::string store_id;
+  int64_t store_losses;
+  {
+    MutexLock lock(&store_id_mu_);
+    store_id = store_id_;
+    store_losses = store_losses_;
+  }
   return absl::StrFormat("{\"daemon\":\"dynapipe-planner\",\"owner\":%s,\"healthy\":%s,\"redis_errors\":%d,"
-                         "\"jobs\":[%s],\"executors\":[%s]}",
+                         "\"store_id\":%s,\"store_data_lost\":%d,\"jobs\":[%s],\"executors\":[%s]}",
                          Json(options_.owner), HealthProblem().empty() ? "true" : "false", store_->errors(),
-                         absl::StrJoin(jobs, ","), absl::StrJoin(executors, ","));
+                         Json(store_id), store_losses, absl::StrJoin(jobs, ","), absl::StrJoin(executors, ","));
 }
 
 std::string PlannerService::MetricsText() {
@@ -513,6 +535,11 @@ std::string PlannerService::MetricsText() {
   }
   metrics_.Set("dynapipe_redis_errors", static_cast<double>(store_->errors()), "Failed Redis commands since start");
   metrics_.Set("dynapipe_redis_healthy", store_->healthy() ? 1 : 0, "1 when the last Redis command succeeded");
+  {
+    MutexLock lock(&store_id_mu_);
+    metrics_.Set("dynapipe_store_data_lost", static_cast<double>(store_losses_),
+                 "Times this planner found the plan store's data gone (Redis restarted empty or flushed)");
+  }
   return metrics_.Render();
 }
 

@@ -3,6 +3,9 @@
 // The Redis key layout, in one place. Every key starts with a configurable
 // prefix (default "dynapipe:"). J = job id, I = iteration, R = rank.
 //
+//   {p}store:id                this store's identity: random hex made the first time it is asked for;
+//                              part of every job id ("job-ID-NNNNNN"), so a store restarted empty
+//                              (new id) never hands out an old job's id, and planners notice the loss
 //   {p}jobs:next               INCR counter for job ids
 //   {p}jobs                    SET of job ids
 //   {p}job:J:spec              JobSpec (binary proto)
@@ -40,6 +43,7 @@ class Keys {
   explicit Keys(std::string prefix = "dynapipe:") : p_(std::move(prefix)) {}
   const std::string& prefix() const { return p_; }
 
+  std::string StoreId() const { return p_ + "store:id"; }
   std::string JobCounter() const { return p_ + "jobs:next"; }
   std::string Jobs() const { return p_ + "jobs"; }
   std::string Spec(const std::string& j) const { return absl::StrCat(p_, "job:", j, ":spec"); }

@@ -20,7 +20,7 @@ absl::StatusOr<std::string> MemoryPlanStore::CreateJob(const proto::JobSpec& spe
   std::string id;
   {
     MutexLock lock(&mu_);
-    id = absl::StrFormat("job-%06d", ++next_id_);
+    id = absl::StrFormat("job-%s-%06d", store_id_, ++next_id_);
     Job& j = jobs_[id];
     j.spec = spec;
     j.submit_ms = j.update_ms = now_ms;

@@ -14,6 +14,7 @@ namespace dynapipe::store {
 
 class MemoryPlanStore : public PlanStore {
  public:
+  absl::StatusOr<std::string> StoreId() override { return store_id_; }
   absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t start_iteration, int64_t now_ms) override;
   absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
@@ -76,6 +77,7 @@ class MemoryPlanStore : public PlanStore {
   };
   Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::string store_id_ = NewStoreId();
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, proto::ExecutorRecord> executors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Seat> seats_ ABSL_GUARDED_BY(mu_);  // by executor id

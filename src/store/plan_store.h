@@ -44,7 +44,14 @@ class PlanStore {
  public:
   virtual ~PlanStore() = default;
 
-  // Jobs. CreateJob assigns the id and stores the spec with state pending.
+  // This store's identity, made (random) the first time it is asked for.
+  // Every job id contains it. A different answer later means the store lost
+  // its data (Redis restarted without its append-only file, or flushed):
+  // the jobs before are gone, and their ids are never handed out again.
+  virtual absl::StatusOr<std::string> StoreId() = 0;
+
+  // Jobs. CreateJob assigns the id ("job-STOREID-NNNNNN", increasing within
+  // one store) and stores the spec with state pending.
   // A job starting at `start_iteration` > 0 (resumed from a checkpoint) shows
   // every rank's last done iteration as start_iteration - 1, so its
   // iterations_done, planning and executors' assignments begin there.
@@ -128,6 +135,9 @@ class PlanStore {
   virtual bool healthy() const = 0;
   virtual int64_t errors() const = 0;
 };
+
+// A fresh random store identity: 8 hex digits.
+std::string NewStoreId();
 
 // Ranks a job needs: pp x dp, each at least 1.
 inline int WorldSize(const proto::JobSpec& spec) {

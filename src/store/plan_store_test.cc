@@ -57,6 +57,12 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
 
   auto id = store.CreateJob(Spec(2, 1), 0, 1000);
   REQUIRE(id.ok());
+  // The id names the store: job-STOREID-000001.
+  const auto store_id = store.StoreId();
+  REQUIRE(store_id.ok());
+  CHECK(store_id->size() == 8);
+  CHECK(*id == "job-" + *store_id + "-000001");
+  CHECK(*store.StoreId() == *store_id);  // stable
   auto job = store.GetJob(*id);
   REQUIRE(job.ok());
   CHECK(job->state() == proto::JobState::pending);
@@ -305,6 +311,29 @@ TEST_CASE("Redis client reports UNAVAILABLE while Redis is down and recovers by 
   REQUIRE((*server)->Restart().ok());
   CHECK(Eventually([&] { return client.Command({"PING"}).ok(); }));
   CHECK(client.healthy());
+}
+
+TEST_CASE("A Redis restarted empty has a new store id, so no job id is handed out twice") {
+  auto server = testing::RedisServer::Start();
+  REQUIRE(server.ok());
+  RedisOptions o;
+  o.port = (*server)->port();
+  RedisPlanStore store(o, "test:");
+  const auto before = store.StoreId();
+  REQUIRE(before.ok());
+  auto first = store.CreateJob(Spec(2, 1), 0, 1000);
+  REQUIRE(first.ok());
+  (*server)->Stop();  // not persistent: the data is gone
+  REQUIRE((*server)->Restart().ok());
+  REQUIRE(Eventually([&] { return store.client().Command({"PING"}).ok(); }));
+  auto second = store.CreateJob(Spec(2, 1), 0, 2000);  // the first job after the loss makes the new id
+  REQUIRE(second.ok());
+  const auto after = store.StoreId();
+  REQUIRE(after.ok());
+  CHECK(*after != *before);
+  CHECK(*second != *first);
+  CHECK(*second == "job-" + *after + "-000001");
+  CHECK(store.GetJob(*first).status().code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("Redis AUTH: a wrong password is UNAUTHENTICATED") {

@@ -70,12 +70,18 @@ return 1
 )lua";
 
 // One atomic step: a job is either fully created or not at all. KEYS:
-// counter, jobs set, events; ARGV: key prefix, spec bytes, pending state,
-// now_ms, start iteration, world size, start iteration - 1. A job starting
+// counter, jobs set, events, store id; ARGV: key prefix, spec bytes, pending
+// state, now_ms, start iteration, world size, start iteration - 1, a fresh
+// store id (used when the store has none yet). A job starting
 // after 0 has every rank's last done iteration at start - 1.
 constexpr char kCreateScript[] = R"lua(
+local sid = redis.call('GET', KEYS[4])
+if not sid then
+  sid = ARGV[8]
+  redis.call('SET', KEYS[4], sid)
+end
 local n = redis.call('INCR', KEYS[1])
-local id = string.format('job-%06d', n)
+local id = string.format('job-%s-%06d', sid, n)
 local job = ARGV[1] .. 'job:' .. id
 redis.call('SET', job .. ':spec', ARGV[2])
 redis.call('HSET', job .. ':state', 'state', ARGV[3], 'error', '', 'submit_ms', ARGV[4], 'update_ms', ARGV[4],
@@ -86,6 +92,16 @@ end
 redis.call('SADD', KEYS[2], id)
 redis.call('PUBLISH', KEYS[3], 'job ' .. id)
 return id
+)lua";
+
+// KEYS: store id; ARGV: a fresh id, set if there is none. The id.
+constexpr char kStoreIdScript[] = R"lua(
+local sid = redis.call('GET', KEYS[1])
+if not sid then
+  sid = ARGV[1]
+  redis.call('SET', KEYS[1], sid)
+end
+return sid
 )lua";
 
 // KEYS: ranks set, latest key; ARGV: rank, world, iteration. 1 only for the
@@ -152,10 +168,16 @@ absl::StatusOr<std::string> RedisPlanStore::CreateJob(const proto::JobSpec& spec
     return absl::InvalidArgumentError(absl::StrCat("start_iteration: ", start_iteration, " is negative"));
   }
   ASSIGN_OR_RETURN(const RedisReply r,
-                   client_.Command({"EVAL", kCreateScript, "3", keys_.JobCounter(), keys_.Jobs(), keys_.Events(),
-                                    keys_.prefix(), spec.SerializeAsString(), std::to_string(proto::JobState::pending),
-                                    std::to_string(now_ms), std::to_string(start_iteration),
-                                    std::to_string(WorldSize(spec)), std::to_string(start_iteration - 1)}));
+                   client_.Command({"EVAL", kCreateScript, "4", keys_.JobCounter(), keys_.Jobs(), keys_.Events(),
+                                    keys_.StoreId(), keys_.prefix(), spec.SerializeAsString(),
+                                    std::to_string(proto::JobState::pending), std::to_string(now_ms),
+                                    std::to_string(start_iteration), std::to_string(WorldSize(spec)),
+                                    std::to_string(start_iteration - 1), NewStoreId()}));
+  return r.str;
+}
+
+absl::StatusOr<std::string> RedisPlanStore::StoreId() {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"EVAL", kStoreIdScript, "1", keys_.StoreId(), NewStoreId()}));
   return r.str;
 }
 

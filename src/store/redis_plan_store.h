@@ -21,6 +21,7 @@ class RedisPlanStore : public PlanStore {
   RedisPlanStore(RedisOptions options, std::string prefix = "dynapipe:");
   ~RedisPlanStore() override;
 
+  absl::StatusOr<std::string> StoreId() override;
   absl::StatusOr<std::string> CreateJob(const proto::JobSpec& spec, int64_t start_iteration, int64_t now_ms) override;
   absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;

@@ -148,6 +148,53 @@ TEST_CASE("a second planner sharing Redis takes over from a SIGKILLed one; the j
   for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
 }
 
+TEST_CASE("Redis restarted empty: the loss is reported, ids are not reused, a resume continues from disk "
+          "bit-identically",
+          "[executor][integration]") {
+  Stack stack = StartStack("", absl::Seconds(5));  // no append-only file: a restart loses everything
+  auto client = Client(stack.address());
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
+  const std::string quiet = TmpDir() + "/ckpt-wipe-quiet", wiped = TmpDir() + "/ckpt-wiped";
+  for (const std::string& dir : {quiet, wiped}) std::filesystem::remove_all(dir);
+  const int iterations = 200;
+  auto a = client->Submit(TrainJob(iterations, quiet, 5));
+  REQUIRE(a.ok());
+  const proto::JobStatus sa = WaitEnded(client.get(), *a, absl::Seconds(180));
+  INFO(sa.error());
+  REQUIRE(sa.state() == proto::JobState::succeeded);
+  CHECK(stack.planner->service().StatusJson().find("\"store_data_lost\":0") != std::string::npos);
+
+  proto::JobSpec spec = TrainJob(iterations, wiped, 5);
+  auto b = client->Submit(spec);
+  REQUIRE(b.ok());
+  REQUIRE(Eventually([&] { return runtime::checkpoint::LatestCompleteOnDisk(wiped, 4).value_or(-1) >= 9; },
+                     absl::Seconds(60)));
+  stack.redis->Stop();
+  REQUIRE(stack.redis->Restart().ok());
+  // The planner says so; the job is gone with the data.
+  CHECK(Eventually([&] { return stack.planner->service().StatusJson().find("\"store_data_lost\":1") != std::string::npos; },
+                   absl::Seconds(10)));
+  CHECK(client->Get(*b).status().code() == absl::StatusCode::kNotFound);
+  // Resubmitted with resume: a new id; it continues after the newest complete
+  // checkpoint on disk and ends where the quiet run ended.
+  spec.mutable_checkpoint()->set_resume(true);
+  auto again = client->Submit(spec);
+  REQUIRE(again.ok());
+  CHECK(*again != *b);
+  CHECK(*again != *a);
+  const proto::JobStatus sb = WaitEnded(client.get(), *again, absl::Seconds(180));
+  INFO(sb.error());
+  REQUIRE(sb.state() == proto::JobState::succeeded);
+  CHECK(sb.start_iteration() >= 10);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(Params(wiped, iterations - 1, r) == Params(quiet, iterations - 1, r));
+  }
+  CHECK(sb.last_loss() == sa.last_loss());
+  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
+}
+
 TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; a resubmitted job resumes",
           "[executor][integration]") {
   const absl::Duration heartbeat_timeout = absl::Seconds(3);
