@@ -58,7 +58,13 @@ void Executor::Shutdown() {
 void Executor::AbortJob(const std::string& why) {
   MutexLock l(&mu_);
   if (running_job_.empty()) return;
-  if (!stop_job_) spdlog::warn("job {}: stopping: {}", running_job_, why);
+  if (!stop_job_) {
+    if (running_job_iterations_ > 0 && last_iteration_ + 1 >= running_job_iterations_) {
+      spdlog::info("job {}: ended after its last iteration", running_job_);  // the normal end, not a failure
+    } else {
+      spdlog::warn("job {}: stopping: {}", running_job_, why);
+    }
+  }
   stop_job_ = true;
   if (comm_ != nullptr) comm_->Abort();
 }
@@ -115,6 +121,8 @@ absl::Status Executor::Run() {
       }
       a = assignment_;
       running_job_ = a.job_id();
+      running_job_iterations_ = -1;
+      last_iteration_ = a.start_iteration() - 1;
       stop_job_ = false;
       last_error_.clear();
     }
@@ -204,6 +212,10 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   auto normalized = spec::NormalizeJobSpec(status->spec());
   if (!normalized.ok()) return fail(normalized.status());
   const proto::JobSpec& spec = *normalized;
+  {
+    MutexLock l(&mu_);
+    running_job_iterations_ = spec.iterations();
+  }
   // Paths stay under --data_root here too, whatever the planner let through.
   auto dataset_path = ConfinedPath(options_.data_root, spec.dataset().path());
   if (!dataset_path.ok()) return fail(Annotate(dataset_path.status(), "dataset.path"));

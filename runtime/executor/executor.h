@@ -85,6 +85,7 @@ class Executor {
   comm::Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;  // of the running job
   bool stop_job_ ABSL_GUARDED_BY(mu_) = false;
   int64_t last_iteration_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t running_job_iterations_ ABSL_GUARDED_BY(mu_) = -1;  // the running job's length, once known
   double last_loss_ ABSL_GUARDED_BY(mu_) = 0;
   double last_iteration_ms_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
