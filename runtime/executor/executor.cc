@@ -89,7 +89,9 @@ absl::Status Executor::RegisterOnce() {
 }
 
 absl::Status Executor::Run() {
-  ASSIGN_OR_RETURN(client_, rpc::PlannerClient::Connect(options_.planner));
+  rpc::PlannerClient::Options planner = options_.planner;
+  planner.wait_for_ready = true;  // an executor rides through planner restarts
+  ASSIGN_OR_RETURN(client_, rpc::PlannerClient::Connect(planner));
   absl::Duration backoff = absl::Milliseconds(200);
   while (!stopping_) {
     const absl::Status s = RegisterOnce();

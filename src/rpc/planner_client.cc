@@ -24,6 +24,7 @@ absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc
     grpc::ClientContext ctx;
     Authenticate(&ctx);
     ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(options_.wait_for_ready);
     const absl::Status s = FromGrpc(call(&ctx));
     const bool transient =
         s.code() == absl::StatusCode::kUnavailable || (repeatable && s.code() == absl::StatusCode::kCancelled);

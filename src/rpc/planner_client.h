@@ -30,6 +30,11 @@ class PlannerClient {
     // the planner is UNAVAILABLE, and calls that may be repeated also when it
     // CANCELLED them (a planner shutting down cancels the calls in flight).
     absl::Duration timeout = absl::Seconds(10);
+    // Calls wait (within `timeout`) for the channel to connect instead of
+    // failing at once while it is down. For daemons riding through planner
+    // restarts: with fail-fast calls, gRPC 1.51 cancels its own reconnection
+    // attempts and kept executors away from a restarted planner for seconds.
+    bool wait_for_ready = false;
   };
   static absl::StatusOr<std::unique_ptr<PlannerClient>> Connect(Options options);
 

@@ -26,6 +26,7 @@ class RedisServer {
 
   int port() const { return port_; }
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }  // for fault injection (SIGKILL, SIGSTOP); Restart() reaps it
   // Stops the server (all data is lost); the port stays reserved for Restart.
   void Stop();
   // Starts a fresh, empty server on the same port (simulates a Redis blip).

@@ -75,7 +75,7 @@ bool ChildProcess::Exited(absl::Duration wait) {
   if (pid_ <= 0) return true;
   const absl::Time deadline = absl::Now() + wait;
   do {
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+    if (::waitpid(pid_, &wait_status_, WNOHANG) == pid_) {
       pid_ = -1;
       return true;
     }

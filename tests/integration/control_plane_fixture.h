@@ -43,9 +43,12 @@ class ChildProcess {
   void Signal(int sig);  // SIGKILL / SIGTERM
   // True once the process has exited (and is reaped), polling up to `wait`.
   bool Exited(absl::Duration wait);
+  // waitpid's status once Exited() returned true; -1 before.
+  int wait_status() const { return wait_status_; }
 
  private:
   pid_t pid_ = -1;
+  int wait_status_ = -1;
 };
 
 // A dynapipe-planner child process.
@@ -58,6 +61,7 @@ class PlannerProcess {
   pid_t pid() const { return process_->pid(); }
   void Signal(int sig) { process_->Signal(sig); }
   bool Exited(absl::Duration wait) { return process_->Exited(wait); }
+  int wait_status() const { return process_->wait_status(); }
 
  private:
   std::unique_ptr<ChildProcess> process_;

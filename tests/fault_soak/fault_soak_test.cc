@@ -1,0 +1,358 @@
+// The fault soak: a real Redis (with its append-only file), a
+// dynapipe-planner process and 4 dynapipe-executor processes train a small
+// 2 x 2 job over and over on loopback; during each run one process gets one
+// signal, chosen at random from {executor, planner, Redis} x {SIGKILL,
+// SIGSTOP, SIGTERM}:
+//
+// - an executor fault must fail the job within the deadline, naming a rank;
+//   the executor is replaced and a resume must end bit-identically to an
+//   undisturbed run;
+// - a planner or Redis fault lasting 1-4 s (restart on the same address, or
+//   SIGCONT) must be ridden through: the job ends bit-identically without a
+//   resume.
+//
+// A hang is a job that neither ends nor fails within a generous limit; a
+// crash is any daemon that exits without being the fault's target. Prints a
+// table per fault kind (also to $DYNAPIPE_SOAK_REPORT). Sized by
+// $DYNAPIPE_SOAK_RUNS (default 9: each kind once, the CI version),
+// $DYNAPIPE_SOAK_SEED and $DYNAPIPE_SOAK_SECONDS (no new run after it).
+// deploy/soak.sh runs the long version.
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "tests/integration/control_plane_fixture.h"
+#include "tests/integration/training_fixture.h"
+
+namespace dynapipe::testing {
+namespace {
+
+constexpr int kIterations = 30;
+constexpr int kInterval = 5;
+constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(3);
+// An executor fault is detected within the heartbeat timeout plus the
+// planner's next liveness pass and the client's poll.
+const absl::Duration kDetectionDeadline = kHeartbeatTimeout + absl::Seconds(3);
+constexpr absl::Duration kRunLimit = absl::Seconds(120);  // past this a job is a hang
+
+enum class Target { kExecutor, kPlanner, kRedis };
+const char* Name(Target t) { return t == Target::kExecutor ? "executor" : t == Target::kPlanner ? "planner" : "Redis"; }
+const char* SignalName(int sig) { return sig == SIGKILL ? "SIGKILL" : sig == SIGSTOP ? "SIGSTOP" : "SIGTERM"; }
+
+struct Tally {
+  int runs = 0, detected = 0, rode_through = 0, hangs = 0, bit_identical = 0, crashes = 0;
+  std::vector<double> detection_s;
+};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+bool Terminal(proto::JobState::Value s) {
+  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
+}
+
+// Redis, a planner on a fixed address, and 4 executors (index = device).
+class Cluster {
+ public:
+  Cluster() {
+    auto redis = RedisServer::Start(absl::Seconds(10), /*persistent=*/true);
+    REQUIRE(redis.ok());
+    redis_ = std::move(*redis);
+    REQUIRE(StartPlanner(""));
+    address_ = planner_->address();
+    client_ = Client(address_);
+    executors_.resize(4);
+    for (int d = 0; d < 4; ++d) executors_[d] = StartExecutor(address_, d);
+  }
+
+  bool StartPlanner(const std::string& address) {
+    std::vector<std::string> flags = {absl::StrCat("--heartbeat_timeout_ms=", absl::ToInt64Milliseconds(kHeartbeatTimeout)),
+                                      "--lease_ttl_ms=3000"};
+    if (!address.empty()) flags.push_back("--listen=" + address);
+    auto p = PlannerProcess::Start(redis_->port(), flags);
+    if (!p.ok()) return false;
+    planner_ = std::move(*p);
+    return true;
+  }
+
+  rpc::PlannerClient* client() { return client_.get(); }
+  RedisServer& redis() { return *redis_; }
+  PlannerProcess& planner() { return *planner_; }
+  ChildProcess& executor(int d) { return *executors_[d]; }
+  void ReplaceExecutor(int d) { executors_[d] = StartExecutor(address_, d); }
+  bool RestartPlanner() { return StartPlanner(address_); }
+
+  // Daemons that exited though no fault was aimed at them (restarted, so
+  // the next run starts whole). `victim_*` name the one that was aimed at.
+  int CountCrashes(Target target, int victim_device) {
+    int crashes = 0;
+    for (int d = 0; d < 4; ++d) {
+      if (target == Target::kExecutor && d == victim_device) continue;
+      if (executors_[d]->Exited(absl::ZeroDuration())) {
+        WARN("executor " << d << " exited unasked (wait status " << executors_[d]->wait_status() << ")");
+        ++crashes;
+        ReplaceExecutor(d);
+      }
+    }
+    if (target != Target::kPlanner && planner_->Exited(absl::ZeroDuration())) {
+      WARN("the planner exited unasked (wait status " << planner_->wait_status() << ")");
+      ++crashes;
+      REQUIRE(RestartPlanner());
+    }
+    if (target != Target::kRedis && !redis_->running()) {
+      ++crashes;
+      REQUIRE(redis_->Restart().ok());
+    }
+    return crashes;
+  }
+
+  // All 4 executors registered, alive and idle.
+  bool Settled(absl::Duration limit) {
+    return Eventually(
+        [&] {
+          auto list = client_->Executors();
+          if (!list.ok()) return false;
+          int idle = 0;
+          for (const auto& e : list->executors()) idle += !e.lost() && e.assignment().job_id().empty();
+          return idle >= 4;
+        },
+        limit);
+  }
+
+ private:
+  std::unique_ptr<RedisServer> redis_;
+  std::unique_ptr<PlannerProcess> planner_;
+  std::string address_;
+  std::unique_ptr<rpc::PlannerClient> client_;
+  std::vector<std::unique_ptr<ChildProcess>> executors_;
+};
+
+// The device of the executor holding `rank` of `job`, -1 if unknown.
+int DeviceOfRank(rpc::PlannerClient* client, const std::string& job, int rank) {
+  auto list = client->Executors();
+  if (!list.ok()) return -1;
+  for (const auto& e : list->executors()) {
+    if (e.assignment().job_id() == job && e.assignment().rank() == rank && !e.lost()) return e.info().device_index();
+  }
+  return -1;
+}
+
+bool SameAsReference(const std::string& dir, const std::string& reference) {
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<float> got = Params(dir, kIterations - 1, r);
+    if (got.empty() || got != Params(reference, kIterations - 1, r)) return false;
+  }
+  return true;
+}
+
+std::string Table(const std::map<std::string, Tally>& tallies, const std::vector<std::string>& order) {
+  std::string out =
+      "| fault | runs | detected within deadline | detection median / max | rode through | hangs | resumes or "
+      "endings bit-identical | crashes |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  Tally total;
+  for (const std::string& kind : order) {
+    auto it = tallies.find(kind);
+    if (it == tallies.end()) continue;
+    const Tally& t = it->second;
+    const bool executor = kind.rfind("executor", 0) == 0;
+    std::string detection = "—";
+    if (executor && !t.detection_s.empty()) {
+      std::vector<double> d = t.detection_s;
+      std::sort(d.begin(), d.end());
+      detection = absl::StrFormat("%.2f s / %.2f s", d[d.size() / 2], d.back());
+    }
+    absl::StrAppend(&out, absl::StrFormat("| %s | %d | %s | %s | %s | %d | %d of %d | %d |\n", kind, t.runs,
+                                          executor ? absl::StrCat(t.detected, " of ", t.runs) : "—", detection,
+                                          executor ? "—" : absl::StrCat(t.rode_through, " of ", t.runs), t.hangs,
+                                          t.bit_identical, t.runs, t.crashes));
+    total.runs += t.runs;
+    total.hangs += t.hangs;
+    total.bit_identical += t.bit_identical;
+    total.crashes += t.crashes;
+  }
+  absl::StrAppend(&out, absl::StrFormat("| all | %d | | | | %d | %d of %d | %d |\n", total.runs, total.hangs,
+                                        total.bit_identical, total.runs, total.crashes));
+  return out;
+}
+
+TEST_CASE("Fault soak: executor faults are detected and resumed, planner and Redis faults ridden through") {
+  const int runs = std::max(1, EnvInt("DYNAPIPE_SOAK_RUNS", 9));
+  const unsigned seed = static_cast<unsigned>(EnvInt("DYNAPIPE_SOAK_SEED", static_cast<int>(::time(nullptr) % 100000)));
+  const absl::Duration budget = absl::Seconds(EnvInt("DYNAPIPE_SOAK_SECONDS", 600));
+  std::mt19937 rng(seed);
+  const absl::Time start = absl::Now();
+
+  const std::string tmp = TmpDir() + "/fault-soak";
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  Cluster cluster;
+  rpc::PlannerClient* client = cluster.client();
+
+  const std::string reference = tmp + "/reference";
+  {
+    auto job = client->Submit(TrainJob(kIterations, reference, kInterval));
+    REQUIRE(job.ok());
+    const proto::JobStatus s = WaitEnded(client, *job, kRunLimit);
+    INFO(s.error());
+    REQUIRE(s.state() == proto::JobState::succeeded);
+  }
+
+  std::vector<std::pair<Target, int>> kinds;
+  for (Target t : {Target::kExecutor, Target::kPlanner, Target::kRedis}) {
+    for (int sig : {SIGKILL, SIGSTOP, SIGTERM}) kinds.push_back({t, sig});
+  }
+  std::vector<std::string> order;
+  for (const auto& [t, sig] : kinds) order.push_back(absl::StrCat(Name(t), " ", SignalName(sig)));
+  std::map<std::string, Tally> tallies;
+  std::vector<std::pair<Target, int>> round;
+  int ran = 0;
+  for (int run = 0; run < runs && absl::Now() - start < budget; ++run, ++ran) {
+    if (round.empty()) {  // every kind once per round of 9, in a random order
+      round = kinds;
+      std::shuffle(round.begin(), round.end(), rng);
+    }
+    const auto [target, sig] = round.back();
+    round.pop_back();
+    const std::string kind = absl::StrCat(Name(target), " ", SignalName(sig));
+    Tally& tally = tallies[kind];
+    ++tally.runs;
+    const absl::Duration outage = absl::Milliseconds(1000 + rng() % 3000);
+    const int after = 2 + static_cast<int>(rng() % (kIterations / 2 - 2));
+    const std::string dir = absl::StrCat(tmp, "/run-", run);
+    proto::JobSpec spec = TrainJob(kIterations, dir, kInterval);
+    auto job = client->Submit(spec);
+    REQUIRE(job.ok());
+    REQUIRE(Eventually(
+        [&] {
+          auto s = client->Get(*job);
+          return s.ok() && (s->iterations_done() >= after || Terminal(s->state()));
+        },
+        kRunLimit));
+    int victim = -1;
+    std::string what;
+    const absl::Time fault_at = absl::Now();
+    if (target == Target::kExecutor) {
+      victim = DeviceOfRank(client, *job, static_cast<int>(rng() % 4));
+      REQUIRE(victim >= 0);
+      cluster.executor(victim).Signal(sig);
+      const proto::JobStatus s = WaitEnded(client, *job, kRunLimit);
+      const absl::Duration took = absl::Now() - fault_at;
+      if (!Terminal(s.state())) {
+        ++tally.hangs;
+        (void)client->Cancel(*job);
+        what = "hang";
+      } else if (s.state() == proto::JobState::failed && s.error().find("rank") != std::string::npos) {
+        tally.detection_s.push_back(absl::ToDoubleSeconds(took));
+        tally.detected += took <= kDetectionDeadline;
+        what = absl::StrFormat("failed after %.2f s: %s", absl::ToDoubleSeconds(took), s.error());
+      } else {
+        what = absl::StrCat("ended ", proto::JobState::Value_Name(s.state()), ": ", s.error());
+      }
+      // The victim goes (a stopped one is killed), a new one takes its place.
+      if (sig == SIGSTOP) cluster.executor(victim).Signal(SIGKILL);
+      if (!cluster.executor(victim).Exited(absl::Seconds(20))) {
+        ++tally.hangs;
+        what += "; the executor did not exit";
+        cluster.executor(victim).Signal(SIGKILL);
+        (void)cluster.executor(victim).Exited(absl::Seconds(5));
+      } else if (sig == SIGTERM && !(WIFEXITED(cluster.executor(victim).wait_status()) &&
+                                     WEXITSTATUS(cluster.executor(victim).wait_status()) <= 1)) {
+        ++tally.crashes;
+        what += absl::StrCat("; SIGTERMed executor ended with wait status ", cluster.executor(victim).wait_status());
+      }
+      cluster.ReplaceExecutor(victim);
+      if (cluster.Settled(absl::Seconds(30)) && s.state() == proto::JobState::failed) {
+        spec.mutable_checkpoint()->set_resume(true);
+        auto again = client->Submit(spec);
+        REQUIRE(again.ok());
+        const proto::JobStatus r = WaitEnded(client, *again, kRunLimit);
+        if (!Terminal(r.state())) {
+          ++tally.hangs;
+          (void)client->Cancel(*again);
+        }
+        tally.bit_identical += r.state() == proto::JobState::succeeded && SameAsReference(dir, reference);
+      }
+    } else {
+      const bool planner = target == Target::kPlanner;
+      const pid_t pid = planner ? cluster.planner().pid() : cluster.redis().pid();
+      ::kill(pid, sig);
+      bool restarted = true;
+      if (sig == SIGSTOP) {
+        absl::SleepFor(outage);
+        ::kill(pid, SIGCONT);
+      } else if (planner) {
+        if (!cluster.planner().Exited(absl::Seconds(20))) {
+          ++tally.hangs;
+          what = "the planner did not exit; ";
+          cluster.planner().Signal(SIGKILL);
+          (void)cluster.planner().Exited(absl::Seconds(5));
+        } else if (sig == SIGTERM && cluster.planner().wait_status() != 0) {
+          ++tally.crashes;
+          what = absl::StrCat("SIGTERMed planner ended with wait status ", cluster.planner().wait_status(), "; ");
+        }
+        absl::SleepFor(outage);
+        restarted = cluster.RestartPlanner();
+      } else {
+        absl::SleepFor(outage);
+        restarted = cluster.redis().Restart().ok();  // reaps the old process, starts on its AOF
+      }
+      REQUIRE(restarted);
+      const proto::JobStatus s = WaitEnded(client, *job, kRunLimit);
+      if (!Terminal(s.state())) {
+        ++tally.hangs;
+        (void)client->Cancel(*job);
+      }
+      const bool rode = s.state() == proto::JobState::succeeded;
+      tally.rode_through += rode;
+      tally.bit_identical += rode && SameAsReference(dir, reference);
+      absl::StrAppend(&what, proto::JobState::Value_Name(s.state()), " ", s.error());
+    }
+    tally.crashes += cluster.CountCrashes(target, victim);
+    std::printf("run %d: %s (outage %.1f s, after iteration %d): %s\n", run, kind.c_str(),
+                absl::ToDoubleSeconds(outage), after, what.c_str());
+    std::fflush(stdout);
+    if (!cluster.Settled(absl::Seconds(30))) {
+      WARN("run " << run << ": the executors did not all come back idle within 30 s");
+    }
+    std::filesystem::remove_all(dir);
+  }
+
+  const std::string table = Table(tallies, order);
+  const std::string footer = absl::StrFormat("seed %u, %d runs, %.0f s\n", seed, ran,
+                                             absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf("\n%s\n%s", table.c_str(), footer.c_str());
+  if (const char* report = std::getenv("DYNAPIPE_SOAK_REPORT"); report != nullptr && *report != '\0') {
+    std::ofstream(report) << table << "\n" << footer;
+  }
+  for (const std::string& kind : order) {
+    auto it = tallies.find(kind);
+    if (it == tallies.end()) continue;
+    const Tally& t = it->second;
+    INFO(kind);
+    CHECK(t.hangs == 0);
+    CHECK(t.crashes == 0);
+    CHECK(t.bit_identical == t.runs);
+    if (kind.rfind("executor", 0) == 0) {
+      CHECK(t.detected == t.runs);
+    } else {
+      CHECK(t.rode_through == t.runs);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dynapipe::testing
