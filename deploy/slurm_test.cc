@@ -81,21 +81,6 @@ trap 'kill "${pids[@]}" 2>/dev/null; wait' TERM INT
 wait
 )";
 
-constexpr char kJob[] = R"(name: "slurm-itest"
-model { kind: gpt num_layers: 2 hidden: 32 heads: 4 ffn: 64 vocab: 16 max_positions: 128 dtype: fp32 tie_embeddings: true }
-parallelism { pp: 2 dp: 1 }
-dataset { path: "data/ds" format: indexed }
-batching { method: dynamic global_batch_tokens: 1024 max_seq_len: 128 }
-schedule { recompute: none }
-optimizer { lr: 3e-3 grad_clip: 1.0 }
-iterations: 8
-seed: 1
-cluster {
-  name: "cpu" num_nodes: 1 devices_per_node: 2
-  device { name: "cpu" peak_tflops: 0.05 memory_bandwidth_gbps: 10 memory_mb: 4096 }
-  intra_node_bandwidth_gbps: 20 inter_node_bandwidth_gbps: 20
-}
-)";
 
 TEST_CASE("The Slurm script runs a job with a password-protected Redis on the head node and 0600 secrets") {
   const std::string work = dynapipe::testing::FreshTempDir("slurm");
@@ -110,7 +95,7 @@ TEST_CASE("The Slurm script runs a job with a password-protected Redis on the he
                              "' --samples 300 --input-scale 0.125 --alphabet 8 --seed 1");
   INFO(synth.text);
   REQUIRE(synth.rc == 0);
-  std::ofstream(work + "/job.pbtxt") << kJob;
+  fs::copy_file(Runfiles() + "/deploy/slurm/test-job.pbtxt", work + "/job.pbtxt");
 
   auto port = [] {
     auto p = dynapipe::testing::PickFreeLoopbackPort();

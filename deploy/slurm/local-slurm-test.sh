@@ -251,22 +251,7 @@ up_s=$((SECONDS - start))
 (cd "$work" && timeout 60 "$bin/src/cli/dynapipe" data synth --out data/ds --lengths "$repo/tests/data/flan-like-lengths.txt" \
   --samples 300 --input-scale 0.125 --alphabet 8 --seed 1) > "$log/data-synth.out" 2>&1 ||
   fail "dynapipe data synth"
-cat > "$work/job.pbtxt" <<'JOB'
-name: "local-slurm-test"
-model { kind: gpt num_layers: 2 hidden: 32 heads: 4 ffn: 64 vocab: 16 max_positions: 128 dtype: fp32 tie_embeddings: true }
-parallelism { pp: 2 dp: 1 }
-dataset { path: "data/ds" format: indexed }
-batching { method: dynamic global_batch_tokens: 1024 max_seq_len: 128 }
-schedule { recompute: none }
-optimizer { lr: 3e-3 grad_clip: 1.0 }
-iterations: 8
-seed: 1
-cluster {
-  name: "cpu" num_nodes: 1 devices_per_node: 2
-  device { name: "cpu" peak_tflops: 0.05 memory_bandwidth_gbps: 10 memory_mb: 4096 }
-  intra_node_bandwidth_gbps: 20 inter_node_bandwidth_gbps: 20
-}
-JOB
+cp "$repo/deploy/slurm/test-job.pbtxt" "$work/job.pbtxt" || fail "no $repo/deploy/slurm/test-job.pbtxt"
 
 job_state() { timeout 5 scontrol show job -o "$1" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 

@@ -178,9 +178,10 @@ class PlannerService {
   std::vector<std::string> fired_ ABSL_GUARDED_BY(waiters_mu_);  // events not yet processed
   bool wake_all_ ABSL_GUARDED_BY(waiters_mu_) = false;
 
-  // Liveness thread only: when the store last had trouble (an executor's
-  // heartbeat may have failed because of it, not of the executor), and each
-  // running job's progress as last seen.
+  // Liveness thread only: when the store last had trouble or this process
+  // was stalled (an executor's heartbeat may have failed or gone unrecorded
+  // because of it, not of the executor), and each running job's progress as
+  // last seen.
   absl::Time store_trouble_at_ = absl::InfinitePast();
   struct Progress {
     int64_t done = -1;

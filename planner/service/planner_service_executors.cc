@@ -330,6 +330,7 @@ void PlannerService::CheckLiveness() {
   // Only unreachability counts (error replies such as WRONGTYPE do not: they
   // would switch loss detection off for good).
   if (!store_->healthy()) store_trouble_at_ = options_.clock->Now();
+  store_trouble_at_ = std::max(store_trouble_at_, store_->last_trouble());  // also a stall that has ended
   const absl::Time grace_from = std::max(started_, store_trouble_at_);
   if (options_.clock->Now() - grace_from < options_.heartbeat_timeout) return;
   if (!records.ok()) return;
@@ -386,7 +387,19 @@ void PlannerService::CheckProgress(const std::string& job, const proto::JobStatu
 
 void PlannerService::LivenessLoop() {
   const absl::Duration period = std::max(absl::Milliseconds(50), options_.heartbeat_timeout / 4);
+  absl::Time last_pass = absl::InfinitePast();  // real time: this thread's own stalls
   while (!stopping_) {
+    // A pass long overdue means this process was not running (SIGSTOP, a
+    // swapped-out or starved machine): heartbeats were not being taken, so
+    // executors get a heartbeat timeout from now before anyone is judged lost.
+    const absl::Time pass = absl::Now();
+    if (last_pass != absl::InfinitePast() && pass - last_pass > 2 * period + absl::Seconds(1)) {
+      spdlog::warn("liveness check {} ms late (this planner was stalled): executors get {} ms to check in",
+                   absl::ToInt64Milliseconds(pass - last_pass - period),
+                   absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+      store_trouble_at_ = options_.clock->Now();
+    }
+    last_pass = pass;
     CheckLiveness();
     ReleaseRuntimes();
     for (absl::Duration slept; slept < period && !stopping_; slept += absl::Milliseconds(50)) {

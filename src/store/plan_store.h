@@ -133,6 +133,11 @@ class PlanStore {
 
   // Store reachable (for health checks).
   virtual bool healthy() const = 0;
+  // When the store was last unreachable or stalled (a command that failed to
+  // reach it or took far longer than usual); InfinitePast if never. Writes
+  // such as heartbeats may have been held up then, so the planner does not
+  // judge executors by them until a heartbeat timeout has passed since.
+  virtual absl::Time last_trouble() const { return absl::InfinitePast(); }
   virtual int64_t errors() const = 0;
 };
 

@@ -301,6 +301,7 @@ TEST_CASE("Redis client reports UNAVAILABLE while Redis is down and recovers by 
   RedisClient client(o);
   REQUIRE(client.Command({"SET", "k", "v"}).ok());
   CHECK(client.healthy());
+  CHECK(client.last_trouble() == absl::InfinitePast());
   (*server)->Stop();
   const absl::Time t0 = absl::Now();
   auto down = client.Command({"GET", "k"});
@@ -308,9 +309,11 @@ TEST_CASE("Redis client reports UNAVAILABLE while Redis is down and recovers by 
   CHECK(absl::Now() - t0 < absl::Seconds(3));  // fails fast, no hang
   CHECK_FALSE(client.healthy());
   CHECK(client.errors() >= 1);
+  CHECK(client.last_trouble() >= t0);  // remembered after Redis is back, unlike healthy()
   REQUIRE((*server)->Restart().ok());
   CHECK(Eventually([&] { return client.Command({"PING"}).ok(); }));
   CHECK(client.healthy());
+  CHECK(client.last_trouble() >= t0);
 }
 
 TEST_CASE("A Redis restarted empty has a new store id, so no job id is handed out twice") {

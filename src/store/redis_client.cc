@@ -157,13 +157,22 @@ absl::StatusOr<RedisReply> RedisClient::Run(Connection* c, const std::vector<std
 }
 
 absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<std::string>& args) {
+  const absl::Time start = clock_->Now();
   Connection* c = Acquire();
   auto result = Run(c, args);
   Release(c);
   if (!result.ok()) ++errors_;
   // An error reply still means Redis is reachable.
-  healthy_.store(result.ok() || result.status().code() == absl::StatusCode::kInternal);
+  const bool reachable = result.ok() || result.status().code() == absl::StatusCode::kInternal;
+  healthy_.store(reachable);
+  const absl::Time end = clock_->Now();
+  if (!reachable || end - start > kSlowCommand) last_trouble_ns_.store(absl::ToUnixNanos(end));
   return result;
+}
+
+absl::Time RedisClient::last_trouble() const {
+  const int64_t ns = last_trouble_ns_.load();
+  return ns == INT64_MIN ? absl::InfinitePast() : absl::FromUnixNanos(ns);
 }
 
 absl::StatusOr<RedisReply> RedisClient::Command(std::initializer_list<absl::string_view> args) {

@@ -7,6 +7,7 @@
 // is INTERNAL (or UNAUTHENTICATED for auth failures).
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,10 @@ class RedisClient {
   bool healthy() const { return healthy_.load(); }
   // Failed commands since start (connection errors, timeouts, error replies).
   int64_t errors() const { return errors_.load(); }
+  // When a command last failed to reach Redis or took longer than
+  // kSlowCommand (a stalled or overloaded Redis); InfinitePast if never.
+  absl::Time last_trouble() const;
+  static constexpr absl::Duration kSlowCommand = absl::Milliseconds(500);
   const RedisOptions& options() const { return options_; }
 
  private:
@@ -77,6 +82,7 @@ class RedisClient {
   std::vector<Connection*> idle_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> errors_{0};
+  std::atomic<int64_t> last_trouble_ns_{INT64_MIN};  // unix ns on clock_
 };
 
 }  // namespace dynapipe::store

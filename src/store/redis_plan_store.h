@@ -55,6 +55,7 @@ class RedisPlanStore : public PlanStore {
   absl::StatusOr<std::string> GetBootstrap(const std::string& job, const std::string& key) override;
   void SetListener(std::function<void(const std::string& event)> listener) override;
   bool healthy() const override { return client_.healthy(); }
+  absl::Time last_trouble() const override { return client_.last_trouble(); }
   int64_t errors() const override { return client_.errors(); }
 
   RedisClient& client() { return client_; }
