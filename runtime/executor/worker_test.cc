@@ -1,7 +1,6 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstring>
 
 #include "runtime/executor/local_run.h"
 #include "runtime/executor/test_dataset.h"
@@ -91,39 +90,25 @@ TEST_CASE("dynamic, packing and padding batches train to the same losses", "[exe
   CHECK(packing->per_rank[0][0].tokens == dynamic->per_rank[0][0].tokens);
 }
 
-// FNV-1a over the bytes of every rank's final parameters.
-uint64_t ParamsHash(const LocalRunResult& r) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const auto& rank : r.final_params) {
-    for (float f : rank) {
-      uint32_t b;
-      std::memcpy(&b, &f, 4);
-      for (int k = 0; k < 4; ++k) h = (h ^ ((b >> (8 * k)) & 0xff)) * 0x100000001b3ULL;
-    }
-  }
-  return h;
-}
-
-TEST_CASE("training through the backend seam is bit-identical to the CPU worker before it", "[executor]") {
-  // Losses (rank 0, all 5 iterations) and a hash of every rank's final
-  // parameters, printed with %a by the worker as it was before the stage seam
-  // (commit 3575bc0, which ignored the plan's recompute level; recomputation
-  // repeats the same arithmetic, so honouring it must not change a bit).
+TEST_CASE("training through the backend seam matches the CPU worker before it", "[executor]") {
+  // Losses (rank 0, all 5 iterations) printed with %a by the worker as it
+  // was before the stage seam (commit 3575bc0, which ignored the plan's
+  // recompute level). The seam changed no bit; the SIMD and BLAS-blocked
+  // kernels since (issue 16) sum in another order, hence 1e-5 relative
+  // (kernel_regression_test holds them to the scalar kernels over 50
+  // iterations, final parameters included).
   struct Golden {
     const char* recompute;
     int pp, dp;
     double losses[5];
-    uint64_t params;
   };
   const Golden goldens[] = {
-      {"none", 1, 1, {0x1.bcae43p+1, 0x1.b97d4ep+1, 0x1.b61808p+1, 0x1.afcfb5p+1, 0x1.aab602p+1}, 0x127707e013126bebULL},
-      {"none", 2, 2, {0x1.bcae44cp+1, 0x1.b97d4ep+1, 0x1.b61809p+1, 0x1.afcfb4p+1, 0x1.aab5fe4p+1}, 0xe4300b51c2f56fddULL},
-      {"full", 1, 1, {0x1.bcae43p+1, 0x1.b97d4ep+1, 0x1.b61807p+1, 0x1.afcfb5p+1, 0x1.aab602p+1}, 0x8b7ad1dd5336291fULL},
-      {"full", 2, 2, {0x1.bcae44cp+1, 0x1.b97d4ep+1, 0x1.b61809p+1, 0x1.afcfb4p+1, 0x1.aab5fe4p+1}, 0x6e1387fea18b5931ULL},
-      {"selective", 1, 1, {0x1.bcae448p+1, 0x1.b97d4ccp+1, 0x1.b61807p+1, 0x1.afcfb48p+1, 0x1.aab602p+1},
-       0x6706c60d650b4899ULL},
-      {"selective", 2, 2, {0x1.bcae45cp+1, 0x1.b97d4e4p+1, 0x1.b61809p+1, 0x1.afcfb4p+1, 0x1.aab5fdcp+1},
-       0x8b90fc798e3a7649ULL},
+      {"none", 1, 1, {0x1.bcae43p+1, 0x1.b97d4ep+1, 0x1.b61808p+1, 0x1.afcfb5p+1, 0x1.aab602p+1}},
+      {"none", 2, 2, {0x1.bcae44cp+1, 0x1.b97d4ep+1, 0x1.b61809p+1, 0x1.afcfb4p+1, 0x1.aab5fe4p+1}},
+      {"full", 1, 1, {0x1.bcae43p+1, 0x1.b97d4ep+1, 0x1.b61807p+1, 0x1.afcfb5p+1, 0x1.aab602p+1}},
+      {"full", 2, 2, {0x1.bcae44cp+1, 0x1.b97d4ep+1, 0x1.b61809p+1, 0x1.afcfb4p+1, 0x1.aab5fe4p+1}},
+      {"selective", 1, 1, {0x1.bcae448p+1, 0x1.b97d4ccp+1, 0x1.b61807p+1, 0x1.afcfb48p+1, 0x1.aab602p+1}},
+      {"selective", 2, 2, {0x1.bcae45cp+1, 0x1.b97d4e4p+1, 0x1.b61809p+1, 0x1.afcfb4p+1, 0x1.aab5fdcp+1}},
   };
   const std::string ds = MakeDataset();
   for (const Golden& g : goldens) {
@@ -134,9 +119,8 @@ TEST_CASE("training through the backend seam is bit-identical to the CPU worker 
     REQUIRE(losses.size() == 5);
     for (int i = 0; i < 5; ++i) {
       INFO("iteration " << i);
-      CHECK(losses[i] == g.losses[i]);
+      CHECK(std::abs(losses[i] - g.losses[i]) <= 1e-5 * g.losses[i]);
     }
-    CHECK(ParamsHash(*run) == g.params);
   }
 }
 

@@ -117,7 +117,7 @@ absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, con
   ASSIGN_OR_RETURN(a.qkv, Get(N * 3 * C));
   cpu::MatmulForward(a.qkv.as<float>(), a.ln1.as<float>(), P(l.qkv_w), P(l.qkv_b), N, C, 3 * C);
   ASSIGN_OR_RETURN(a.atty, Get(N * C));
-  ASSIGN_OR_RETURN(a.att, Get(B * NH * T * T));
+  ASSIGN_OR_RETURN(a.att, Get(cpu::AttentionProbsSize(segments, B, T, NH, CpuKernel(config().attention))));
   cpu::AttentionForward(a.atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), segments, B, T, C, NH,
                         CpuKernel(config().attention));
   ASSIGN_OR_RETURN(a.x2, Get(N * C));
@@ -279,7 +279,8 @@ absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden
       RETURN_IF_ERROR(LayerForward(l, a, s->segments.data(), B, T, nullptr));  // kFull: the whole layer again
     } else if (a.att.empty()) {
       // kSelective: the attention probabilities again (its output is stashed).
-      ASSIGN_OR_RETURN(a.att, Get(B * NH * T * T));
+      ASSIGN_OR_RETURN(a.att, Get(cpu::AttentionProbsSize(s->segments.data(), B, T, NH,
+                                                           CpuKernel(config().attention))));
       ASSIGN_OR_RETURN(Buffer atty, Get(N * C));
       cpu::AttentionForward(atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), s->segments.data(), B, T, C, NH,
                             CpuKernel(config().attention));

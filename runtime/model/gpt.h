@@ -8,9 +8,9 @@
 //
 // Forward stashes the activations backward needs, per micro-batch, in pool
 // buffers; Backward releases them. With Recompute::kSelective the attention
-// probabilities (B, heads, T, T) are dropped after forward and recomputed in
-// backward; with kFull only each layer's input is kept and the whole layer
-// is recomputed. Recomputation runs the same arithmetic in the same order,
+// probabilities (heads x L x L per sample, or per row when materialized) are
+// dropped after forward and recomputed in backward; with kFull only each
+// layer's input is kept and the whole layer is recomputed. Recomputation runs the same arithmetic in the same order,
 // so results are bit-identical whatever is kept.
 
 #include <cstdint>

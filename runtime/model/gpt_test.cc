@@ -177,7 +177,8 @@ TEST_CASE("split invariance: one micro-batch, a dynamic split and packed rows gi
   CHECK(RelDiff(b.grads, a.grads) <= 1e-5);
   CHECK(RelDiff(c.grads, a.grads) <= 1e-5);
   // The materialised attention kernel (model.attention) only costs more:
-  // padded and packed rows give bit-identical losses and gradients.
+  // padded and packed rows give the same losses and gradients up to how
+  // GEMM blocks group the sums.
   GptConfig materialized = TinyConfig();
   proto::ModelSpec spec;
   spec.set_kind(proto::ModelKind::gpt);
@@ -190,10 +191,10 @@ TEST_CASE("split invariance: one micro-batch, a dynamic split and packed rows gi
   materialized.attention = from_spec->attention;
   const Result am = RunSplit({Mb(6, max_len, one)}, *ds, scale, materialized);
   const Result cm = RunSplit({Mb(2, 64, packed)}, *ds, scale, materialized);
-  CHECK(am.loss == a.loss);
-  CHECK(am.grads == a.grads);
-  CHECK(cm.loss == c.loss);
-  CHECK(cm.grads == c.grads);
+  CHECK(std::abs(am.loss - a.loss) <= 1e-6 * a.loss);
+  CHECK(RelDiff(am.grads, a.grads) <= 1e-6);
+  CHECK(std::abs(cm.loss - c.loss) <= 1e-6 * c.loss);
+  CHECK(RelDiff(cm.grads, c.grads) <= 1e-6);
   // Sensitivity: a different scale changes the gradients.
   const Result d = RunSplit({Mb(6, max_len, one)}, *ds, scale * 2);
   CHECK(RelDiff(d.grads, a.grads) > 0.5);

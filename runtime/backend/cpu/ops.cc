@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
+
+#include "runtime/backend/cpu/vec_math.h"
 
 namespace dynapipe::runtime::cpu {
 namespace {
@@ -40,196 +44,185 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
   }
 }
 
-template <typename T>
-void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C) {
-  const T eps = T(1e-5);
+namespace {
+
+// Row reductions and elementwise passes of LayerNorm and GELU. The float
+// versions run in SIMD lanes (several partial sums, so a different order
+// of additions than the double ones, which the tests check them against).
+DP_SIMD_CLONES void LayerNormRowsF(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                   const float* bias, int64_t N, int64_t C) {
+  using namespace simd;
   for (int64_t i = 0; i < N; ++i) {
-    const T* x = inp + i * C;
-    T m = 0;
-    for (int64_t c = 0; c < C; ++c) m += x[c];
+    const float* x = inp + i * C;
+    VF vs = Splat(0.0f);
+    int64_t c = 0;
+    for (; c + kLanes <= C; c += kLanes) vs += Load(x + c);
+    float m = HorizontalSum(vs);
+    for (int64_t k = c; k < C; ++k) m += x[k];
     m /= C;
-    T v = 0;
-    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    VF vv = Splat(0.0f);
+    for (c = 0; c + kLanes <= C; c += kLanes) {
+      const VF d = Load(x + c) - m;
+      vv += d * d;
+    }
+    float v = HorizontalSum(vv);
+    for (int64_t k = c; k < C; ++k) v += (x[k] - m) * (x[k] - m);
     v /= C;
-    const T s = T(1) / std::sqrt(v + eps);
-    for (int64_t c = 0; c < C; ++c) out[i * C + c] = (x[c] - m) * s * weight[c] + bias[c];
+    const float s = 1.0f / std::sqrt(v + 1e-5f);
+    float* y = out + i * C;
+    for (c = 0; c + kLanes <= C; c += kLanes) Store(y + c, (Load(x + c) - m) * s * Load(weight + c) + Load(bias + c));
+    for (int64_t k = c; k < C; ++k) y[k] = (x[k] - m) * s * weight[k] + bias[k];
     mean[i] = m;
     rstd[i] = s;
   }
 }
 
-template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                       const T* rstd, int64_t N, int64_t C) {
+DP_SIMD_CLONES void LayerNormBackwardRowsF(float* dinp, float* dweight, float* dbias, const float* dout,
+                                           const float* inp, const float* weight, const float* mean,
+                                           const float* rstd, int64_t N, int64_t C) {
+  using namespace simd;
   for (int64_t i = 0; i < N; ++i) {
-    const T* x = inp + i * C;
-    const T* dy = dout + i * C;
-    T dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      const T norm = (x[c] - mean[i]) * rstd[i];
-      const T dnorm = weight[c] * dy[c];
+    const float* x = inp + i * C;
+    const float* dy = dout + i * C;
+    float* dx = dinp + i * C;
+    const float m = mean[i], s = rstd[i];
+    VF va = Splat(0.0f), vb = Splat(0.0f);
+    int64_t c = 0;
+    for (; c + kLanes <= C; c += kLanes) {
+      const VF norm = (Load(x + c) - m) * s;
+      const VF dnorm = Load(weight + c) * Load(dy + c);
+      va += dnorm;
+      vb += dnorm * norm;
+    }
+    float dnorm_mean = HorizontalSum(va), dnorm_norm_mean = HorizontalSum(vb);
+    for (int64_t k = c; k < C; ++k) {
+      const float norm = (x[k] - m) * s, dnorm = weight[k] * dy[k];
       dnorm_mean += dnorm;
       dnorm_norm_mean += dnorm * norm;
     }
     dnorm_mean /= C;
     dnorm_norm_mean /= C;
-    for (int64_t c = 0; c < C; ++c) {
-      const T norm = (x[c] - mean[i]) * rstd[i];
-      const T dnorm = weight[c] * dy[c];
-      dbias[c] += dy[c];
-      dweight[c] += norm * dy[c];
-      dinp[i * C + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[i];
+    for (c = 0; c + kLanes <= C; c += kLanes) {
+      const VF norm = (Load(x + c) - m) * s;
+      const VF g = Load(dy + c);
+      const VF dnorm = Load(weight + c) * g;
+      Store(dbias + c, Load(dbias + c) + g);
+      Store(dweight + c, Load(dweight + c) + norm * g);
+      Store(dx + c, Load(dx + c) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+    }
+    for (int64_t k = c; k < C; ++k) {
+      const float norm = (x[k] - m) * s, dnorm = weight[k] * dy[k];
+      dbias[k] += dy[k];
+      dweight[k] += norm * dy[k];
+      dx[k] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
   }
 }
 
-template <typename T>
-void GeluForward(T* out, const T* inp, int64_t n) {
-  const T k = std::sqrt(T(2) / T(M_PI));
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    out[i] = T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
-  }
+constexpr double kGeluK = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluC = 0.044715;
+
+DP_SIMD_CLONES void GeluForwardF(float* out, const float* inp, int64_t n) {
+  using namespace simd;
+  const float k2 = static_cast<float>(-2 * kGeluK), c = static_cast<float>(kGeluC);
+  Map(out, inp, n, [=](VF x) { return x / (1.0f + Exp(k2 * (x + c * x * x * x))); });
 }
 
-template <typename T>
-void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
-  const T k = std::sqrt(T(2) / T(M_PI));
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    const T u = k * (x + T(0.044715) * x * x * x);
-    const T th = std::tanh(u);
-    const T sech2 = T(1) - th * th;
-    const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * k * (T(1) + T(3) * T(0.044715) * x * x);
-    dinp[i] += grad * dout[i];
-  }
-}
-
-namespace {
-
-// One query row of attention. Varlen computes only the pairs the query may
-// see; materialized computes every causal pair and masks afterwards, so a
-// padding query still costs a full row (its output is then discarded).
-template <bool kMaterialized, typename T>
-void AttendRow(T* o, T* a, const T* qkv, const int32_t* sg, int64_t b, int64_t i, int64_t h, int64_t Tn, int64_t C,
-               int64_t hs, T scale) {
-  const bool pad_query = sg[i] < 0;
-  auto visible = [&](int64_t j) { return pad_query || sg[j] == sg[i]; };
-  const T* q = qkv + (b * Tn + i) * 3 * C + h * hs;
-  T mx = -INFINITY;
-  for (int64_t j = 0; j <= i; ++j) {
-    const bool keep = visible(j);
-    if (!kMaterialized && !keep) continue;
-    const T* k = qkv + (b * Tn + j) * 3 * C + C + h * hs;
-    T dot = 0;
-    for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
-    a[j] = keep ? dot * scale : -INFINITY;
-    mx = std::max(mx, a[j]);
-  }
-  T sum = 0;
-  for (int64_t j = 0; j <= i; ++j) {
-    const bool keep = visible(j);
-    if (!kMaterialized && !keep) continue;
-    a[j] = keep ? std::exp(a[j] - mx) : T(0);
-    sum += a[j];
-  }
-  for (int64_t j = 0; j <= i; ++j) {
-    if (!kMaterialized && !visible(j)) continue;
-    a[j] /= sum;
-    const T* v = qkv + (b * Tn + j) * 3 * C + 2 * C + h * hs;
-    for (int64_t d = 0; d < hs; ++d) o[d] += a[j] * v[d];
-  }
-  if (pad_query) {  // computed only to pay what a materialised kernel pays
-    std::fill(o, o + hs, T(0));
-    std::fill(a, a + i + 1, T(0));
-  }
-}
-
-template <bool kMaterialized, typename T>
-void AttentionForwardImpl(T* out, T* att, const T* qkv, const int32_t* seg, int64_t B, int64_t Tn, int64_t C,
-                          int64_t NH) {
-  const int64_t hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
-  std::fill(out, out + B * Tn * C, T(0));
-  std::fill(att, att + B * NH * Tn * Tn, T(0));
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t* sg = seg + b * Tn;
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t i = 0; i < Tn; ++i) {
-        if (!kMaterialized && sg[i] < 0) continue;
-        AttendRow<kMaterialized>(out + (b * Tn + i) * C + h * hs, att + ((b * NH + h) * Tn + i) * Tn, qkv, sg, b, i,
-                                 h, Tn, C, hs, scale);
-      }
-    }
-  }
-}
-
-// Masked pairs have probability exactly 0, so visiting them (materialized)
-// adds exact zeros and leaves every gradient bit-identical to varlen.
-template <bool kMaterialized, typename T>
-void AttentionBackwardImpl(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* seg, int64_t B,
-                           int64_t Tn, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
-  std::vector<T> datt(Tn);
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t* sg = seg + b * Tn;
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t i = 0; i < Tn; ++i) {
-        if (!kMaterialized && sg[i] < 0) continue;
-        auto skip = [&](int64_t j) { return !kMaterialized && sg[j] != sg[i]; };
-        const T* a = att + ((b * NH + h) * Tn + i) * Tn;
-        const T* dy = dout + (b * Tn + i) * C + h * hs;
-        // out_i = sum_j a_ij v_j
-        T dot_sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          datt[j] = 0;
-          if (skip(j)) continue;
-          const T* v = qkv + (b * Tn + j) * 3 * C + 2 * C + h * hs;
-          T* dv = dqkv + (b * Tn + j) * 3 * C + 2 * C + h * hs;
-          for (int64_t d = 0; d < hs; ++d) {
-            datt[j] += dy[d] * v[d];
-            dv[d] += a[j] * dy[d];
-          }
-          dot_sum += a[j] * datt[j];
-        }
-        // softmax backward, then the scaled dot products
-        const T* q = qkv + (b * Tn + i) * 3 * C + h * hs;
-        T* dq = dqkv + (b * Tn + i) * 3 * C + h * hs;
-        for (int64_t j = 0; j <= i; ++j) {
-          if (skip(j)) continue;
-          const T dpre = a[j] * (datt[j] - dot_sum) * scale;
-          const T* k = qkv + (b * Tn + j) * 3 * C + C + h * hs;
-          T* dk = dqkv + (b * Tn + j) * 3 * C + C + h * hs;
-          for (int64_t d = 0; d < hs; ++d) {
-            dq[d] += dpre * k[d];
-            dk[d] += dpre * q[d];
-          }
-        }
-      }
-    }
+DP_SIMD_CLONES void GeluBackwardF(float* dinp, const float* inp, const float* dout, int64_t n) {
+  using namespace simd;
+  const float k = static_cast<float>(kGeluK), c = static_cast<float>(kGeluC), c3 = static_cast<float>(3 * kGeluC);
+  auto grad = [=](VF x) {
+    // s = sigmoid(2u) = (1 + tanh(u)) / 2 and 1 - s = e s, without cancellation.
+    const VF e = Exp(-2.0f * k * (x + c * x * x * x));
+    const VF s = 1.0f / (1.0f + e);
+    return s + 2.0f * x * s * (e * s) * k * (1.0f + c3 * x * x);
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) Store(dinp + i, Load(dinp + i) + grad(Load(inp + i)) * Load(dout + i));
+  if (i < n) {
+    float g[kLanes] = {};
+    std::memcpy(g, inp + i, (n - i) * sizeof(float));
+    Store(g, grad(Load(g)));
+    for (int64_t j = i; j < n; ++j) dinp[j] += g[j - i] * dout[j];
   }
 }
 
 }  // namespace
 
 template <typename T>
-void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                      AttentionKernel kernel) {
-  if (kernel == AttentionKernel::kMaterialized) {
-    AttentionForwardImpl<true>(out, att, qkv, seg, B, Tn, C, NH);
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C) {
+  if constexpr (std::is_same_v<T, float>) {
+    LayerNormRowsF(out, mean, rstd, inp, weight, bias, N, C);
   } else {
-    AttentionForwardImpl<false>(out, att, qkv, seg, B, Tn, C, NH);
+    const T eps = T(1e-5);
+    for (int64_t i = 0; i < N; ++i) {
+      const T* x = inp + i * C;
+      T m = 0;
+      for (int64_t c = 0; c < C; ++c) m += x[c];
+      m /= C;
+      T v = 0;
+      for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+      v /= C;
+      const T s = T(1) / std::sqrt(v + eps);
+      for (int64_t c = 0; c < C; ++c) out[i * C + c] = (x[c] - m) * s * weight[c] + bias[c];
+      mean[i] = m;
+      rstd[i] = s;
+    }
   }
 }
 
 template <typename T>
-void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn,
-                       int64_t C, int64_t NH, AttentionKernel kernel) {
-  if (kernel == AttentionKernel::kMaterialized) {
-    AttentionBackwardImpl<true>(dqkv, dout, qkv, att, seg, B, Tn, C, NH);
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                       const T* rstd, int64_t N, int64_t C) {
+  if constexpr (std::is_same_v<T, float>) {
+    LayerNormBackwardRowsF(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   } else {
-    AttentionBackwardImpl<false>(dqkv, dout, qkv, att, seg, B, Tn, C, NH);
+    for (int64_t i = 0; i < N; ++i) {
+      const T* x = inp + i * C;
+      const T* dy = dout + i * C;
+      T dnorm_mean = 0, dnorm_norm_mean = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const T norm = (x[c] - mean[i]) * rstd[i];
+        const T dnorm = weight[c] * dy[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+      for (int64_t c = 0; c < C; ++c) {
+        const T norm = (x[c] - mean[i]) * rstd[i];
+        const T dnorm = weight[c] * dy[c];
+        dbias[c] += dy[c];
+        dweight[c] += norm * dy[c];
+        dinp[i * C + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[i];
+      }
+    }
+  }
+}
+
+template <typename T>
+void GeluForward(T* out, const T* inp, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    GeluForwardF(out, inp, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const T x = inp[i];
+      out[i] = x / (T(1) + std::exp(T(-2 * kGeluK) * (x + T(kGeluC) * x * x * x)));
+    }
+  }
+}
+
+template <typename T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    GeluBackwardF(dinp, inp, dout, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const T x = inp[i];
+      const T e = std::exp(T(-2 * kGeluK) * (x + T(kGeluC) * x * x * x));
+      const T s = T(1) / (T(1) + e);
+      dinp[i] += (s + T(2) * x * s * (e * s) * T(kGeluK) * (T(1) + T(3 * kGeluC) * x * x)) * dout[i];
+    }
   }
 }
 
@@ -287,10 +280,6 @@ void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T 
                                      int64_t);                                                                  \
   template void GeluForward<T>(T*, const T*, int64_t);                                                          \
   template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                               \
-  template void AttentionForward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,       \
-                                    AttentionKernel);                                                           \
-  template void AttentionBackward<T>(T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                     int64_t, AttentionKernel);                                                 \
   template void EmbeddingForward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int64_t, int64_t);  \
   template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t);       \
   template T CrossEntropyForward<T>(T*, const T*, const int32_t*, T, int64_t, int64_t);                         \

@@ -2,8 +2,11 @@
 
 // CPU kernels of the GPT model, forward and backward, on contiguous
 // row-major buffers (shapes in comments, llm.c style). Templated on the
-// scalar: float for training, double for the finite-difference checks.
-// Backward functions accumulate (+=) into parameter and input gradients.
+// scalar: float for training, double for the finite-difference checks; both
+// run the same algorithm, the float one in SIMD lanes (vec_math.h) where it
+// is elementwise or a row reduction. No -ffast-math: IEEE semantics (-inf
+// masks, NaN propagation) hold. Backward functions accumulate (+=) into
+// parameter and input gradients.
 
 #include <cstdint>
 
@@ -39,14 +42,16 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias,  // (N, C), (C), (C)
                        const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd,
                        int64_t N, int64_t C);
 
-// GELU, tanh approximation (as GPT-2).
+// GELU, tanh approximation (as GPT-2), computed through the identity
+// 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)): one exp per element.
 template <typename T>
 void GeluForward(T* out, const T* inp, int64_t n);
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
 
-// How the attention kernels treat masked pairs. Both give bit-identical
-// results (masked pairs get probability exactly 0); they differ in cost.
+// How the attention kernels treat masked pairs. Both give the same results
+// up to rounding (masked pairs get probability exactly 0); they differ in
+// cost.
 enum class AttentionKernel {
   // Only pairs inside one sample are computed: padding and pairs across the
   // samples of a packed row cost nothing (FlashAttention's varlen kernels).
@@ -61,15 +66,24 @@ enum class AttentionKernel {
 // of row b attends to token j iff j <= i and both belong to the same segment
 // (seg >= 0); padding (seg < 0) produces zeros and receives no gradient. With
 // one segment per row this is a padded batch; several give packed rows with
-// no cross-contamination.
+// no cross-contamination. Implemented in attention.cc on BLAS blocks.
+//
+// `att` keeps the softmax probabilities for backward: per span of tokens
+// that attend among themselves (varlen: each sample; materialized: each
+// row) and head, an L x L matrix. AttentionProbsSize gives its length in
+// elements for a batch; forward and backward must get the same segments.
+int64_t AttentionProbsSize(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH,
+                           AttentionKernel kernel = AttentionKernel::kVarlen);
+
 template <typename T>
 void AttentionForward(T* out,          // (B, T, C)
-                      T* att,          // (B, NH, T, T) softmax probabilities, kept for backward
+                      T* att,          // (AttentionProbsSize) softmax probabilities, kept for backward
                       const T* qkv,    // (B, T, 3C)
                       const int32_t* seg,  // (B, T)
                       int64_t B, int64_t Tn, int64_t C, int64_t NH,
                       AttentionKernel kernel = AttentionKernel::kVarlen);
 
+// Accumulates (+=) into dqkv.
 template <typename T>
 void AttentionBackward(T* dqkv,        // (B, T, 3C)
                        const T* dout,  // (B, T, C)
