@@ -32,6 +32,8 @@ packages=(
   patchelf                 # deploy/bundle.sh: relocatable binaries
   slurmctld slurmd slurm-client munge  # deploy/local_slurm_test: the sbatch script on a real Slurm
   clang lld                # deploy/fuzz.sh: libFuzzer harnesses (fuzz/), in their own output base
+  python3-torch            # benchmarks/: the PyTorch reference the CPU backend is measured against
+  libjemalloc2             # benchmarks/: the allocator both sides run under
 )
 
 missing=()

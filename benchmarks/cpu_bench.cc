@@ -1,0 +1,141 @@
+// Our side of the CPU comparison with PyTorch (benchmarks/README.md): trains
+// the GPT stage on a dump's micro-batches (benchmarks/train_on_dump.h), then
+// times each kernel on the dump's shapes (benchmarks/op_timings.h). Prints
+// JSON lines, the same records as benchmarks/torch_gpt.py:
+//   {"kind":"config", ...}
+//   {"kind":"iteration","iteration":I,"loss":..,"grad_norm":..,"seconds":..,"real_tokens":..,"warmup":..}
+//   {"kind":"end_to_end","tokens_per_s":..,"seconds":..,"real_tokens":..,"iterations":..}
+//   {"kind":"op","op":NAME,"seconds":..,"calls":..}
+// Build with --config=release; one BLAS thread (--threads).
+#include <cblas.h>
+
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "benchmarks/batch_dump.h"
+#include "benchmarks/op_timings.h"
+#include "benchmarks/train_on_dump.h"
+#include "google/protobuf/struct.pb.h"
+#include "src/common/proto_io.h"
+
+ABSL_FLAG(std::string, dump, "", "dump prefix (PREFIX.txt, PREFIX.bin) from dump_batches");
+ABSL_FLAG(std::string, attention, "varlen", "attention kernel for training: varlen or materialized");
+ABSL_FLAG(int, warmup, 1, "first iterations left out of tokens/s");
+ABSL_FLAG(bool, train, true, "train end to end");
+ABSL_FLAG(bool, ops, true, "time each op on the dump's shapes");
+ABSL_FLAG(std::string, op_iterations, "1", "iterations whose micro-batches give the op shapes (comma-separated)");
+ABSL_FLAG(int, op_reps, 5, "timed passes per op (median reported), after one warm-up pass");
+ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
+
+namespace {
+
+using dynapipe::benchmarks::BatchDump;
+
+class Record {
+ public:
+  explicit Record(const char* kind) { Set("kind", kind); }
+  Record& Set(const std::string& k, const std::string& v) {
+    (*s_.mutable_fields())[k].set_string_value(v);
+    return *this;
+  }
+  Record& Set(const std::string& k, const char* v) { return Set(k, std::string(v)); }
+  Record& Set(const std::string& k, double v) {
+    (*s_.mutable_fields())[k].set_number_value(v);
+    return *this;
+  }
+  Record& Set(const std::string& k, bool v) {
+    (*s_.mutable_fields())[k].set_bool_value(v);
+    return *this;
+  }
+  void Print() const {
+    std::printf("%s\n", dynapipe::ToJson(s_).c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  google::protobuf::Struct s_;
+};
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "cpu_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dynapipe;
+  absl::ParseCommandLine(argc, argv);
+  openblas_set_num_threads(absl::GetFlag(FLAGS_threads));
+  const std::string kernel_name = absl::GetFlag(FLAGS_attention);
+  if (kernel_name != "varlen" && kernel_name != "materialized") {
+    std::fprintf(stderr, "cpu_bench: --attention: varlen or materialized\n");
+    return 2;
+  }
+  const auto kernel = kernel_name == "varlen" ? runtime::model::AttentionKernel::kVarlen
+                                              : runtime::model::AttentionKernel::kMaterialized;
+  auto dump = benchmarks::ReadBatchDump(absl::GetFlag(FLAGS_dump));
+  if (!dump.ok()) return Fail(dump.status());
+  Record("config")
+      .Set("impl", "ours")
+      .Set("dump", absl::GetFlag(FLAGS_dump))
+      .Set("method", dump->method)
+      .Set("attention", kernel_name)
+      .Set("threads", static_cast<double>(absl::GetFlag(FLAGS_threads)))
+      .Print();
+
+  if (absl::GetFlag(FLAGS_train)) {
+    auto trained = benchmarks::TrainOnDump(*dump, kernel);
+    if (!trained.ok()) return Fail(trained.status());
+    const int warmup = absl::GetFlag(FLAGS_warmup);
+    double seconds = 0, tokens = 0;
+    int timed = 0;
+    for (size_t i = 0; i < trained->size(); ++i) {
+      const auto& r = (*trained)[i];
+      const bool warm = static_cast<int>(i) < warmup;
+      Record("iteration")
+          .Set("iteration", static_cast<double>(i))
+          .Set("loss", r.loss)
+          .Set("grad_norm", r.grad_norm)
+          .Set("seconds", r.seconds)
+          .Set("real_tokens", static_cast<double>(r.real_tokens))
+          .Set("warmup", warm)
+          .Print();
+      if (warm) continue;
+      seconds += r.seconds;
+      tokens += static_cast<double>(r.real_tokens);
+      ++timed;
+    }
+    if (timed > 0) {
+      Record("end_to_end")
+          .Set("tokens_per_s", tokens / seconds)
+          .Set("seconds", seconds)
+          .Set("real_tokens", tokens)
+          .Set("iterations", static_cast<double>(timed))
+          .Print();
+    }
+  }
+
+  if (absl::GetFlag(FLAGS_ops)) {
+    benchmarks::OpTimingOptions o;
+    o.iterations.clear();
+    for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_op_iterations), ',', absl::SkipEmpty())) {
+      int i;
+      if (!absl::SimpleAtoi(w, &i)) {
+        std::fprintf(stderr, "cpu_bench: --op_iterations: not a number: %s\n", std::string(w).c_str());
+        return 2;
+      }
+      o.iterations.push_back(i);
+    }
+    o.reps = absl::GetFlag(FLAGS_op_reps);
+    auto ops = benchmarks::TimeOps(*dump, o);
+    if (!ops.ok()) return Fail(ops.status());
+    for (const auto& op : *ops) {
+      Record("op").Set("op", op.op).Set("seconds", op.seconds).Set("calls", static_cast<double>(op.calls)).Print();
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,204 @@
+#include "benchmarks/op_timings.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/backend/cpu/ops.h"
+#include "src/common/stats.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::benchmarks {
+
+namespace {
+
+namespace cpu = runtime::cpu;
+using Clock = std::chrono::steady_clock;
+using runtime::model::TokenBatch;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One micro-batch's shapes.
+struct Shape {
+  const TokenBatch* batch;
+  int64_t B, T, N, M;
+  std::vector<int32_t> scored_targets;  // (M)
+};
+
+struct Op {
+  std::string name;
+  std::function<void(const Shape&)> fwd;
+  std::function<void(const Shape&)> between;  // untimed (e.g. zeroing what backward accumulates into)
+  std::function<void(const Shape&)> bwd;      // null: forward only
+};
+
+class Timer {
+ public:
+  Timer(const std::vector<Shape>& shapes, int reps) : shapes_(shapes), reps_(reps) {}
+
+  void Run(const Op& op, std::vector<OpTiming>* out) const {
+    std::vector<double> fwd, bwd;
+    for (int rep = -1; rep < reps_; ++rep) {  // rep -1 warms up
+      double f = 0, b = 0;
+      for (const Shape& s : shapes_) {
+        auto t = Clock::now();
+        op.fwd(s);
+        f += Since(t);
+        if (!op.bwd) continue;
+        if (op.between) op.between(s);
+        t = Clock::now();
+        op.bwd(s);
+        b += Since(t);
+      }
+      if (rep < 0) continue;
+      fwd.push_back(f);
+      bwd.push_back(b);
+    }
+    const int calls = static_cast<int>(shapes_.size());
+    if (!op.bwd) {
+      out->push_back({op.name, Median(fwd), calls});
+      return;
+    }
+    out->push_back({op.name + "_fwd", Median(fwd), calls});
+    out->push_back({op.name + "_bwd", Median(bwd), calls});
+  }
+
+ private:
+  const std::vector<Shape>& shapes_;
+  int reps_;
+};
+
+std::vector<float> Random(size_t n, float mean, float std, std::mt19937_64& rng) {
+  std::normal_distribution<float> d(mean, std);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+void Zero(std::vector<float>& v, size_t n) { std::memset(v.data(), 0, n * sizeof(float)); }
+
+}  // namespace
+
+absl::StatusOr<std::vector<OpTiming>> TimeOps(const BatchDump& dump, const OpTimingOptions& options) {
+  const auto& cfg = dump.config;
+  const int64_t C = cfg.hidden, F = cfg.ffn, V = cfg.vocab, NH = cfg.heads;
+  std::vector<Shape> shapes;
+  for (int i : options.iterations) {
+    if (i < 0 || i >= static_cast<int>(dump.iterations.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("op iterations: the dump has no iteration ", i));
+    }
+    for (const TokenBatch& b : dump.iterations[i].batches) {
+      Shape s{&b, b.rows, b.seq, b.rows * b.seq, 0, {}};
+      for (int32_t t : b.targets) {
+        if (t >= 0) s.scored_targets.push_back(t);
+      }
+      s.M = static_cast<int64_t>(s.scored_targets.size());
+      shapes.push_back(std::move(s));
+    }
+  }
+  if (shapes.empty()) return absl::InvalidArgumentError("op iterations: no micro-batches");
+  int64_t max_n = 0, max_att = 0;
+  for (const Shape& s : shapes) {
+    max_n = std::max(max_n, s.N);
+    max_att = std::max(max_att, s.B * NH * s.T * s.T);
+  }
+  const int64_t wide = std::max({3 * C, F, V});
+  std::mt19937_64 rng(options.seed);
+  // Inputs and weights random (GPT-2-like scales), outputs and gradients scratch.
+  std::vector<float> in = Random(max_n * wide, 0, 1, rng), dout = Random(max_n * wide, 0, 1, rng);
+  std::vector<float> out(max_n * wide), dinp(max_n * wide);
+  std::vector<float> w = Random(wide * std::max(C, F), 0, 0.02f, rng), bias = Random(wide, 0, 0.02f, rng);
+  std::vector<float> dw(w.size()), dbias(bias.size());
+  std::vector<float> mean(max_n), rstd(max_n), ln_w = Random(C, 1, 0.1f, rng);
+  std::vector<float> att(max_att), qkv = Random(max_n * 3 * C, 0, 1, rng), dqkv(max_n * 3 * C);
+
+  std::vector<OpTiming> result;
+  const Timer timer(shapes, options.reps);
+  auto matmul = [&](const std::string& name, int64_t ic, int64_t oc, bool head) {
+    const float* b = head ? nullptr : bias.data();
+    float* db = head ? nullptr : dbias.data();
+    auto rows = [head](const Shape& s) { return head ? s.M : s.N; };
+    timer.Run({name,
+               [&, b, ic, oc, rows](const Shape& s) {
+                 cpu::MatmulForward(out.data(), in.data(), w.data(), b, rows(s), ic, oc);
+               },
+               nullptr,
+               [&, db, ic, oc, rows](const Shape& s) {
+                 cpu::MatmulBackward(dinp.data(), dw.data(), db, dout.data(), in.data(), w.data(), rows(s), ic, oc);
+               }},
+              &result);
+  };
+  matmul("matmul_qkv", C, 3 * C, false);
+  matmul("matmul_proj", C, C, false);
+  matmul("matmul_fc", C, F, false);
+  matmul("matmul_mproj", F, C, false);
+  matmul("matmul_head", C, V, true);
+  timer.Run({"layernorm",
+             [&](const Shape& s) {
+               cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), in.data(), ln_w.data(), bias.data(), s.N, C);
+             },
+             nullptr,
+             [&](const Shape& s) {
+               cpu::LayerNormBackward(dinp.data(), dw.data(), dbias.data(), dout.data(), in.data(), ln_w.data(),
+                                      mean.data(), rstd.data(), s.N, C);
+             }},
+            &result);
+  timer.Run({"gelu", [&](const Shape& s) { cpu::GeluForward(out.data(), in.data(), s.N * F); },
+             [&](const Shape& s) { Zero(dinp, s.N * F); },
+             [&](const Shape& s) { cpu::GeluBackward(dinp.data(), in.data(), dout.data(), s.N * F); }},
+            &result);
+  for (const auto kernel : {cpu::AttentionKernel::kVarlen, cpu::AttentionKernel::kMaterialized}) {
+    const std::string name =
+        kernel == cpu::AttentionKernel::kVarlen ? "attention_varlen" : "attention_materialized";
+    timer.Run({name,
+               [&, kernel](const Shape& s) {
+                 cpu::AttentionForward(out.data(), att.data(), qkv.data(), s.batch->segments.data(), s.B, s.T, C, NH,
+                                       kernel);
+               },
+               [&](const Shape& s) { Zero(dqkv, s.N * 3 * C); },
+               [&, kernel](const Shape& s) {
+                 cpu::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.batch->segments.data(),
+                                        s.B, s.T, C, NH, kernel);
+               }},
+              &result);
+  }
+  timer.Run({"crossentropy",
+             [&](const Shape& s) {
+               cpu::CrossEntropyForward(dinp.data(), in.data(), s.scored_targets.data(), 1.0f / 8192, s.M, V);
+             },
+             [&](const Shape& s) { Zero(out, s.M * V); },
+             [&](const Shape& s) {
+               cpu::CrossEntropyBackward(out.data(), dinp.data(), s.scored_targets.data(), 1.0f / 8192, s.M, V);
+             }},
+            &result);
+
+  // AdamW over the whole one-stage model, as GptStage::OptimizerStep runs it.
+  runtime::model::StageOptions so;
+  so.num_layers = cfg.num_layers;
+  ASSIGN_OR_RETURN(const runtime::model::GptLayout layout, runtime::model::GptLayout::Make(cfg, so));
+  const size_t np = layout.num_params();
+  std::vector<float> params = Random(np, 0, 0.02f, rng), grads = Random(np, 0, 1e-3f, rng), m(np), v(np);
+  runtime::optim::AdamWConfig no_decay = dump.adamw;
+  no_decay.weight_decay = 0;
+  std::vector<Shape> per_iteration(options.iterations.size(), shapes.front());
+  int64_t step = 0;
+  Timer(per_iteration, options.reps)
+      .Run({"adamw",
+            [&](const Shape&) {
+              ++step;
+              for (const runtime::model::ParamInfo& p : layout.params()) {
+                auto span = [&](std::vector<float>& x) { return std::span<float>(x).subspan(p.offset, p.size); };
+                runtime::optim::AdamWStep(span(params), span(grads), span(m), span(v),
+                                          p.decay ? dump.adamw : no_decay, dump.adamw.lr, step);
+              }
+            },
+            nullptr, nullptr},
+           &result);
+  return result;
+}
+
+}  // namespace dynapipe::benchmarks

@@ -1,0 +1,77 @@
+#include "benchmarks/train_on_dump.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/memory/buffer_pool.h"
+#include "runtime/model/gpt.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::benchmarks {
+
+absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
+                                                          runtime::model::AttentionKernel attention) {
+  using runtime::model::GptStage;
+  runtime::model::GptConfig config = dump.config;
+  config.attention = attention;
+  runtime::model::StageOptions o;
+  o.num_layers = config.num_layers;
+  o.seed = dump.seed;
+  runtime::BufferPool pool(runtime::CpuAllocator());
+  ASSIGN_OR_RETURN(std::unique_ptr<GptStage> stage, GptStage::Create(config, o, &pool));
+  // Start from the dumped parameters (what the other side loads too).
+  runtime::model::StageState state;
+  if (dump.params.size() != stage->params().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("dump holds ", dump.params.size(), " parameters, the model ",
+                                                   stage->params().size()));
+  }
+  for (size_t k = 0; k < dump.params.size(); ++k) {
+    const runtime::model::ParamInfo& p = stage->params()[k];
+    const DumpParam& d = dump.params[k];
+    if (d.name != p.name || d.values.size() != p.size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dump parameter ", d.name, " where the model has ", p.name, " of ", p.size, " values"));
+    }
+    state.params.insert(state.params.end(), d.values.begin(), d.values.end());
+  }
+  state.adam_m.assign(state.params.size(), 0.0f);
+  state.adam_v.assign(state.params.size(), 0.0f);
+  RETURN_IF_ERROR(stage->ImportState(state));
+
+  std::vector<TrainedIteration> out;
+  for (size_t i = 0; i < dump.iterations.size(); ++i) {
+    const IterationDump& it = dump.iterations[i];
+    TrainedIteration r;
+    r.real_tokens = it.real_tokens();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const DumpStep& s : it.steps) {
+      if (s.forward) {
+        ASSIGN_OR_RETURN(const double loss,
+                         stage->Forward(s.micro_batch, it.batches[s.micro_batch], nullptr, nullptr, it.loss_scale,
+                                        it.recompute[s.micro_batch]));
+        r.loss += loss;
+      } else {
+        RETURN_IF_ERROR(stage->Backward(s.micro_batch, nullptr, nullptr));
+      }
+    }
+    double sum = 0;
+    RETURN_IF_ERROR(stage->AddGradSumOfSquares(&sum));
+    r.grad_norm = std::sqrt(sum);
+    if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) {
+      return absl::InternalError(absl::StrCat("iteration ", i, ": non-finite loss ", r.loss, " or norm ", r.grad_norm));
+    }
+    runtime::model::OptimizerStepArgs args;
+    args.adamw = dump.adamw;
+    args.lr = it.lr;
+    args.step = static_cast<int64_t>(i) + 1;
+    args.grad_scale = runtime::optim::ClipFactor(dump.grad_clip, r.grad_norm);
+    RETURN_IF_ERROR(stage->OptimizerStep(args));
+    RETURN_IF_ERROR(stage->ZeroGrads());
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace dynapipe::benchmarks
