@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/common/simd_clones.h"
+
 namespace dynapipe::runtime::optim {
 
 AdamWConfig FromSpec(const proto::OptimizerSpec& s) {
@@ -49,16 +51,28 @@ double ClipByGlobalNorm(std::span<const std::span<float>> grads, double max_norm
   return f;
 }
 
+namespace {
+
+// The element loop, vectorised per clone (double arithmetic as before).
+DP_SIMD_CLONES void AdamWLoop(float* __restrict params, const float* __restrict grads, float* __restrict m,
+                              float* __restrict v, size_t n, double beta1, double beta2, double eps,
+                              double weight_decay, double lr, double bc1, double bc2) {
+  for (size_t i = 0; i < n; ++i) {
+    const double g = grads[i];
+    m[i] = static_cast<float>(beta1 * m[i] + (1 - beta1) * g);
+    v[i] = static_cast<float>(beta2 * v[i] + (1 - beta2) * g * g);
+    const double mhat = m[i] / bc1, vhat = v[i] / bc2;
+    params[i] = static_cast<float>(params[i] - lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * params[i]));
+  }
+}
+
+}  // namespace
+
 void AdamWStep(std::span<float> params, std::span<const float> grads, std::span<float> m, std::span<float> v,
                const AdamWConfig& c, double lr, int64_t step) {
   const double bc1 = 1 - std::pow(c.beta1, step), bc2 = 1 - std::pow(c.beta2, step);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const double g = grads[i];
-    m[i] = static_cast<float>(c.beta1 * m[i] + (1 - c.beta1) * g);
-    v[i] = static_cast<float>(c.beta2 * v[i] + (1 - c.beta2) * g * g);
-    const double mhat = m[i] / bc1, vhat = v[i] / bc2;
-    params[i] = static_cast<float>(params[i] - lr * (mhat / (std::sqrt(vhat) + c.eps) + c.weight_decay * params[i]));
-  }
+  AdamWLoop(params.data(), grads.data(), m.data(), v.data(), params.size(), c.beta1, c.beta2, c.eps, c.weight_decay,
+            lr, bc1, bc2);
 }
 
 }  // namespace dynapipe::runtime::optim

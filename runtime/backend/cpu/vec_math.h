@@ -18,11 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define DP_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DP_SIMD_CLONES
-#endif
+#include "src/common/simd_clones.h"
+
 // Helpers taking or returning vectors are always inlined into their
 // (cloned) callers, never called across an ABI boundary.
 #define DP_INLINE __attribute__((always_inline)) inline
