@@ -14,13 +14,12 @@
 // Backward replays the same blocks: dP = dO V^T, the softmax backward
 // dS = P (dP - rowsum(P dP)) scale, then dQ += dS K, dK += dS^T Q and
 // dV += P^T dO, all GEMMs accumulating into dqkv.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "runtime/backend/cpu/ops.h"
+#include "runtime/backend/cpu/gemm.h"
 #include "runtime/backend/cpu/vec_math.h"
 
 namespace dynapipe::runtime::cpu {
@@ -71,15 +70,6 @@ std::vector<Span> Spans(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH, A
     }
   }
   return spans;
-}
-
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // In place over a[0, n): a = softmax(a). Masked entries are -inf on entry;
