@@ -204,6 +204,7 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
   double partition_ms = 0, schedule_ms = 0;
   int simulations = 0;
   bool prune_deeper_levels = false;
+  const double iteration_overhead_ms = model_->cost_model().Overheads().iteration_ms;
   for (Recompute r : levels) {
     // Dominance prune: more recomputation only adds backward work and saves
     // memory. Once a level's split was not limited by memory and none of its
@@ -252,8 +253,10 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
         }
         continue;
       }
-      double allreduce = 0;
-      for (int d = 0; d < S && D > 1; ++d) {
+      // A measured per-iteration term (all-reduce, optimizer step and the
+      // rest) replaces the modelled all-reduce.
+      double allreduce = std::max(0.0, iteration_overhead_ms);
+      for (int d = 0; d < S && D > 1 && iteration_overhead_ms < 0; ++d) {
         std::vector<int> ranks;
         for (int g = 0; g < D; ++g) ranks.push_back(g * S + d);
         allreduce = std::max(allreduce, comm_.AllReduceMs(ranks, model_->GradientMb(d)));

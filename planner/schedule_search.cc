@@ -15,6 +15,9 @@ absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeC
   t.Resize(D, C, static_cast<int>(mbs.size()));
   for (int c = 0; c < C; ++c) t.chunk_device[c] = pm.chunks()[c].device;
   for (int d = 0; d < D; ++d) t.static_mb[d] = pm.StaticMb(d);
+  // A cost model that measured transfers overrides the cluster's figures.
+  const OverheadTerms overheads = pm.cost_model().Overheads();
+  const bool measured_transfers = overheads.transfer_latency_ms >= 0 && overheads.transfer_ms_per_mb >= 0;
   for (size_t m = 0; m < mbs.size(); ++m) {
     auto cost = costs.Get(mbs[m].shape, r);
     if (!cost.ok()) return cost.status();
@@ -28,8 +31,13 @@ absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeC
       if (c + 1 < C) {
         const int a = dp_rank * D + t.chunk_device[c], b = dp_rank * D + t.chunk_device[c + 1];
         const double mbytes = pm.BoundaryMb(mbs[m].shape, c);
-        t.comm_fw_ms[i] = a == b ? 0 : comm.TransferMs(a, b, mbytes);
-        t.comm_bw_ms[i] = a == b ? 0 : comm.TransferMs(b, a, mbytes);
+        if (a == b) continue;
+        if (measured_transfers) {
+          t.comm_fw_ms[i] = t.comm_bw_ms[i] = overheads.transfer_latency_ms + mbytes * overheads.transfer_ms_per_mb;
+        } else {
+          t.comm_fw_ms[i] = comm.TransferMs(a, b, mbytes);
+          t.comm_bw_ms[i] = comm.TransferMs(b, a, mbytes);
+        }
       }
     }
   }

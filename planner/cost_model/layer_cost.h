@@ -38,6 +38,20 @@ struct LayerCost {
   double peak_mb = 0;    // transient extra while the layer runs
 };
 
+// Costs that are not per layer: what a micro-batch costs per model chunk
+// beyond its layers (dispatching it, loading its input, handing it on), what
+// a transfer between devices costs, and what an iteration costs beyond its
+// pipeline (gradient all-reduce, optimizer step). A negative transfer or
+// iteration figure means "not known here": the planner then uses the
+// cluster's communication model.
+struct OverheadTerms {
+  double micro_batch_fw_ms = 0;  // per micro-batch per chunk, forward side
+  double micro_batch_bw_ms = 0;  // per micro-batch per chunk, backward side
+  double transfer_latency_ms = -1;
+  double transfer_ms_per_mb = -1;
+  double iteration_ms = -1;      // replaces the modelled all-reduce when >= 0
+};
+
 class LayerCostModel {
  public:
   virtual ~LayerCostModel() = default;
@@ -46,6 +60,8 @@ class LayerCostModel {
   virtual absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const = 0;
   // Parameters of one layer of `kind`, in millions.
   virtual double ParamsMillions(LayerKind kind) const = 0;
+  // Terms outside the layers (none by default).
+  virtual OverheadTerms Overheads() const { return {}; }
   // Short description for reports ("profile h100 (gpt)", "analytic h100-sxm").
   virtual std::string Describe() const = 0;
 };

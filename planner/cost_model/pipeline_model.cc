@@ -113,10 +113,13 @@ absl::Status PipelineModel::ChunkCosts(const Shape& shape, Recompute r, std::spa
     }
     return *slot;
   };
+  const OverheadTerms overheads = cost_->Overheads();
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const Chunk& c = chunks_[i];
     ChunkCost& o = out[i];
     o = ChunkCost{};
+    o.fw_ms = overheads.micro_batch_fw_ms;
+    o.bw_ms = overheads.micro_batch_bw_ms;
     const std::pair<LayerKind, int> parts[] = {{LayerKind::kEmbedding, c.embedding ? 1 : 0},
                                                {LayerKind::kEncoder, c.num_encoder},
                                                {LayerKind::kDecoder, c.num_decoder},

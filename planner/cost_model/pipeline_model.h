@@ -57,6 +57,7 @@ class PipelineModel {
   bool encoder_decoder() const { return encoder_decoder_; }
   const std::vector<Chunk>& chunks() const { return chunks_; }
   const LayerCostModel& cost_model() const { return *cost_; }
+  const std::shared_ptr<const LayerCostModel>& shared_cost_model() const { return cost_; }
   const MemoryOptions& memory() const { return memory_; }
 
   // Per-chunk costs of one micro-batch; OUT_OF_RANGE passes through from the

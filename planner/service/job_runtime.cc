@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/cost_model/profile_cost_model.h"
+#include "planner/cost_model/refit_cost_model.h"
 #include "planner/partition/global_batches.h"
 #include "runtime/data/dataset.h"
 #include "src/common/file_util.h"
@@ -39,6 +40,13 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
     auto model = ProfileCostModel::Create(profile, m.dtype() == proto::DType::fp32 ? 4 : 2);
     if (!model.ok()) return Annotate(model.status(), absl::StrCat("cost_profile_path: ", spec.cost_profile_path()));
     cost = std::move(*model);
+    if (profile.has_measured()) {
+      // What the job measured when it was profiled: in full under the same
+      // layout, else the terms that do not depend on it.
+      const proto::MeasuredTerms& t = profile.measured();
+      const bool same_layout = t.pp() == spec.parallelism().pp() && t.dp() == spec.parallelism().dp();
+      cost = std::make_shared<RefitCostModel>(std::move(cost), FromProto(t, same_layout));
+    }
   } else {
     ASSIGN_OR_RETURN(auto model, AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {}));
     cost = std::move(model);
@@ -46,6 +54,9 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   auto runtime = std::make_shared<JobRuntime>();
   runtime->spec = spec;
   ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));
+  if (spec.cost_refit().mode() == proto::CostRefitSpec::on) {
+    runtime->refit = std::make_shared<JobRefit>(runtime->planner, spec.cost_refit());
+  }
   ASSIGN_OR_RETURN(const std::string dataset_path,
                    Annotate(ConfinedPath(data_root, spec.dataset().path()), "dataset.path"));
   std::vector<RawLength> raw;

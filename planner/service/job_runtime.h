@@ -3,7 +3,8 @@
 // What a planner process needs to plan a job's iterations: the Planner built
 // from the JobSpec (cost model from the job's profile, or analytic from its
 // device) and the job's global batches (sample lengths from the dataset).
-// Built once per job per process; immutable afterwards.
+// Built once per job per process; immutable afterwards but for the cost
+// refit, which is thread-safe.
 
 #include <memory>
 #include <string>
@@ -12,16 +13,22 @@
 #include "absl/status/statusor.h"
 #include "planner/partition/batch.h"
 #include "planner/planner.h"
+#include "planner/service/job_refit.h"
 #include "proto/job.pb.h"
 
 namespace dynapipe::planner::service {
 
 struct JobRuntime {
   proto::JobSpec spec;
-  std::unique_ptr<Planner> planner;
+  std::shared_ptr<const Planner> planner;  // on the job's base cost model
+  std::shared_ptr<JobRefit> refit;         // null when cost_refit.mode is off
   std::vector<std::vector<Sample>> batches;  // iteration i uses batches[i % size]
   int world() const { return planner->config().pp * planner->config().dp; }
   const std::vector<Sample>& batch(int64_t iteration) const { return batches[iteration % batches.size()]; }
+  // The planner to plan `iteration` with: the latest refit's, else the base one.
+  std::shared_ptr<const Planner> PlannerFor(int64_t iteration) const {
+    return refit ? refit->PlannerFor(iteration) : planner;
+  }
 };
 
 // Normalises the spec (spec::NormalizeJobSpec; INVALID_ARGUMENT names the

@@ -414,6 +414,7 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
       }
     }
   }
+  RefitFrom(report, world);
   metrics_.Add("dynapipe_iterations_reported_total", 1, "ReportIteration calls");
   metrics_.Add("dynapipe_tokens_total", static_cast<double>(report.tokens()), "Real tokens reported by executors");
   if (report.iteration_ms() > 0) {
@@ -426,6 +427,48 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
     spdlog::info("job {} succeeded after {} iterations", report.job_id(), after.iterations_done());
   }
   return absl::OkStatus();
+}
+
+void PlannerService::RefitFrom(const proto::IterationReport& report, int world) {
+  std::shared_ptr<const JobRuntime> rt;
+  {
+    MutexLock lock(&runtimes_mu_);
+    if (auto it = runtimes_.find(report.job_id()); it != runtimes_.end()) rt = it->second;
+  }
+  // The refit lives with the job's planner: a process that has not loaded
+  // the job (does not plan it) skips the report.
+  if (!rt || !rt->refit) return;
+  const std::string& job = report.job_id();
+  auto stored_plans = [&](int64_t iteration) -> absl::StatusOr<std::vector<proto::ExecutionPlan>> {
+    std::vector<proto::ExecutionPlan> plans;
+    for (int r = 0; r < world; ++r) {
+      ASSIGN_OR_RETURN(proto::ExecutionPlan p, store_->GetPlan(job, iteration, r));
+      plans.push_back(std::move(p));
+    }
+    return plans;
+  };
+  const absl::Status s = rt->refit->Report(report, stored_plans);
+  if (!s.ok()) {
+    spdlog::debug("job {} iteration {}: cost refit skipped it: {}", job, report.iteration(), s.message());
+    return;
+  }
+  const RefitStatus st = rt->refit->Status();
+  const std::string labels = absl::StrCat("{job=\"", job, "\"");
+  metrics_.Set(absl::StrCat("dynapipe_refit_refits", labels, "}"), st.refits, "Cost refits of a job so far");
+  if (st.base_error >= 0) {
+    metrics_.Set(absl::StrCat("dynapipe_refit_prediction_error", labels, ",plans=\"base\"}"), st.base_error,
+                 "Mean |predicted - measured| / measured iteration time over a job's last 20 iterations, by the "
+                 "cost model their plans were made with");
+  }
+  if (st.refit_error >= 0) {
+    metrics_.Set(absl::StrCat("dynapipe_refit_prediction_error", labels, ",plans=\"refit\"}"), st.refit_error);
+  }
+  if (!st.recent.empty()) {
+    metrics_.Set(absl::StrCat("dynapipe_refit_predicted_ms", labels, "}"), st.recent.back().predicted_ms,
+                 "Predicted time of a job's latest fully reported iteration");
+    metrics_.Set(absl::StrCat("dynapipe_refit_measured_ms", labels, "}"), st.recent.back().measured_ms,
+                 "Measured time (slowest rank) of a job's latest fully reported iteration");
+  }
 }
 
 absl::Status PlannerService::JudgeJobFailures(const std::string& job,
@@ -481,7 +524,7 @@ void PlannerService::PlanOne(const std::string& job, int64_t iteration, const Jo
   const auto t0 = std::chrono::steady_clock::now();
   PlanRequest request;
   request.record = false;
-  auto plan = rt.planner->Plan(rt.batch(iteration), iteration, request);
+  auto plan = rt.PlannerFor(iteration)->Plan(rt.batch(iteration), iteration, request);
   if (!plan.ok()) {
     spdlog::error("job {} iteration {}: planning failed: {}", job, iteration, plan.status().message());
     (void)store_->SetJobState(job, proto::JobState::failed,
@@ -497,6 +540,7 @@ void PlannerService::PlanOne(const std::string& job, int64_t iteration, const Jo
     return;
   }
   if (*committed) {
+    if (rt.refit) rt.refit->Remember(iteration, std::move(plan->plans));
     metrics_.Observe("dynapipe_plan_latency_ms", ms, kLatencyBucketsMs, "Time to plan and store one iteration");
     metrics_.Add("dynapipe_plans_total", 1, "Iterations planned and stored by this process");
     spdlog::debug("job {} iteration {}: planned in {:.2f} ms ({} micro-batches, predicted {:.1f} ms)", job, iteration,

@@ -146,6 +146,11 @@ class PlannerService {
   // cause (`final`: the grace period is over, decide now).
   absl::Status JudgeJobFailures(const std::string& job, const std::vector<proto::IterationReport>& failures,
                                 int world, bool final);
+  // Feeds a report to the job's cost refit (when on and loaded here) and
+  // updates its gauges.
+  void RefitFrom(const proto::IterationReport& report, int world);
+  // The job's "refit" member of /status (with its leading comma), or "".
+  std::string RefitJson(const std::string& job);
   void LivenessLoop();
   void CheckLiveness();
   // Gives an idle executor the rank it holds a seat for, placing pending

@@ -482,6 +482,30 @@ std::string PlannerService::HealthProblem() const {
   return "";
 }
 
+std::string PlannerService::RefitJson(const std::string& job) {
+  std::shared_ptr<const JobRuntime> rt;
+  {
+    MutexLock lock(&runtimes_mu_);
+    if (auto it = runtimes_.find(job); it != runtimes_.end()) rt = it->second;
+  }
+  if (!rt || !rt->refit) return "";
+  const RefitStatus st = rt->refit->Status();
+  std::vector<std::string> recent;
+  constexpr size_t kShown = 10;
+  for (size_t i = st.recent.size() > kShown ? st.recent.size() - kShown : 0; i < st.recent.size(); ++i) {
+    const RefitIteration& h = st.recent[i];
+    recent.push_back(absl::StrFormat("{\"iteration\":%d,\"predicted_ms\":%.3f,\"measured_ms\":%.3f,\"refit_plan\":%s}",
+                                     h.iteration, h.predicted_ms, h.measured_ms, h.refit_plan ? "true" : "false"));
+  }
+  return absl::StrFormat(
+      ",\"refit\":{\"observed\":%d,\"refits\":%d,\"outliers\":%d,\"model\":%s,\"base_error\":%.4f,"
+      "\"refit_error\":%.4f,\"micro_batch_fw_ms\":%.4f,\"micro_batch_bw_ms\":%.4f,\"iteration_ms\":%.3f,"
+      "\"recent\":[%s]}",
+      st.observed, st.refits, st.outliers, Json(st.model), st.base_error, st.refit_error,
+      st.terms.fw.micro_batch_ms + st.terms.dispatch_fw_ms, st.terms.bw.micro_batch_ms + st.terms.dispatch_bw_ms,
+      st.terms.iteration_ms, absl::StrJoin(recent, ","));
+}
+
 std::string PlannerService::StatusJson() {
   std::vector<std::string> jobs, executors;
   if (auto ids = store_->ListJobs(); ids.ok()) {
@@ -497,10 +521,10 @@ std::string PlannerService::StatusJson() {
       }
       jobs.push_back(absl::StrFormat(
           "{\"job_id\":%s,\"name\":%s,\"state\":%s,\"iterations\":%d,\"iterations_done\":%d,\"plans_ready\":%d,"
-          "\"plans_ahead\":%d,\"last_iteration_ms\":%.3f,\"predicted_iteration_ms\":%.3f,\"error\":%s}",
+          "\"plans_ahead\":%d,\"last_iteration_ms\":%.3f,\"predicted_iteration_ms\":%.3f,\"error\":%s%s}",
           Json(id), Json(s->spec().name()), Json(proto::JobState::Value_Name(s->state())), s->spec().iterations(),
           s->iterations_done(), s->plans_ready(), std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done()),
-          last_ms, predicted_ms, Json(s->error())));
+          last_ms, predicted_ms, Json(s->error()), RefitJson(id)));
     }
   }
   if (auto recs = Executors(); recs.ok()) {

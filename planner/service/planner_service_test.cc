@@ -324,6 +324,51 @@ TEST_CASE("Ended jobs release the planning state this process holds") {
   svc.Stop();
 }
 
+TEST_CASE("The cost refit learns from reports and shows in status") {
+  store::MemoryPlanStore store;
+  PlannerService svc(&store, AnywhereOptions());
+  proto::JobSpec spec = Job(10, "/ckpt/refit");
+  spec.mutable_cost_refit()->set_mode(proto::CostRefitSpec::on);
+  auto id = Submit(svc, spec);
+  REQUIRE(id.ok());
+  svc.Start();
+  for (int64_t i = 0; i < 5; ++i) {
+    for (int rank = 0; rank < 2; ++rank) {
+      absl::StatusOr<proto::ExecutionPlan> plan = store.GetPlan(*id, i, rank);
+      for (const absl::Time deadline = absl::Now() + absl::Seconds(10); !plan.ok() && absl::Now() < deadline;) {
+        absl::SleepFor(absl::Milliseconds(20));
+        plan = store.GetPlan(*id, i, rank);
+      }
+      REQUIRE(plan.ok());
+      // A machine on which a chunk's forward costs 2 ms and its backward
+      // 4 ms whatever the shape: nothing like the H100 the job describes.
+      proto::IterationReport r;
+      r.set_job_id(*id);
+      r.set_iteration(i);
+      r.set_rank(rank);
+      double t = 0;
+      for (int k = 0; k < plan->instructions_size(); ++k) {
+        const proto::Instruction& ins = plan->instructions(k);
+        const double ms = ins.has_forward() ? 2 : ins.has_backward() ? 4 : 0.05;
+        auto* timing = r.add_timings();
+        timing->set_index(k);
+        timing->set_start_ms(t);
+        timing->set_end_ms(t + ms);
+        t += ms;
+      }
+      r.set_iteration_ms(t + 1);
+      REQUIRE(svc.ReportIteration(r).ok());
+    }
+  }
+  // Three iterations in, every further one refits.
+  CHECK_THAT(svc.StatusJson(), Contains("\"refit\":{\"observed\":5,\"refits\":3,") &&
+                                   Contains("\"iteration\":4,\"predicted_ms\":"));
+  CHECK_THAT(svc.MetricsText(),
+             Contains(absl::StrCat("dynapipe_refit_prediction_error{job=\"", *id, "\",plans=\"base\"}")) &&
+                 Contains(absl::StrCat("dynapipe_refit_refits{job=\"", *id, "\"} 3\n")));
+  svc.Stop();
+}
+
 TEST_CASE("Submit refuses a 300 MB name before storing anything") {
   store::MemoryPlanStore store;
   PlannerService svc(&store, AnywhereOptions());

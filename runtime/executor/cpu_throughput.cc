@@ -6,6 +6,10 @@
 // With --rounds N every (attention kernel, method) pair runs once per round,
 // rounds interleaved, and a summary gives the medians and the median of the
 // per-round ratios to packing (neighbours in time share the machine's load).
+// The job's cost model is refit from measured iterations unless --norefit;
+// after --warmup iterations every iteration's predicted and measured times
+// are printed, and "pred err" is their median relative difference.
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -27,6 +31,10 @@ ABSL_FLAG(int, pp, 0, "override parallelism.pp");
 ABSL_FLAG(int, dp, 0, "override parallelism.dp");
 ABSL_FLAG(double, lr, 0, "override optimizer.lr");
 ABSL_FLAG(int, curve, 0, "also print the loss every N iterations");
+ABSL_FLAG(bool, refit, true,
+          "learn the cost model from measured iterations (cost_refit.mode on); plans then depend on timings");
+ABSL_FLAG(int, warmup, 20, "iterations before predicted vs measured is reported (the refit's warm-up)");
+ABSL_FLAG(bool, per_iteration, true, "print predicted vs measured ms of every iteration after the warm-up");
 ABSL_FLAG(std::string, cost_profile, "",
           "override cost_profile_path: a `dynapipe profile` output, relative paths under --data_root");
 
@@ -36,9 +44,17 @@ using namespace dynapipe;
 
 struct Row {
   double tokens_per_s = 0, measured_ms = 0, predicted_ms = 0, micro_batches = 0, padding = 0;
+  double error = 0;  // median |predicted - measured| / measured after the warm-up
 };
 
-Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n) {
+// The slowest rank's time of iteration i.
+double MeasuredMs(const runtime::executor::LocalRunResult& run, int i) {
+  double slowest = 0;
+  for (const auto& rank : run.per_rank) slowest = std::max(slowest, rank[i].iteration_ms);
+  return slowest;
+}
+
+Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n, int warmup) {
   // Tokens of the whole iteration: the first pipeline stage of every group.
   int64_t tokens = 0;
   for (size_t r = 0; r < run.per_rank.size(); r += pp) {
@@ -46,9 +62,10 @@ Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n) {
   }
   Row row;
   double efficiency = 0;
+  std::vector<double> errors;
   for (int i = 0; i < n; ++i) {
-    double slowest = 0;
-    for (const auto& rank : run.per_rank) slowest = std::max(slowest, rank[i].iteration_ms);
+    const double slowest = MeasuredMs(run, i);
+    if (i >= std::min(warmup, n - 1)) errors.push_back(std::abs(run.predicted_ms[i] - slowest) / slowest);
     row.measured_ms += slowest / n;
     row.predicted_ms += run.predicted_ms[i] / n;
     row.micro_batches += static_cast<double>(run.micro_batches[i]) / n;
@@ -56,6 +73,7 @@ Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n) {
   }
   row.tokens_per_s = tokens / run.wall_s;
   row.padding = 1 - efficiency;
+  row.error = Median(errors);
   return row;
 }
 
@@ -72,6 +90,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_dp) > 0) spec.mutable_parallelism()->set_dp(absl::GetFlag(FLAGS_dp));
   if (absl::GetFlag(FLAGS_lr) > 0) spec.mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));
   if (!absl::GetFlag(FLAGS_cost_profile).empty()) spec.set_cost_profile_path(absl::GetFlag(FLAGS_cost_profile));
+  spec.mutable_cost_refit()->set_mode(absl::GetFlag(FLAGS_refit) ? proto::CostRefitSpec::on : proto::CostRefitSpec::off);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
   const int n = absl::GetFlag(FLAGS_iterations);
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   spec.set_iterations(std::max<int64_t>(spec.iterations(), n));
@@ -104,8 +124,8 @@ int main(int argc, char** argv) {
 
   // [kernel][method] -> one Row per round.
   std::map<std::pair<int, int>, std::vector<Row>> rows;
-  std::printf("%-5s %-12s %-8s %12s %12s %12s %8s %8s %9s %9s\n", "round", "attention", "method", "tokens/s",
-              "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]");
+  std::printf("%-5s %-12s %-8s %12s %12s %12s %8s %8s %9s %9s %9s\n", "round", "attention", "method", "tokens/s",
+              "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]", "pred err");
   for (int round = 0; round < rounds; ++round) {
     for (const auto kernel : kernels) {
       spec.mutable_model()->set_attention(kernel);
@@ -117,37 +137,52 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "cpu_throughput: %s: %s\n", m.c_str(), std::string(run.status().message()).c_str());
           return 1;
         }
-        const Row row = Summarize(*run, pp, n);
+        const Row row = Summarize(*run, pp, n, warmup);
         rows[{kernel, method}].push_back(row);
         if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
           for (int i = 0; i < n; i += every) {
             std::printf("  %s iteration %d loss %.4f\n", m.c_str(), i, run->per_rank[0][i].loss);
           }
         }
-        std::printf("%-5d %-12s %-8s %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f\n", round, kernel_name(kernel),
-                    m.c_str(), row.tokens_per_s, row.measured_ms, row.predicted_ms, row.micro_batches,
-                    100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss);
+        if (absl::GetFlag(FLAGS_per_iteration)) {
+          for (int i = std::min(warmup, n - 1); i < n; ++i) {
+            const double measured = MeasuredMs(*run, i);
+            std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", m.c_str(), i,
+                        run->predicted_ms[i], measured, 100 * (run->predicted_ms[i] / measured - 1),
+                        run->refit_plan[i] ? " refit" : "", run->micro_batches[i]);
+          }
+          double plan_ms = 0;
+          for (double ms : run->plan_ms) plan_ms += ms / n;
+          std::printf("  %s cost model: %s; planning %.1f ms per iteration\n", m.c_str(), run->cost_model.c_str(),
+                      plan_ms);
+        }
+        std::printf("%-5d %-12s %-8s %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%%\n", round,
+                    kernel_name(kernel), m.c_str(), row.tokens_per_s, row.measured_ms, row.predicted_ms,
+                    row.micro_batches, 100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss,
+                    100 * row.error);
         std::fflush(stdout);
       }
     }
   }
 
   std::printf("\nmedians over %d round(s); vs packing = median of the per-round ratios\n", rounds);
-  std::printf("%-12s %-8s %12s %12s %12s %12s\n", "attention", "method", "tokens/s", "measured ms", "predicted ms",
-              "vs packing");
+  std::printf("%-12s %-8s %12s %12s %12s %9s %12s\n", "attention", "method", "tokens/s", "measured ms", "predicted ms",
+              "pred err", "vs packing");
   for (const auto kernel : kernels) {
     const auto packing = rows.find({kernel, proto::BatchingSpec::packing});
     for (const auto method : methods) {
       const std::vector<Row>& r = rows[{kernel, method}];
-      std::vector<double> tps, measured, predicted, ratio;
+      std::vector<double> tps, measured, predicted, error, ratio;
       for (size_t i = 0; i < r.size(); ++i) {
         tps.push_back(r[i].tokens_per_s);
         measured.push_back(r[i].measured_ms);
         predicted.push_back(r[i].predicted_ms);
+        error.push_back(r[i].error);
         if (packing != rows.end()) ratio.push_back(r[i].tokens_per_s / packing->second[i].tokens_per_s);
       }
-      std::printf("%-12s %-8s %12.0f %12.1f %12.1f", kernel_name(kernel),
-                  proto::BatchingSpec::Method_Name(method).c_str(), Median(tps), Median(measured), Median(predicted));
+      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%%", kernel_name(kernel),
+                  proto::BatchingSpec::Method_Name(method).c_str(), Median(tps), Median(measured), Median(predicted),
+                  100 * Median(error));
       if (ratio.empty()) {
         std::printf(" %12s\n", "-");
       } else {

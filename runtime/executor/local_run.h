@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/cost_model/refit_cost_model.h"
 #include "proto/job.pb.h"
 #include "runtime/backend/backend.h"
 #include "runtime/executor/worker.h"
@@ -19,15 +20,24 @@ namespace dynapipe::runtime::executor {
 struct LocalRunResult {
   std::vector<std::vector<IterationResult>> per_rank;  // [rank][iteration]
   std::vector<double> predicted_ms;                    // per iteration
+  std::vector<double> plan_ms;                         // per iteration: planning time
+  std::vector<bool> refit_plan;                        // per iteration: planned with a refit cost model
   std::vector<int> micro_batches;                      // per iteration, all dp groups together
   std::vector<double> padding_efficiency;              // per iteration: real / computed tokens
   std::vector<std::vector<float>> final_params;        // per rank, chunks concatenated
-  double wall_s = 0;                                   // iterations only (no planning, no setup)
+  double wall_s = 0;  // iterations only (no setup; planning ahead with the refit on overlaps them)
+  std::string cost_model;  // the planner's cost model at the end
+  // With cost_refit on: the refit's terms at the end (fitted: enough iterations seen).
+  bool refit_fitted = false;
+  planner::RefitTerms refit_terms;
 };
 
 // Iterations [0, count) of `spec` (dataset paths relative to `data_root`),
 // each rank on a backend of its own made from `backend` (the CPU by default;
-// CUDA ranks share the one device).
+// CUDA ranks share the one device). With cost_refit on, as in the planner
+// daemon: the first planner_lookahead iterations are planned before the
+// ranks start, iteration i + planner_lookahead once every rank has reported
+// iteration i and the refit has seen it. Otherwise every plan is made first.
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
                                         WorkerOptions options = {}, BackendOptions backend = {});
 

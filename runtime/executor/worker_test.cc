@@ -90,6 +90,33 @@ TEST_CASE("dynamic, packing and padding batches train to the same losses", "[exe
   CHECK(packing->per_rank[0][0].tokens == dynamic->per_rank[0][0].tokens);
 }
 
+TEST_CASE("a local run refits its cost model and plans ahead with it", "[executor]") {
+  const std::string ds = MakeDataset();
+  proto::JobSpec spec = Spec(ds, 2, 2, "dynamic");
+  spec.set_iterations(8);
+  spec.set_planner_lookahead(2);
+  spec.mutable_cost_refit()->set_mode(proto::CostRefitSpec::on);
+  spec.mutable_cost_refit()->set_min_iterations(3);
+  proto::JobSpec base_spec = Spec(ds, 2, 2, "dynamic");
+  base_spec.set_iterations(8);  // the same learning-rate schedule
+  auto refit = RunLocal(spec, "/", 8);
+  auto base = RunLocal(base_spec, "/", 8);
+  REQUIRE(refit.ok());
+  REQUIRE(base.ok());
+  CHECK(refit->refit_fitted);
+  // Iteration i + 2 is planned once iteration i is in: the first refit
+  // (after iterations 0..2) plans iteration 4 on.
+  for (int i = 0; i < 8; ++i) CHECK(refit->refit_plan[i] == (i >= 4));
+  CHECK(refit->cost_model.find("refit") != std::string::npos);
+  CHECK(refit->refit_terms.iteration_ms > 0);
+  // Other splits of the same global batches: the same training within
+  // floating-point tolerance.
+  for (int i = 0; i < 8; ++i) {
+    INFO("iteration " << i);
+    CHECK(std::abs(Losses(*refit)[i] - Losses(*base)[i]) <= 1e-4 * Losses(*base)[i]);
+  }
+}
+
 TEST_CASE("training through the backend seam matches the CPU worker before it", "[executor]") {
   // Losses (rank 0, all 5 iterations) printed with %a by the worker as it
   // was before the stage seam (commit 3575bc0, which ignored the plan's

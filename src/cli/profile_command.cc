@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <ostream>
 
 #include "absl/strings/str_format.h"
 #include "proto/job.pb.h"
 #include "runtime/model/gpt.h"
+#include "planner/cost_model/refit_cost_model.h"
+#include "runtime/executor/local_run.h"
 #include "runtime/model/profile.h"
 #include "src/cli/args.h"
 #include "src/common/file_util.h"
@@ -20,12 +23,45 @@ namespace {
 constexpr char kUsage[] =
     "usage: dynapipe profile --job JOB.pbtxt --out PROFILE.json [--device cpu|cuda] [--max_tokens N]\n"
     "                        [--repetitions N] [--seq L1,L2,..] [--mbs M1,M2,..]\n"
+    "                        [--iterations N] [--data_root DIR]\n"
     "  times one layer, the embedding and the head of the job's model with the executor's kernels\n"
     "  (--device cpu: this machine's CPU backend; cuda: the GPU, with dynapipe-gpu-profile)\n"
     "  (forward + backward, median of N runs, default 3) over micro-batch shapes, and writes the\n"
     "  cost profile; set the job's cost_profile_path to plan with it. Defaults: seq from the job's\n"
     "  round_multiple to max_seq_len about 1.5x apart; mbs 1, 2, 4, ...; shapes up to max_tokens\n"
-    "  (default twice the job's global_batch_tokens).\n";
+    "  (default twice the job's global_batch_tokens).\n"
+    "  Then (cpu) trains the job itself for --iterations (default 12; 0: skip) under its own pp x dp\n"
+    "  on this machine, its dataset under --data_root (default .), and refits the profile to what\n"
+    "  it measured: the per-micro-batch dispatch and hand-off, transfers, the work after the\n"
+    "  pipeline and ranks sharing cores, which single-layer timings leave out. --out must then lie\n"
+    "  under --data_root.\n";
+
+// Trains `spec` planned with the profile at `out` for `iterations` and
+// returns the terms the cost refit measured.
+absl::StatusOr<proto::MeasuredTerms> MeasureTerms(proto::JobSpec spec, const std::string& data_root,
+                                                  const std::string& out, int iterations) {
+  std::error_code ec;
+  const std::filesystem::path rel =
+      std::filesystem::relative(std::filesystem::absolute(out), std::filesystem::absolute(data_root), ec);
+  if (ec || rel.empty() || *rel.begin() == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("--out: ", out, " is not under --data_root ", data_root,
+                                                   " (needed to train with it; --iterations 0 skips that)"));
+  }
+  spec.set_cost_profile_path(rel.string());
+  spec.set_iterations(std::max<int64_t>(spec.iterations(), iterations));
+  spec.mutable_checkpoint()->Clear();
+  proto::CostRefitSpec* refit = spec.mutable_cost_refit();
+  refit->set_mode(proto::CostRefitSpec::on);
+  refit->set_window(iterations);
+  refit->set_min_iterations(std::min(spec::kDefaultRefitMinIterations, iterations));
+  ASSIGN_OR_RETURN(const runtime::executor::LocalRunResult run, runtime::executor::RunLocal(spec, data_root, iterations));
+  if (!run.refit_fitted) return absl::FailedPreconditionError("the refit saw too few iterations");
+  proto::MeasuredTerms terms = planner::ToProto(run.refit_terms);
+  terms.set_pp(spec.parallelism().pp());
+  terms.set_dp(spec.parallelism().dp());
+  terms.set_iterations(iterations);
+  return terms;
+}
 
 absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const ProfileBackends& backends) {
   if (!a.Has("job") || !a.Has("out")) return absl::InvalidArgumentError("profile needs --job and --out");
@@ -71,8 +107,22 @@ absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const 
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     err << absl::StrFormat("profile: %-11s %4d/%d shapes  (%.0f s)\n", kind, done, total, s);
   };
-  ASSIGN_OR_RETURN(const proto::CostProfile profile, profiler->second(config, o));
+  ASSIGN_OR_RETURN(proto::CostProfile profile, profiler->second(config, o));
   RETURN_IF_ERROR(Annotate(WriteFileAtomic(a.Str("out"), ToJson(profile, /*pretty=*/true) + "\n"), "--out"));
+  ASSIGN_OR_RETURN(const int64_t iterations, a.Int("iterations", 12));
+  if (iterations > 0 && device == "cpu") {
+    err << absl::StrFormat("profile: training %d iterations under pp %d x dp %d to measure what layers leave out\n",
+                           iterations, spec.parallelism().pp(), spec.parallelism().dp());
+    ASSIGN_OR_RETURN(*profile.mutable_measured(), MeasureTerms(spec, a.Has("data_root") ? a.Str("data_root") : ".",
+                                                               a.Str("out"), static_cast<int>(iterations)));
+    RETURN_IF_ERROR(Annotate(WriteFileAtomic(a.Str("out"), ToJson(profile, /*pretty=*/true) + "\n"), "--out"));
+    const proto::MeasuredTerms& t = profile.measured();
+    out << absl::StrFormat(
+        "measured under pp %d x dp %d: %.2f / %.2f ms per micro-batch and chunk (forward / backward), compute x%.2f / "
+        "x%.2f, transfers %.3f ms + %.3f ms/MB, %.1f ms per iteration after the pipeline\n",
+        t.pp(), t.dp(), t.fw().micro_batch_ms() + t.dispatch_fw_ms(), t.bw().micro_batch_ms() + t.dispatch_bw_ms(),
+        t.fw().scale(), t.bw().scale(), t.transfer_latency_ms(), t.transfer_ms_per_mb(), t.iteration_ms());
+  }
   out << absl::StrFormat("wrote %s (%s): %d layer kinds, seq %d..%d, mbs %d..%d, up to %d tokens\n", a.Str("out"),
                          profile.device(), profile.layers_size(), o.seq.front(), o.seq.back(), o.mbs.front(), o.mbs.back(),
                          o.max_tokens);
@@ -93,7 +143,8 @@ int RunProfileCommand(const std::vector<std::string>& argv, std::ostream& out, s
     out << kUsage;
     return 0;
   }
-  auto args = Args::Parse(argv, {"job", "out", "device", "max_tokens", "repetitions", "seq", "mbs"}, {});
+  auto args = Args::Parse(
+      argv, {"job", "out", "device", "max_tokens", "repetitions", "seq", "mbs", "iterations", "data_root"}, {});
   if (!args.ok()) {
     err << "dynapipe profile: " << args.status().message() << "\n" << kUsage;
     return 2;

@@ -5,9 +5,11 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "proto/cost_profile.pb.h"
+#include "runtime/executor/test_dataset.h"
 #include "src/common/proto_io.h"
 
 namespace dynapipe::cli {
@@ -34,7 +36,7 @@ std::string TempPath(const std::string& name) {
 TEST_CASE("dynapipe profile measures the job's model on the CPU and names the device") {
   const std::string path = TempPath("profile.json");
   const Run r = Profile({"--job", "configs/jobs/quickstart.pbtxt", "--out", path, "--seq", "8,16", "--mbs", "1,2",
-                         "--repetitions", "1"});
+                         "--repetitions", "1", "--iterations", "0"});
   INFO(r.err);
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("(cpu)") != std::string::npos);
@@ -72,12 +74,44 @@ TEST_CASE("dynapipe profile --device picks among the program's backends and name
   };
   const std::string path = TempPath("fake.json");
   const Run r = Profile({"--job", "configs/jobs/quickstart.pbtxt", "--out", path, "--repetitions", "2", "--seq", "8",
-                         "--mbs", "1"},
+                         "--mbs", "1", "--iterations", "0"},
                         fake);
   INFO(r.err);
   CHECK(r.rc == 0);
   CHECK(called);
   CHECK(r.out.find("(fake-gpu)") != std::string::npos);
+}
+
+TEST_CASE("dynapipe profile measures the terms layers leave out") {
+  // The job trains on a small synthetic dataset under pp 2 x dp 1.
+  const std::string dataset = runtime::executor::testing::WorkerTestDataset("profile_ds");
+  const std::string job = TempPath("job.pbtxt");
+  std::ofstream(job) << "name: \"profile-terms\"\n"
+                        "model { kind: gpt num_layers: 2 hidden: 32 heads: 4 ffn: 64 vocab: 32 max_positions: 80\n"
+                        "        dtype: fp32 tie_embeddings: true }\n"
+                        "dataset { path: \""
+                     << dataset
+                     << "\" format: indexed }\n"
+                        "batching { method: dynamic global_batch_tokens: 900 max_seq_len: 80 round_multiple: 8 }\n"
+                        "schedule { recompute: none }\n"
+                        "iterations: 6\n"
+                        "parallelism { pp: 2 dp: 1 }\n"
+                        "cluster { devices_per_node: 2 device { name: \"cpu\" peak_tflops: 0.05 "
+                        "memory_bandwidth_gbps: 10 memory_mb: 4096 } }\n";
+  const std::string path = TempPath("terms.json");
+  const Run r = Profile({"--job", job, "--out", path, "--seq", "8,16,32,64,80", "--repetitions", "1", "--iterations", "6", "--data_root", "/"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("measured under pp 2 x dp 1") != std::string::npos);
+  proto::CostProfile profile;
+  REQUIRE(LoadProtoFile(path, &profile).ok());
+  REQUIRE(profile.has_measured());
+  CHECK(profile.measured().pp() == 2);
+  CHECK(profile.measured().iterations() == 6);
+  // Dispatch and hand-off cost something on every machine; a pipeline has transfers.
+  CHECK(profile.measured().fw().micro_batch_ms() + profile.measured().dispatch_fw_ms() > 0);
+  CHECK(profile.measured().has_transfer_latency_ms());
+  CHECK(profile.measured().iteration_ms() > 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "src/http/metrics.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_format.h"
 
@@ -12,10 +13,24 @@ void Metrics::Add(const std::string& counter, double delta, const std::string& h
   if (!help.empty()) help_[counter] = help;
 }
 
+namespace {
+
+std::string BaseName(const std::string& name) { return name.substr(0, name.find('{')); }
+
+}  // namespace
+
 void Metrics::Set(const std::string& gauge, double value, const std::string& help) {
   MutexLock lock(&mu_);
   gauges_[gauge] = value;
-  if (!help.empty()) help_[gauge] = help;
+  if (!help.empty()) help_[BaseName(gauge)] = help;
+}
+
+void Metrics::Clear(const std::string& name, const std::string& labels) {
+  MutexLock lock(&mu_);
+  for (auto it = gauges_.begin(); it != gauges_.end();) {
+    const bool match = BaseName(it->first) == name && it->first.find(labels) != std::string::npos;
+    it = match ? gauges_.erase(it) : std::next(it);
+  }
 }
 
 void Metrics::Observe(const std::string& name, double value, const std::vector<double>& buckets, const std::string& help) {
@@ -44,8 +59,12 @@ std::string Metrics::Render() const {
     header(name, "counter");
     absl::StrAppendFormat(&out, "%s %.17g\n", name, v);
   }
+  std::string last_base;
   for (const auto& [name, v] : gauges_) {
-    header(name, "gauge");
+    if (const std::string base = BaseName(name); base != last_base) {
+      header(base, "gauge");
+      last_base = base;
+    }
     absl::StrAppendFormat(&out, "%s %.17g\n", name, v);
   }
   for (const auto& [name, h] : histograms_) {

@@ -14,7 +14,11 @@ namespace dynapipe::http {
 class Metrics {
  public:
   void Add(const std::string& counter, double delta = 1, const std::string& help = "");
+  // `gauge` may carry Prometheus labels: "name{job=\"a\"}" (one HELP and
+  // TYPE line per name).
   void Set(const std::string& gauge, double value, const std::string& help = "");
+  // Drops every gauge of `name` whose labels contain `labels`.
+  void Clear(const std::string& name, const std::string& labels);
   // Observes into histogram `name` with upper bounds `buckets` (fixed on first use).
   void Observe(const std::string& name, double value, const std::vector<double>& buckets, const std::string& help = "");
   // Prometheus exposition text (version 0.0.4).

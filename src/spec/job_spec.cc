@@ -191,6 +191,17 @@ absl::Status NormalizeSchedule(proto::ScheduleSpec* s) {
              [&](int v) { s->set_permutations(v); });
 }
 
+absl::Status NormalizeCostRefit(proto::CostRefitSpec* r) {
+  proto::CostRefitSpec::Mode mode{};
+  RETURN_IF_ERROR(Enum("cost_refit.mode", r->mode(), kDefaultCostRefit, proto::CostRefitSpec::Mode_IsValid, &mode));
+  r->set_mode(mode);
+  RETURN_IF_ERROR(Int("cost_refit.window", r->window(), kDefaultRefitWindow, 1, 1024, [&](int v) { r->set_window(v); }));
+  RETURN_IF_ERROR(Int("cost_refit.min_iterations", r->min_iterations(), kDefaultRefitMinIterations, 1, r->window(),
+                      [&](int v) { r->set_min_iterations(v); }));
+  return Real("cost_refit.max_step", r->max_step(), kDefaultRefitMaxStep, 1, 1000,
+              [&](double v) { r->set_max_step(v); });
+}
+
 absl::Status NormalizeOptimizer(int64_t iterations, proto::OptimizerSpec* o) {
   RETURN_IF_ERROR(Real("optimizer.lr", o->lr(), kDefaultLr, 1e-12, kMaxLr, [&](double v) { o->set_lr(v); }));
   // 0 cannot be asked for: in proto3 it means "the default".
@@ -299,6 +310,7 @@ absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {
 
   RETURN_IF_ERROR(Int("planner_lookahead", spec.planner_lookahead(), kDefaultPlannerLookahead, 1, kMaxLookahead,
                       [&](int v) { spec.set_planner_lookahead(v); }));
+  RETURN_IF_ERROR(NormalizeCostRefit(spec.mutable_cost_refit()));
   RETURN_IF_ERROR(NormalizeCluster(spec.cost_profile_path().empty(), spec.mutable_cluster()));
   RETURN_IF_ERROR(Real("memory_limit_mb", spec.memory_limit_mb(), spec.cluster().device().memory_mb(), 0, kMaxMemoryMb,
                        [&](double v) { spec.set_memory_limit_mb(v); }));

@@ -1,0 +1,386 @@
+#include "planner/cost_model/cost_refit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "planner/cost_model/nnls.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::planner {
+namespace {
+
+// The pipeline factor corrects what per-instruction times miss; more than
+// this either way means the fit itself is wrong.
+constexpr double kMinPipelineFactor = 0.5, kMaxPipelineFactor = 2.0;
+
+Recompute RecomputeOf(proto::RecomputeLevel::Value v) {
+  switch (v) {
+    case proto::RecomputeLevel::selective: return Recompute::kSelective;
+    case proto::RecomputeLevel::full: return Recompute::kFull;
+    default: return Recompute::kNone;
+  }
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double Megabytes(const proto::CommOp& op) {
+  double bytes = 0;
+  for (const proto::TensorShape& s : op.shapes()) {
+    double n = 1;
+    for (int64_t d : s.dims()) n *= static_cast<double>(d);
+    bytes += n * (s.dtype() == proto::DType::fp32 ? 4 : 2);
+  }
+  return bytes / 1e6;
+}
+
+// A chunk's base costs and features for one micro-batch shape.
+struct ChunkSample {
+  double base_fw = 0, base_bw = 0, tokens = 0, attention = 0;
+};
+
+absl::StatusOr<ChunkSample> ChunkSampleOf(const Chunk& c, const LayerCostModel& base, const Shape& shape,
+                                          Recompute r) {
+  ChunkSample out;
+  const std::pair<LayerKind, int> parts[] = {{LayerKind::kEmbedding, c.embedding ? 1 : 0},
+                                             {LayerKind::kEncoder, c.num_encoder},
+                                             {LayerKind::kDecoder, c.num_decoder},
+                                             {LayerKind::kPostprocess, c.postprocess ? 1 : 0}};
+  for (const auto& [kind, n] : parts) {
+    if (n == 0) continue;
+    absl::StatusOr<LayerCost> l = base.Cost(kind, shape, r);
+    if (!l.ok()) return l.status();
+    const LayerFeatures f = FeaturesOf(kind, shape);
+    out.base_fw += n * l->fw_ms;
+    out.base_bw += n * l->bw_ms;
+    out.tokens += n * f.tokens;
+    out.attention += n * f.attention;
+  }
+  return out;
+}
+
+double PassTime(const PassFit& p, const ComputeSample& s) {
+  return p.scale * s.base_ms + p.token_ms * s.tokens + p.attention_ms * s.attention + p.micro_batch_ms;
+}
+
+PassFit FitPass(std::span<const IterationSamples* const> window, bool backward, const PassFit& prior,
+                double ridge) {
+  NnlsProblem p;
+  p.num_features = 4;
+  for (const IterationSamples* it : window) {
+    for (const ComputeSample& s : it->compute) {
+      if (s.backward != backward) continue;
+      const double row[4] = {s.base_ms, s.tokens, s.attention, 1.0};
+      p.AddRow(row, s.measured_ms);
+    }
+  }
+  if (p.rows() == 0) return prior;
+  // What the data cannot tell apart keeps the base model's shape, scaled to
+  // the measured total.
+  double measured = 0, base = 0;
+  for (int i = 0; i < p.rows(); ++i) {
+    measured += p.y[i];
+    base += p.x[static_cast<size_t>(i) * 4];
+  }
+  const double prior_w[4] = {base > 0 ? measured / base : 1.0, 0, 0, 0};
+  const std::vector<double> w = SolveNnls(p, prior_w, ridge);
+  return {w[0], w[1], w[2], w[3]};
+}
+
+// Fills out->groups (and the layout) from the plans: each group's
+// micro-batches with every chunk's features, and each device's op order.
+absl::Status AddReplay(const PipelineModel& layout, const LayerCostModel& base,
+                       std::span<const proto::ExecutionPlan> plans, IterationSamples* out) {
+  const int S = layout.num_devices(), C = layout.num_chunks();
+  const int D = static_cast<int>(plans.size()) / S;
+  if (D * S != static_cast<int>(plans.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("refit: ", plans.size(), " plans for ", S, " pipeline stages"));
+  }
+  out->num_devices = S;
+  out->chunk_device.clear();
+  for (const Chunk& c : layout.chunks()) out->chunk_device.push_back(c.device);
+  std::vector<std::vector<int>> chunk_of(S);
+  for (int c = 0; c < C; ++c) chunk_of[layout.chunks()[c].device].push_back(c);
+  out->groups.assign(D, {});
+  for (const proto::ExecutionPlan& plan : plans) {
+    if (plan.dp_rank() < 0 || plan.dp_rank() >= D || plan.pp_rank() < 0 || plan.pp_rank() >= S) {
+      return absl::InvalidArgumentError(absl::StrCat("refit: plan of rank ", plan.rank(), " is outside ", S, " x ", D));
+    }
+    ReplayGroup& g = out->groups[plan.dp_rank()];
+    if (g.orders.empty()) {
+      g.orders.assign(S, {});
+      g.num_mb = plan.micro_batches_size();
+      g.fw.resize(static_cast<size_t>(g.num_mb) * C);
+      g.bw.resize(g.fw.size());
+      g.boundary_mb.resize(g.fw.size());
+      const Recompute r = RecomputeOf(plan.recompute());
+      for (int m = 0; m < g.num_mb; ++m) {
+        const proto::MicroBatch& mb = plan.micro_batches(m);
+        const Shape shape{mb.rows(), mb.seq_len(), mb.dec_seq_len()};
+        for (int c = 0; c < C; ++c) {
+          absl::StatusOr<ChunkSample> cs = ChunkSampleOf(layout.chunks()[c], base, shape, r);
+          if (!cs.ok()) return cs.status();
+          const size_t i = static_cast<size_t>(m) * C + c;
+          g.fw[i] = {false, cs->base_fw, cs->tokens, cs->attention, 0};
+          g.bw[i] = {true, cs->base_bw, cs->tokens, cs->attention, 0};
+          g.boundary_mb[i] = layout.BoundaryMb(shape, c);
+        }
+      }
+    } else if (plan.micro_batches_size() != g.num_mb) {
+      return absl::InvalidArgumentError(absl::StrCat("refit: ranks of data-parallel group ", plan.dp_rank(),
+                                                     " disagree on its micro-batches"));
+    }
+    std::vector<SimOp>& order = g.orders[plan.pp_rank()];
+    const auto& local = chunk_of[plan.pp_rank()];
+    for (const proto::Instruction& ins : plan.instructions()) {
+      if (!ins.has_forward() && !ins.has_backward()) continue;
+      if (ins.chunk() < 0 || ins.chunk() >= static_cast<int>(local.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("refit: rank ", plan.rank(), " names chunk ", ins.chunk()));
+      }
+      order.push_back({ins.has_forward() ? SimOp::kForward : SimOp::kBackward, ins.micro_batch(), local[ins.chunk()]});
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<IterationSamples> SamplesOf(const PipelineModel& layout, const LayerCostModel& base,
+                                           std::span<const proto::ExecutionPlan> plans,
+                                           std::span<const proto::IterationReport> reports) {
+  if (plans.empty() || reports.size() != plans.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("refit: ", plans.size(), " plans and ", reports.size(), " reports for one iteration"));
+  }
+  IterationSamples out;
+  out.iteration = plans[0].iteration();
+  out.predicted_ms = plans[0].predicted_iteration_ms();
+  std::vector<std::vector<int>> chunk_of(layout.num_devices());  // [device][local chunk] -> chunk
+  for (int c = 0; c < layout.num_chunks(); ++c) chunk_of[layout.chunks()[c].device].push_back(c);
+  bool first_report = true;
+  for (const proto::IterationReport& report : reports) {
+    const int rank = report.rank();
+    if (rank < 0 || rank >= static_cast<int>(plans.size()) || plans[rank].iteration() != report.iteration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("refit: report of rank ", rank, " iteration ", report.iteration(), " has no plan"));
+    }
+    const proto::ExecutionPlan& plan = plans[rank];
+    const int device = plan.pp_rank();
+    if (device < 0 || device >= layout.num_devices()) {
+      return absl::InvalidArgumentError(absl::StrCat("refit: plan of rank ", rank, " has pp_rank ", device));
+    }
+    const Recompute r = RecomputeOf(plan.recompute());
+    std::map<std::pair<int, int>, ChunkSample> cache;  // (micro-batch, chunk)
+    std::map<std::pair<int, bool>, TransferSample> sends;  // (micro-batch, activation)
+    double last_end = 0, after_pipeline = 0;
+    out.measured_ms = std::max(out.measured_ms, report.iteration_ms());
+    for (const proto::InstructionTiming& t : report.timings()) {
+      if (t.index() < 0 || t.index() >= plan.instructions_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("refit: rank ", rank, " timed instruction ", t.index(),
+                                                       " of a plan with ", plan.instructions_size()));
+      }
+      const proto::Instruction& ins = plan.instructions(t.index());
+      const double ms = std::max(0.0, t.end_ms() - t.start_ms());
+      last_end = std::max(last_end, t.end_ms());
+      switch (ins.op_case()) {
+        case proto::Instruction::kForward:
+        case proto::Instruction::kBackward: {
+          const auto& local = chunk_of[device];
+          if (ins.chunk() < 0 || ins.chunk() >= static_cast<int>(local.size()) || ins.micro_batch() < 0 ||
+              ins.micro_batch() >= plan.micro_batches_size()) {
+            return absl::InvalidArgumentError(absl::StrCat("refit: rank ", rank, " instruction ", t.index(),
+                                                           " names chunk ", ins.chunk(), " micro-batch ",
+                                                           ins.micro_batch()));
+          }
+          const int chunk = local[ins.chunk()];
+          auto it = cache.find({ins.micro_batch(), chunk});
+          if (it == cache.end()) {
+            const proto::MicroBatch& mb = plan.micro_batches(ins.micro_batch());
+            absl::StatusOr<ChunkSample> cs = ChunkSampleOf(layout.chunks()[chunk], base,
+                                                           Shape{mb.rows(), mb.seq_len(), mb.dec_seq_len()}, r);
+            if (!cs.ok()) return cs.status();
+            it = cache.emplace(std::make_pair(ins.micro_batch(), chunk), *cs).first;
+          }
+          const bool backward = ins.op_case() == proto::Instruction::kBackward;
+          const ChunkSample& cs = it->second;
+          out.compute.push_back({backward, backward ? cs.base_bw : cs.base_fw, cs.tokens, cs.attention, ms});
+          if (!backward) ++out.units;
+          break;
+        }
+        case proto::Instruction::kLoadInput:
+        case proto::Instruction::kRecvActivationStart: out.dispatch_fw_ms += ms; break;
+        case proto::Instruction::kRecvGradStart:
+        case proto::Instruction::kFreeBuffer: out.dispatch_bw_ms += ms; break;
+        case proto::Instruction::kSendActivationStart:
+        case proto::Instruction::kSendGradStart: {
+          const bool act = ins.op_case() == proto::Instruction::kSendActivationStart;
+          TransferSample& s = sends[{ins.micro_batch(), act}];
+          s.mb += Megabytes(act ? ins.send_activation_start() : ins.send_grad_start());
+          s.measured_ms += ms;
+          break;
+        }
+        case proto::Instruction::kSendActivationFinish:
+        case proto::Instruction::kSendGradFinish:
+          sends[{ins.micro_batch(), ins.op_case() == proto::Instruction::kSendActivationFinish}].measured_ms += ms;
+          break;
+        case proto::Instruction::kAllReduceGrads:
+        case proto::Instruction::kOptimizerStep: after_pipeline += ms; break;
+        default: break;  // receive finishes wait for peers: the simulation models that
+      }
+    }
+    for (const auto& [key, s] : sends) out.transfers.push_back(s);
+    after_pipeline += std::max(0.0, report.iteration_ms() - last_end);
+    out.iteration_ms = first_report ? after_pipeline : std::min(out.iteration_ms, after_pipeline);
+    first_report = false;
+  }
+  RETURN_IF_ERROR(AddReplay(layout, base, plans, &out));
+  return out;
+}
+
+CostRefit::CostRefit(std::shared_ptr<const LayerCostModel> base, RefitOptions options)
+    : base_(std::move(base)), options_(options), model_(base_) {
+  options_.window = std::max(1, options_.window);
+  options_.min_iterations = std::clamp(options_.min_iterations, 1, options_.window);
+  options_.max_step = std::max(1.0, options_.max_step);
+}
+
+void CostRefit::Add(IterationSamples samples) {
+  window_.push_back(std::move(samples));
+  while (static_cast<int>(window_.size()) > options_.window) window_.pop_front();
+  if (static_cast<int>(window_.size()) >= options_.min_iterations) Refit();
+}
+
+double CostRefit::PredictCompute(const RefitTerms& terms, const IterationSamples& s) {
+  double total = 0;
+  for (const ComputeSample& c : s.compute) total += PassTime(c.backward ? terms.bw : terms.fw, c);
+  return total + (terms.dispatch_fw_ms + terms.dispatch_bw_ms) * s.units;
+}
+
+double CostRefit::PredictIteration(const RefitTerms& terms, const IterationSamples& s) {
+  if (s.groups.empty()) return -1;
+  const int C = static_cast<int>(s.chunk_device.size());
+  const bool transfers = terms.transfer_latency_ms >= 0 && terms.transfer_ms_per_mb >= 0;
+  const double k = terms.pipeline_factor;
+  double slowest = 0;
+  for (const ReplayGroup& g : s.groups) {
+    PipelineTimes t;
+    t.Resize(s.num_devices, C, g.num_mb);
+    t.chunk_device = s.chunk_device;
+    for (size_t i = 0; i < g.fw.size(); ++i) {
+      t.fw_ms[i] = k * (PassTime(terms.fw, g.fw[i]) + terms.dispatch_fw_ms);
+      t.bw_ms[i] = k * (PassTime(terms.bw, g.bw[i]) + terms.dispatch_bw_ms);
+      if (transfers) t.comm_fw_ms[i] = t.comm_bw_ms[i] = terms.transfer_latency_ms + g.boundary_mb[i] * terms.transfer_ms_per_mb;
+    }
+    absl::StatusOr<SimResult> sim = Simulate(t, g.orders, /*record=*/false);
+    if (!sim.ok()) return -1;
+    slowest = std::max(slowest, sim->makespan_ms);
+  }
+  return slowest + std::max(0.0, terms.iteration_ms);
+}
+
+void CostRefit::Refit() {
+  std::vector<const IterationSamples*> all;
+  for (const IterationSamples& s : window_) all.push_back(&s);
+  const RefitTerms prior = terms_;
+  auto fit_compute = [&](std::span<const IterationSamples* const> its) {
+    RefitTerms t = prior;
+    t.fw = FitPass(its, false, prior.fw, options_.ridge);
+    t.bw = FitPass(its, true, prior.bw, options_.ridge);
+    return t;
+  };
+  RefitTerms fit = fit_compute(all);
+  // Iterations much slower or faster than the window's median under this
+  // fit are left out and the rest fitted again.
+  std::vector<double> speed;
+  for (const IterationSamples* s : all) {
+    double measured = 0;
+    for (const ComputeSample& c : s->compute) measured += c.measured_ms;
+    const double predicted = CostRefit::PredictCompute({fit.fw, fit.bw}, *s);
+    speed.push_back(predicted > 0 ? measured / predicted : 1.0);
+  }
+  const double median_speed = Median(speed);
+  std::vector<const IterationSamples*> kept;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (std::abs(speed[i] / median_speed - 1) <= options_.outlier) kept.push_back(all[i]);
+  }
+  outliers_ = static_cast<int>(all.size() - kept.size());
+  if (kept.size() < all.size() && !kept.empty()) fit = fit_compute(kept);
+  if (kept.empty()) kept = all;
+
+  std::vector<double> dispatch_fw, dispatch_bw, after;
+  NnlsProblem transfers;
+  transfers.num_features = 2;
+  for (const IterationSamples* s : kept) {
+    if (s->units > 0) {
+      dispatch_fw.push_back(s->dispatch_fw_ms / s->units);
+      dispatch_bw.push_back(s->dispatch_bw_ms / s->units);
+    }
+    after.push_back(s->iteration_ms);
+    for (const TransferSample& x : s->transfers) {
+      const double row[2] = {1.0, x.mb};
+      transfers.AddRow(row, x.measured_ms);
+    }
+  }
+  fit.dispatch_fw_ms = Median(dispatch_fw);
+  fit.dispatch_bw_ms = Median(dispatch_bw);
+  fit.iteration_ms = Median(after);
+  if (transfers.rows() > 0) {
+    const double prior_x[2] = {std::max(0.0, prior.transfer_latency_ms), std::max(0.0, prior.transfer_ms_per_mb)};
+    const std::vector<double> w = SolveNnls(transfers, prior_x, options_.ridge);
+    fit.transfer_latency_ms = w[0];
+    fit.transfer_ms_per_mb = w[1];
+  }
+
+  // Bounded step: once fitted, the window's predicted compute and dispatch
+  // move by at most max_step from the previous fit. The first fit replaces
+  // the base model outright: it is off by whatever it is off.
+  double before = 0, now = 0;
+  for (const IterationSamples* s : kept) {
+    before += PredictCompute(prior, *s);
+    now += PredictCompute(fit, *s);
+  }
+  double t = 1;
+  if (!fitted_) before = 0;
+  if (before > 0 && now > before * options_.max_step) t = (before * options_.max_step - before) / (now - before);
+  if (before > 0 && now < before / options_.max_step) t = (before / options_.max_step - before) / (now - before);
+  if (t < 1) {
+    auto mix = [t](double a, double b) { return a + t * (b - a); };
+    auto mix_pass = [&](const PassFit& a, const PassFit& b) {
+      return PassFit{mix(a.scale, b.scale), mix(a.token_ms, b.token_ms), mix(a.attention_ms, b.attention_ms),
+                     mix(a.micro_batch_ms, b.micro_batch_ms)};
+    };
+    fit.fw = mix_pass(prior.fw, fit.fw);
+    fit.bw = mix_pass(prior.bw, fit.bw);
+    fit.dispatch_fw_ms = mix(prior.dispatch_fw_ms, fit.dispatch_fw_ms);
+    fit.dispatch_bw_ms = mix(prior.dispatch_bw_ms, fit.dispatch_bw_ms);
+  }
+  // Pipeline factor: measured over simulated, each iteration's pipeline
+  // replayed under the new costs; bounded like the rest.
+  fit.pipeline_factor = 1;
+  std::vector<double> factors;
+  for (const IterationSamples* s : kept) {
+    const double simulated = PredictIteration(fit, *s) - std::max(0.0, fit.iteration_ms);
+    const double measured = s->measured_ms - std::max(0.0, fit.iteration_ms);
+    if (simulated > 0 && measured > 0) factors.push_back(measured / simulated);
+  }
+  if (!factors.empty()) {
+    fit.pipeline_factor = Median(factors);
+    if (fitted_) {
+      fit.pipeline_factor = std::clamp(fit.pipeline_factor, prior.pipeline_factor / options_.max_step,
+                                       prior.pipeline_factor * options_.max_step);
+    }
+    fit.pipeline_factor = std::clamp(fit.pipeline_factor, kMinPipelineFactor, kMaxPipelineFactor);
+  }
+  terms_ = fit;
+  fitted_ = true;
+  ++refits_;
+  model_ = std::make_shared<RefitCostModel>(base_, terms_);
+}
+
+}  // namespace dynapipe::planner

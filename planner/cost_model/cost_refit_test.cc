@@ -1,0 +1,284 @@
+// The refit against synthetic executors whose true costs differ from the
+// base model in shape: plans come from the real planner, reports time every
+// instruction with the true costs (plus noise), and the refit must recover
+// the true costs within a few percent, ignore an outlier iteration, and
+// leave the base model in charge until it has seen enough.
+#include "planner/cost_model/cost_refit.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "planner/cost_model/analytic_cost_model.h"
+#include "planner/cost_model/nnls.h"
+#include "planner/planner.h"
+
+namespace dynapipe::planner {
+namespace {
+
+proto::ModelSpec TinyGpt() {
+  proto::ModelSpec m;
+  m.set_kind(proto::ModelKind::gpt);
+  m.set_num_layers(4);
+  m.set_hidden(64);
+  m.set_heads(4);
+  m.set_ffn(256);
+  m.set_vocab(16);
+  m.set_max_positions(512);
+  m.set_dtype(proto::DType::fp32);
+  m.set_tie_embeddings(true);
+  return m;
+}
+
+PlannerConfig Config(int pp, int dp) {
+  PlannerConfig c;
+  c.model = TinyGpt();
+  c.pp = pp;
+  c.dp = dp;
+  c.max_seq_len = 512;
+  c.memory_limit_mb = 4096;
+  c.recompute = proto::RecomputeLevel::none;
+  c.cluster.set_devices_per_node(4);
+  c.cluster.mutable_device()->set_name("cpu");
+  c.cluster.mutable_device()->set_peak_tflops(0.05);
+  c.cluster.mutable_device()->set_memory_bandwidth_gbps(10);
+  c.cluster.set_intra_node_bandwidth_gbps(20);
+  c.cluster.set_intra_node_latency_us(50);
+  return c;
+}
+
+std::shared_ptr<const LayerCostModel> Base(const PlannerConfig& c) {
+  auto m = AnalyticCostModel::Create(c.model, c.cluster.device(), {});
+  REQUIRE(m.ok());
+  return std::shared_ptr<const LayerCostModel>(std::move(*m));
+}
+
+// The synthetic machine: per chunk and micro-batch, linear in tokens with a
+// small attention term and a fixed 1.5 ms, nothing like the analytic model's
+// GEMM-efficiency curve; backward twice forward plus 0.5 ms.
+struct TrueCosts {
+  double token_ms = 4e-4, attention_ms = 2e-7, chunk_ms = 1.5;
+  double Forward(const Chunk& c, const Shape& s) const {
+    const int layers = c.num_encoder + c.num_decoder;
+    const double tokens = static_cast<double>(s.mbs) * s.seq;
+    return layers * (token_ms * tokens + attention_ms * tokens * s.seq) + chunk_ms;
+  }
+  double Backward(const Chunk& c, const Shape& s) const { return 2 * Forward(c, s) + 0.5; }
+};
+
+std::vector<Sample> Batch(std::mt19937& rng) {
+  std::vector<Sample> out;
+  std::uniform_int_distribution<int> len(8, 512);
+  int64_t tokens = 0;
+  for (int64_t id = 0; tokens < 8192; ++id) {
+    const int n = len(rng);
+    out.push_back({id, n, n / 4});
+    tokens += n;
+  }
+  return out;
+}
+
+// Reports of every rank for `plan`, timed by `truth` times `slowdown`, with
+// multiplicative noise on each instruction.
+std::vector<proto::IterationReport> Execute(const IterationPlan& plan, const PipelineModel& layout,
+                                            const TrueCosts& truth, double slowdown, std::mt19937& rng) {
+  std::normal_distribution<double> noise(1.0, 0.03);
+  std::vector<proto::IterationReport> reports;
+  for (const proto::ExecutionPlan& p : plan.plans) {
+    std::vector<int> chunk_of;
+    for (int c = 0; c < layout.num_chunks(); ++c) {
+      if (layout.chunks()[c].device == p.pp_rank()) chunk_of.push_back(c);
+    }
+    proto::IterationReport r;
+    r.set_rank(p.rank());
+    r.set_iteration(p.iteration());
+    double t = 0;
+    for (int i = 0; i < p.instructions_size(); ++i) {
+      const proto::Instruction& ins = p.instructions(i);
+      double ms = 0.01;
+      if (ins.has_forward() || ins.has_backward()) {
+        const proto::MicroBatch& mb = p.micro_batches(ins.micro_batch());
+        const Shape s{mb.rows(), mb.seq_len(), 0};
+        const Chunk& c = layout.chunks()[chunk_of[ins.chunk()]];
+        ms = ins.has_forward() ? truth.Forward(c, s) : truth.Backward(c, s);
+      } else if (ins.has_load_input()) {
+        ms = 0.2;
+      } else if (ins.has_optimizer_step()) {
+        ms = 7;
+      } else if (ins.has_recv_activation_finish() || ins.has_recv_grad_finish()) {
+        ms = 3;  // waiting: not a cost of this rank
+      }
+      ms *= slowdown * std::max(0.5, noise(rng));
+      auto* timing = r.add_timings();
+      timing->set_index(i);
+      timing->set_start_ms(t);
+      timing->set_end_ms(t + ms);
+      t += ms;
+    }
+    r.set_iteration_ms(t + 0.5);
+    reports.push_back(std::move(r));
+  }
+  return reports;
+}
+
+struct Harness {
+  PlannerConfig config;
+  std::shared_ptr<const LayerCostModel> base;
+  std::unique_ptr<Planner> planner;
+  TrueCosts truth;
+  std::mt19937 rng{7};
+
+  Harness(int pp, int dp) : config(Config(pp, dp)), base(Base(config)) {
+    auto p = Planner::Create(config, base);
+    REQUIRE(p.ok());
+    planner = std::move(*p);
+  }
+  IterationSamples Run(int64_t iteration, double slowdown = 1.0) {
+    const std::vector<Sample> batch = Batch(rng);
+    auto plan = planner->Plan(batch, iteration);
+    REQUIRE(plan.ok());
+    const auto reports = Execute(*plan, planner->model(), truth, slowdown, rng);
+    auto samples = SamplesOf(planner->model(), *base, plan->plans, reports);
+    REQUIRE(samples.ok());
+    return *samples;
+  }
+  // Largest relative error of `model`'s chunk compute times against the
+  // truth over shapes the plans did and did not use (the dispatch outside
+  // compute, which the truth leaves out, taken off).
+  double WorstError(const LayerCostModel& model) const {
+    const auto* refit = dynamic_cast<const RefitCostModel*>(&model);
+    const double dispatch_fw = refit ? refit->terms().dispatch_fw_ms : 0;
+    const double dispatch_bw = refit ? refit->terms().dispatch_bw_ms : 0;
+    const double k = refit ? refit->terms().pipeline_factor : 1;  // waits: not the chunks' own time
+    auto layout = PipelineModel::Create(config.model, config.pp, {},
+                                        std::shared_ptr<const LayerCostModel>(&model, [](const LayerCostModel*) {}),
+                                        {.limit_mb = 4096});
+    REQUIRE(layout.ok());
+    double worst = 0;
+    for (const Shape s : {Shape{1, 512, 0}, Shape{4, 128, 0}, Shape{16, 64, 0}, Shape{2, 256, 0}, Shape{32, 16, 0}}) {
+      std::vector<ChunkCost> costs(layout->num_chunks());
+      REQUIRE(layout->ChunkCosts(s, Recompute::kNone, costs).ok());
+      for (int c = 0; c < layout->num_chunks(); ++c) {
+        const Chunk& chunk = layout->chunks()[c];
+        worst = std::max(worst, std::abs((costs[c].fw_ms / k - dispatch_fw) / truth.Forward(chunk, s) - 1));
+        worst = std::max(worst, std::abs((costs[c].bw_ms / k - dispatch_bw) / truth.Backward(chunk, s) - 1));
+      }
+    }
+    return worst;
+  }
+};
+
+TEST_CASE("NNLS recovers a non-negative solution") {
+  NnlsProblem p;
+  p.num_features = 3;
+  for (int i = 1; i <= 20; ++i) {
+    const double row[3] = {static_cast<double>(i), static_cast<double>(i * i) * 1e3, 1.0};
+    p.AddRow(row, 2.0 * i + 3e-3 * i * i * 1e3 + 5);
+  }
+  const auto w = SolveNnls(p, {}, 1e-9);
+  CHECK(w[0] == Catch::Detail::Approx(2.0).epsilon(1e-4));
+  CHECK(w[1] == Catch::Detail::Approx(3e-3).epsilon(1e-4));
+  CHECK(w[2] == Catch::Detail::Approx(5.0).epsilon(1e-4));
+  // The unconstrained optimum has a negative slope: clamped to zero.
+  NnlsProblem q;
+  q.num_features = 2;
+  for (int i = 1; i <= 10; ++i) {
+    const double row[2] = {1.0, static_cast<double>(i)};
+    q.AddRow(row, 10.0 - 0.5 * i);
+  }
+  const auto v = SolveNnls(q, {}, 1e-9);
+  CHECK(v[1] == 0);
+  CHECK(v[0] == Catch::Detail::Approx(10.0 - 0.5 * 5.5).epsilon(1e-6));
+}
+
+TEST_CASE("Refit learns costs of another shape") {
+  for (const auto& [pp, dp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}}) {
+    Harness h(pp, dp);
+    CostRefit refit(h.base);
+    const double base_error = h.WorstError(*h.base);
+    CAPTURE(pp, dp, base_error);
+    CHECK(base_error > 0.5);  // the analytic model is far off this machine
+    for (int i = 0; i < 12; ++i) refit.Add(h.Run(i));
+    REQUIRE(refit.fitted());
+    CHECK(h.WorstError(*refit.model()) < 0.03);
+    // Measured extras: dispatch per micro-batch, optimizer step per iteration.
+    CHECK(refit.terms().dispatch_fw_ms > 0);
+    CHECK(refit.terms().iteration_ms == Catch::Detail::Approx(7.5).epsilon(0.1));
+    if (pp > 1) CHECK(refit.terms().transfer_latency_ms >= 0);
+  }
+}
+
+TEST_CASE("Pipeline factor takes in what instructions miss") {
+  // Two refits see the same instructions; in the second, every iteration's
+  // pipeline took 1.3x as long (waits no instruction time shows).
+  Harness h(2, 2);
+  CostRefit plain(h.base), slower(h.base);
+  for (int i = 0; i < 10; ++i) {
+    IterationSamples s = h.Run(i);
+    IterationSamples t = s;
+    t.measured_ms = s.iteration_ms + 1.3 * (s.measured_ms - s.iteration_ms);
+    plain.Add(std::move(s));
+    slower.Add(std::move(t));
+  }
+  REQUIRE(plain.fitted());
+  CHECK(slower.terms().fw == plain.terms().fw);
+  CHECK(slower.terms().pipeline_factor / plain.terms().pipeline_factor == Catch::Detail::Approx(1.3).epsilon(0.03));
+  // The replayed prediction of an iteration then matches its measured time.
+  IterationSamples next = h.Run(10);
+  const double predicted = CostRefit::PredictIteration(plain.terms(), next);
+  CHECK(predicted == Catch::Detail::Approx(next.measured_ms).epsilon(0.1));
+}
+
+TEST_CASE("Base model answers until enough iterations") {
+  Harness h(2, 1);
+  CostRefit refit(h.base, {.min_iterations = 3});
+  refit.Add(h.Run(0));
+  refit.Add(h.Run(1));
+  CHECK_FALSE(refit.fitted());
+  CHECK(refit.model() == h.base);
+  refit.Add(h.Run(2));
+  CHECK(refit.fitted());
+  CHECK(refit.model() != h.base);
+}
+
+TEST_CASE("One refit moves predictions by at most max_step") {
+  Harness h(2, 1);
+  CostRefit refit(h.base, {.window = 1, .min_iterations = 1, .max_step = 1.5});
+  refit.Add(h.Run(0));  // the first fit replaces the base model outright
+  CHECK(h.WorstError(*refit.model()) < 0.05);
+  h.truth.token_ms *= 20;  // then the machine gets far slower
+  h.truth.chunk_ms *= 20;
+  const IterationSamples s = h.Run(1);
+  const double before = CostRefit::PredictCompute(refit.terms(), s);
+  refit.Add(s);
+  const double after = CostRefit::PredictCompute(refit.terms(), s);
+  CHECK(after / before == Catch::Detail::Approx(1.5).epsilon(1e-6));
+}
+
+TEST_CASE("An outlier iteration does not derail the refit") {
+  Harness h(2, 2);
+  CostRefit refit(h.base);
+  for (int i = 0; i < 8; ++i) refit.Add(h.Run(i));
+  const double settled = h.WorstError(*refit.model());
+  REQUIRE(settled < 0.03);
+  refit.Add(h.Run(8, /*slowdown=*/5.0));  // e.g. the machine was busy with something else
+  CHECK(refit.outliers() == 1);
+  CHECK(h.WorstError(*refit.model()) < 0.05);
+  CHECK(refit.terms().iteration_ms == Catch::Detail::Approx(7.5).epsilon(0.1));
+  for (int i = 9; i < 12; ++i) refit.Add(h.Run(i));
+  CHECK(h.WorstError(*refit.model()) < 0.03);
+}
+
+TEST_CASE("Reports that do not match their plans are refused") {
+  Harness h(2, 1);
+  const std::vector<Sample> batch = Batch(h.rng);
+  auto plan = h.planner->Plan(batch, 0);
+  REQUIRE(plan.ok());
+  auto reports = Execute(*plan, h.planner->model(), h.truth, 1.0, h.rng);
+  reports[1].mutable_timings(0)->set_index(100000);
+  CHECK_FALSE(SamplesOf(h.planner->model(), *h.base, plan->plans, reports).ok());
+  reports.pop_back();
+  CHECK_FALSE(SamplesOf(h.planner->model(), *h.base, plan->plans, reports).ok());
+}
+
+}  // namespace
+}  // namespace dynapipe::planner

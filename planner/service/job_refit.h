@@ -1,0 +1,81 @@
+#pragma once
+
+// A running job's cost refit (planner/cost_model/cost_refit.h) with the
+// bookkeeping around it: collects every rank's report of an iteration, joins
+// them with the iteration's plans, refits, and hands out the planner built
+// on the latest fit, so plans made after a refit (the planner plans
+// planner_lookahead iterations ahead) use it. Keeps predicted vs measured
+// iteration times for the status endpoint. Thread-safe.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost_model/cost_refit.h"
+#include "planner/planner.h"
+#include "proto/job.pb.h"
+#include "src/common/mutex.h"
+
+namespace dynapipe::planner::service {
+
+struct RefitIteration {
+  int64_t iteration = 0;
+  double predicted_ms = 0;  // what its plan said
+  double measured_ms = 0;   // slowest rank
+  bool refit_plan = false;  // planned with a refit model (else the base one)
+};
+
+struct RefitStatus {
+  int observed = 0;  // iterations fitted so far
+  int refits = 0;
+  int outliers = 0;  // left out by the last refit
+  std::string model;  // the planner's cost model now
+  RefitTerms terms;
+  std::vector<RefitIteration> recent;  // oldest first
+  // Mean |predicted - measured| / measured over the recent iterations planned
+  // with the base model and with a refit one (-1: none).
+  double base_error = -1, refit_error = -1;
+};
+
+class JobRefit {
+ public:
+  // Plans stay with `base` until the first refit.
+  JobRefit(std::shared_ptr<const Planner> base, const proto::CostRefitSpec& spec);
+
+  // The planner to plan `iteration` with (noted for the status).
+  std::shared_ptr<const Planner> PlannerFor(int64_t iteration);
+  // Keeps an iteration's plans (index = global rank) until its reports are in.
+  void Remember(int64_t iteration, std::vector<proto::ExecutionPlan> plans);
+
+  using FetchPlans = std::function<absl::StatusOr<std::vector<proto::ExecutionPlan>>(int64_t iteration)>;
+  // Buffers `report`; once every rank's report of its iteration is in, fits
+  // them with the iteration's plans (remembered, else from `fetch`). Failed
+  // iterations are ignored. Errors (plans and reports that do not match) drop
+  // the iteration and are returned for logging; the job goes on.
+  absl::Status Report(const proto::IterationReport& report, const FetchPlans& fetch = nullptr);
+
+  RefitStatus Status() const;
+
+ private:
+  static constexpr size_t kKeep = 64;       // iterations of reports and history kept
+  static constexpr size_t kKeepPlans = 16;  // iterations of plans kept (older ones come from the store)
+
+  const std::shared_ptr<const Planner> base_;
+  const int world_;
+  mutable Mutex mu_;
+  CostRefit refit_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Planner> current_ ABSL_GUARDED_BY(mu_);
+  int observed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, bool> planned_with_refit_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<proto::ExecutionPlan>> plans_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<proto::IterationReport>> reports_ ABSL_GUARDED_BY(mu_);
+  std::deque<RefitIteration> history_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dynapipe::planner::service
