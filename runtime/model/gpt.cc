@@ -37,6 +37,10 @@ struct GptStage::Stash {
   std::vector<int32_t> targets;
   Buffer xs, lnf, lnf_mean, lnf_rstd, probs;  // (M, C), (M, C), (M), (M), (M, V)
   float loss_scale = 0;
+  // Set when the layers ran on the real tokens only: each one's cell in the
+  // full (rows x seq) batch, and that batch's cell count.
+  std::vector<int64_t> kept;
+  int64_t full_cells = 0;
 };
 
 absl::StatusOr<std::unique_ptr<GptStage>> GptStage::Create(const GptConfig& config, const StageOptions& options,
@@ -141,10 +145,71 @@ absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, con
   return absl::OkStatus();
 }
 
+// Training with the varlen kernel skips padding altogether: the real tokens
+// of every row, in order, become one row whose samples keep their own
+// segment ids (made unique across rows). Every per-token op then runs on
+// real tokens only, and attention sees exactly the same samples, so the
+// numbers are those of the dense batch (padding never reaches a real token
+// and gets no gradient) up to the order of sums over rows in the weight
+// gradients. The stage's input and output keep the full batch's shape:
+// hidden states are gathered on the way in and scattered (zeros in
+// padding) on the way out; gradients likewise.
 absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in_v,
                                          void* hidden_out_v, float loss_scale, Recompute recompute) {
   const auto* hidden_in = static_cast<const float*>(hidden_in_v);
   auto* hidden_out = static_cast<float*>(hidden_out_v);
+  const bool compact = config().attention == AttentionKernel::kVarlen && mb != kInferKey &&
+                       batch.real_tokens < batch.rows * batch.seq && batch.real_tokens > 0;
+  if (!compact || stash_.contains(mb)) return ForwardDense(mb, batch, hidden_in, hidden_out, loss_scale, recompute);
+  RETURN_IF_ERROR(CheckTokenBatch(batch, config()));
+  const StageOptions& o = options();
+  if (!o.first && hidden_in == nullptr) return absl::InvalidArgumentError("stage input: missing");
+  if (!o.last && hidden_out == nullptr) return absl::InvalidArgumentError("stage output: missing");
+  const int64_t C = config().hidden, cells = batch.rows * batch.seq;
+  TokenBatch real;
+  real.rows = 1;
+  std::vector<int64_t> kept;
+  int32_t base = 0;
+  for (int64_t b = 0; b < batch.rows; ++b) {
+    int32_t top = -1;
+    for (int64_t t = 0; t < batch.seq; ++t) {
+      const int64_t k = b * batch.seq + t;
+      const int32_t sg = batch.segments[k];
+      if (sg < 0) continue;
+      kept.push_back(k);
+      real.tokens.push_back(batch.tokens[k]);
+      real.positions.push_back(batch.positions[k]);
+      real.segments.push_back(base + sg);
+      real.targets.push_back(batch.targets[k]);
+      top = std::max(top, sg);
+    }
+    base += top + 1;
+  }
+  const int64_t n = static_cast<int64_t>(kept.size());
+  real.seq = n;
+  real.real_tokens = n;
+  real.loss_tokens = batch.loss_tokens;
+  Buffer in, out;
+  if (!o.first) {
+    ASSIGN_OR_RETURN(in, Get(n * C));
+    for (int64_t r = 0; r < n; ++r) std::memcpy(in.as<float>() + r * C, hidden_in + kept[r] * C, C * sizeof(float));
+  }
+  if (!o.last) {
+    ASSIGN_OR_RETURN(out, Get(n * C));
+  }
+  ASSIGN_OR_RETURN(double loss, ForwardDense(mb, real, in.as<float>(), out.as<float>(), loss_scale, recompute));
+  if (!o.last) {
+    std::memset(hidden_out, 0, cells * C * sizeof(float));
+    for (int64_t r = 0; r < n; ++r) std::memcpy(hidden_out + kept[r] * C, out.as<float>() + r * C, C * sizeof(float));
+  }
+  Stash& s = *stash_.at(mb);
+  s.kept = std::move(kept);
+  s.full_cells = cells;
+  return loss;
+}
+
+absl::StatusOr<double> GptStage::ForwardDense(int mb, const TokenBatch& batch, const float* hidden_in,
+                                              float* hidden_out, float loss_scale, Recompute recompute) {
   const StageOptions& o = options();
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " forwarded twice"));
   RETURN_IF_ERROR(CheckTokenBatch(batch, config()));
@@ -228,6 +293,30 @@ absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const 
 absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden_in_v) {
   const auto* dhidden_out = static_cast<const float*>(dhidden_out_v);
   auto* dhidden_in = static_cast<float*>(dhidden_in_v);
+  auto it = stash_.find(mb);
+  if (it == stash_.end() || it->second->kept.empty()) return BackwardDense(mb, dhidden_out, dhidden_in);
+  const StageOptions& o = options();
+  if (!o.last && dhidden_out == nullptr) return absl::InvalidArgumentError("output gradient: missing");
+  if (!o.first && dhidden_in == nullptr) return absl::InvalidArgumentError("input gradient: missing");
+  const std::vector<int64_t> kept = std::move(it->second->kept);
+  const int64_t C = config().hidden, n = static_cast<int64_t>(kept.size()), cells = it->second->full_cells;
+  Buffer dout, din;
+  if (!o.last) {
+    ASSIGN_OR_RETURN(dout, Get(n * C));
+    for (int64_t r = 0; r < n; ++r) std::memcpy(dout.as<float>() + r * C, dhidden_out + kept[r] * C, C * sizeof(float));
+  }
+  if (!o.first) {
+    ASSIGN_OR_RETURN(din, Get(n * C));
+  }
+  RETURN_IF_ERROR(BackwardDense(mb, dout.as<float>(), din.as<float>()));
+  if (!o.first) {
+    std::memset(dhidden_in, 0, cells * C * sizeof(float));
+    for (int64_t r = 0; r < n; ++r) std::memcpy(dhidden_in + kept[r] * C, din.as<float>() + r * C, C * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dhidden_in) {
   const StageOptions& o = options();
   auto it = stash_.find(mb);
   if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " was not forwarded"));
@@ -321,7 +410,6 @@ absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden
 absl::Status GptStage::Infer(const TokenBatch& batch, const void* hidden_in, void* out) {
   // Run the training forward on a private key, then drop the stash; the last
   // stage computes the head for every position by scoring them all.
-  constexpr int kInferKey = -1;
   const int64_t N = batch.rows * batch.seq, C = config().hidden, V = config().vocab;
   if (!options().last) {
     RETURN_IF_ERROR(Forward(kInferKey, batch, hidden_in, out, 0.0f, Recompute::kFull).status());

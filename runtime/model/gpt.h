@@ -74,6 +74,13 @@ class GptStage final : public Stage {
   struct Stash;
   struct LayerActs;
   GptStage(GptLayout layout, BufferPool* pool);
+  // Forward and backward over every cell of the batch (padding included).
+  // Forward/Backward call them directly, or, when training with varlen
+  // attention on a batch with padding, on the batch's real tokens only
+  // (see Forward in gpt.cc).
+  absl::StatusOr<double> ForwardDense(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
+                                      float loss_scale, Recompute recompute);
+  absl::Status BackwardDense(int mb, const float* dhidden_out, float* dhidden_in);
   // Fills every activation of layer `l` from a.x; writes the layer's output
   // (N, C) to `out` unless it is null (recomputation needs no output).
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B, int64_t T,
@@ -86,6 +93,7 @@ class GptStage final : public Stage {
   BufferPool* pool_;
   std::vector<float> params_data_, grads_data_, m_, v_;
   std::map<int, std::unique_ptr<Stash>> stash_;
+  static constexpr int kInferKey = -1;  // Infer's private stash key
 };
 
 }  // namespace dynapipe::runtime::model

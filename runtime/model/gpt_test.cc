@@ -264,6 +264,68 @@ TEST_CASE("stages chained give the whole model's loss and gradients; initialisat
         1e-5);
 }
 
+TEST_CASE("varlen training runs on the real tokens only; padding gets zero hidden states and gradients", "[model]") {
+  auto ds = MakeDataset(4);
+  std::vector<Placed> ps;
+  int seq = 0;
+  for (int i = 0; i < 4; ++i) {
+    const data::SampleView v = ds->sample(i);
+    const int len = static_cast<int>(v.input.size() + v.target.size());
+    ps.push_back({i, len, static_cast<int>(v.target.size()), i, 0});
+    seq = std::max(seq, len);
+  }
+  auto batch = BuildTokenBatch(Mb(4, seq, ps), *ds, 64);
+  REQUIRE(batch.ok());
+  REQUIRE(batch->real_tokens < batch->rows * batch->seq);  // the batch has padding
+  const float scale = 1.0f / static_cast<float>(batch->loss_tokens);
+  struct Run {
+    std::vector<float> h, d;
+    size_t kept = 0;
+  };
+  // A middle stage (input and output hidden states) under either kernel.
+  auto run = [&](AttentionKernel kernel) {
+    GptConfig c = TinyConfig();
+    c.attention = kernel;
+    BufferPool pool(CpuAllocator());
+    auto st = GptStage::Create(c, {1, 2, false, false, 7}, &pool);
+    REQUIRE(st.ok());
+    const int64_t H = (*st)->HiddenElements(*batch);
+    std::vector<float> in(H), dout(H);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    for (float& x : in) x = nd(rng);
+    for (float& x : dout) x = nd(rng) * 1e-3f;
+    Run r;
+    r.h.assign(H, 1.0f);
+    r.d.assign(H, 1.0f);
+    REQUIRE((*st)->Forward(0, *batch, in.data(), r.h.data(), scale).ok());
+    r.kept = pool.stats().in_use_bytes;
+    REQUIRE((*st)->Backward(0, dout.data(), r.d.data()).ok());
+    return r;
+  };
+  const Run varlen = run(AttentionKernel::kVarlen);
+  const Run dense = run(AttentionKernel::kMaterialized);
+  const int64_t C = TinyConfig().hidden;
+  std::vector<float> hv, hd, dv, dd;
+  double padding_abs = 0;
+  for (int64_t k = 0; k < batch->rows * batch->seq; ++k) {
+    for (int64_t j = 0; j < C; ++j) {
+      const int64_t i = k * C + j;
+      if (batch->segments[k] < 0) {
+        padding_abs += std::abs(varlen.h[i]) + std::abs(varlen.d[i]);
+        continue;
+      }
+      hv.push_back(varlen.h[i]), hd.push_back(dense.h[i]);
+      dv.push_back(varlen.d[i]), dd.push_back(dense.d[i]);
+    }
+  }
+  CHECK(padding_abs == 0);
+  CHECK(RelDiff(hv, hd) <= 1e-6);
+  CHECK(RelDiff(dv, dd) <= 1e-6);
+  CHECK(RelDiff(dv, std::vector<float>(dv.size(), 0.0f)) > 0.5);  // gradients flowed
+  CHECK(varlen.kept < dense.kept);  // activations of real tokens only
+}
+
 TEST_CASE("recomputation (selective, full) keeps less and gives bit-identical loss and gradients", "[model]") {
   auto ds = MakeDataset(6);
   auto placed = [&](int id, int row, int offset) {
