@@ -62,6 +62,19 @@ proto::MicroBatch Mb(int rows, int seq, const std::vector<Placed>& ps) {
   return mb;
 }
 
+// Samples 0..n-1 of `ds`, one per row, padded to the longest (`*seq`).
+std::vector<Placed> OnePerRow(const data::Dataset& ds, int n, int* seq) {
+  std::vector<Placed> ps;
+  *seq = 0;
+  for (int i = 0; i < n; ++i) {
+    const data::SampleView v = ds.sample(i);
+    const int len = static_cast<int>(v.input.size() + v.target.size());
+    ps.push_back({i, len, static_cast<int>(v.target.size()), i, 0});
+    *seq = std::max(*seq, len);
+  }
+  return ps;
+}
+
 struct Result {
   double loss = 0;
   std::vector<float> grads;
@@ -202,14 +215,8 @@ TEST_CASE("split invariance: one micro-batch, a dynamic split and packed rows gi
 
 TEST_CASE("stages chained give the whole model's loss and gradients; initialisation ignores the split", "[model]") {
   auto ds = MakeDataset(4);
-  std::vector<Placed> ps;
   int seq = 0;
-  for (int i = 0; i < 4; ++i) {
-    const data::SampleView v = ds->sample(i);
-    const int len = static_cast<int>(v.input.size() + v.target.size());
-    ps.push_back({i, len, static_cast<int>(v.target.size()), i, 0});
-    seq = std::max(seq, len);
-  }
+  const std::vector<Placed> ps = OnePerRow(*ds, 4, &seq);
   auto batch = BuildTokenBatch(Mb(4, seq, ps), *ds, 64);
   REQUIRE(batch.ok());
   const float scale = 1.0f / static_cast<float>(batch->loss_tokens);
@@ -266,14 +273,8 @@ TEST_CASE("stages chained give the whole model's loss and gradients; initialisat
 
 TEST_CASE("varlen training runs on the real tokens only; padding gets zero hidden states and gradients", "[model]") {
   auto ds = MakeDataset(4);
-  std::vector<Placed> ps;
   int seq = 0;
-  for (int i = 0; i < 4; ++i) {
-    const data::SampleView v = ds->sample(i);
-    const int len = static_cast<int>(v.input.size() + v.target.size());
-    ps.push_back({i, len, static_cast<int>(v.target.size()), i, 0});
-    seq = std::max(seq, len);
-  }
+  const std::vector<Placed> ps = OnePerRow(*ds, 4, &seq);
   auto batch = BuildTokenBatch(Mb(4, seq, ps), *ds, 64);
   REQUIRE(batch.ok());
   REQUIRE(batch->real_tokens < batch->rows * batch->seq);  // the batch has padding
