@@ -97,6 +97,7 @@ TEST_CASE("The unpacked bundle plans real batches with an empty environment") {
   for (const std::string daemon : {"dynapipe-planner", "dynapipe-executor"}) {
     const Output help = Shell("env -i '" + root + "/bin/" + daemon + "' --help");
     INFO(daemon << ": " << help.text);
+    CHECK(help.rc == 0);
     CHECK(help.text.find("error while loading shared libraries") == std::string::npos);
     CHECK(help.text.find("--") != std::string::npos);
   }

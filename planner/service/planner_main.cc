@@ -3,6 +3,7 @@
 // and addresses; job tunables come with each job.
 #include <csignal>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -10,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "planner/service/planner_server.h"
+#include "src/common/build_info.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 #include "src/rpc/defaults.h"
@@ -44,6 +46,14 @@ void OnSignal(int) { g_stop = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (dynapipe::AnswerHelpOrVersion(argc, argv, "dynapipe-planner",
+                                    "dynapipe-planner: plans jobs ahead into Redis and serves them to executors "
+                                    "(gRPC), with /healthz, /status and /metrics.\n"
+                                    "example: dynapipe-planner --listen 0.0.0.0:50051 --redis 127.0.0.1:6379 "
+                                    "--token_file /etc/dynapipe/token",
+                                    std::cout)) {
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   using dynapipe::planner::service::PlannerServer;
   if (auto s = dynapipe::InitLogging({"planner", absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_file)}); !s.ok()) {

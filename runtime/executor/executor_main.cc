@@ -6,11 +6,13 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <iostream>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "runtime/executor/executor_server.h"
+#include "src/common/build_info.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 #include "absl/strings/escaping.h"
@@ -55,6 +57,14 @@ void OnSignal(int) { g_stop = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (dynapipe::AnswerHelpOrVersion(argc, argv, "dynapipe-executor",
+                                    "dynapipe-executor: one per device; registers with the planner, takes ranks of "
+                                    "jobs, trains and reports.\n"
+                                    "example: dynapipe-executor --planner 10.0.0.5:50051 --device 0 --backend cuda "
+                                    "--token_file /etc/dynapipe/executor-0.token",
+                                    std::cout)) {
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   namespace rt = dynapipe::runtime;
   const std::string name = "executor-" + std::to_string(absl::GetFlag(FLAGS_device));

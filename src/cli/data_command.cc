@@ -30,9 +30,9 @@ absl::Status Synth(const Args& a, std::ostream& out) {
   ASSIGN_OR_RETURN(const int64_t n, a.Int("samples", static_cast<int64_t>(lengths.size())));
   if (n < 1) return absl::InvalidArgumentError("--samples: must be positive");
   runtime::data::SynthOptions o;
-  ASSIGN_OR_RETURN(const int64_t seed, a.Int("seed", 1));
-  ASSIGN_OR_RETURN(const int64_t alphabet, a.Int("alphabet", 32));
-  ASSIGN_OR_RETURN(const int64_t max_input, a.Int("max-input", 2048));
+  ASSIGN_OR_RETURN(const int64_t seed, a.Int("seed", kSynthDefaultSeed));
+  ASSIGN_OR_RETURN(const int64_t alphabet, a.Int("alphabet", kSynthDefaultAlphabet));
+  ASSIGN_OR_RETURN(const int64_t max_input, a.Int("max-input", kSynthDefaultMaxInput));
   if (alphabet < 2 || alphabet > 1 << 20) return absl::InvalidArgumentError("--alphabet: must be in 2..1048576");
   if (max_input < 2) return absl::InvalidArgumentError("--max-input: must be at least 2");
   double scale = 1.0;

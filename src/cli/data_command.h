@@ -9,6 +9,11 @@
 
 namespace dynapipe::cli {
 
+// `data synth` defaults.
+inline constexpr int kSynthDefaultSeed = 1;
+inline constexpr int kSynthDefaultAlphabet = 32;
+inline constexpr int kSynthDefaultMaxInput = 2048;
+
 int RunDataCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 }  // namespace dynapipe::cli

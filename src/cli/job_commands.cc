@@ -57,7 +57,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
   if (!token.ok()) return fail(token.status(), 2);
   o.token = *token;
   o.tls.ca = args->Str("tls-ca");
-  auto timeout = args->Int("timeout-s", 10);
+  auto timeout = args->Int("timeout-s", kDefaultCallTimeoutS);
   if (!timeout.ok()) return fail(timeout.status(), 2);
   o.timeout = absl::Seconds(*timeout);
   auto client = rpc::PlannerClient::Connect(o);

@@ -10,6 +10,9 @@
 
 namespace dynapipe::cli {
 
+// Deadline of each call to the planner without --timeout-s.
+inline constexpr int kDefaultCallTimeoutS = 10;
+
 // Runs `command` with `args`; returns the exit status (0 ok, 1 failed call,
 // 2 bad usage). Errors are one line on `err`.
 int RunJobCommand(const std::string& command, const std::vector<std::string>& args, std::ostream& out,

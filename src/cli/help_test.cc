@@ -1,0 +1,81 @@
+#include <catch2/catch.hpp>
+#include <regex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "src/cli/help.h"
+#include "src/common/build_info.h"
+#include "src/testing/shell.h"
+
+namespace dynapipe::cli {
+namespace {
+
+std::string Bin(const std::string& path) { return testing::Runfiles() + "/" + path; }
+
+TEST_CASE("every verb and sub-verb answers --help with its usage, flags and an example (exit 0)", "[cli]") {
+  const std::string dynapipe = Bin("src/cli/dynapipe");
+  int verbs = 0;
+  for (const VerbHelp& v : Verbs()) {
+    for (const char* flag : {"--help", "-h"}) {
+      const auto r = testing::RunShell(absl::StrCat(dynapipe, " ", v.verb, " ", flag));
+      INFO(v.verb << " " << flag << ": " << r.text);
+      CHECK(r.rc == 0);
+      CHECK(absl::StrContains(r.text, "usage"));
+      CHECK(absl::StrContains(r.text, "example:\n  dynapipe " + v.verb.substr(0, v.verb.find(' '))));
+      for (const auto& [name, text] : v.flags) CHECK(absl::StrContains(r.text, name.substr(0, name.find(' '))));
+    }
+    ++verbs;
+  }
+  CHECK(verbs == 13);  // 10 verbs and data's three sub-verbs
+  // After other arguments too, and never read as an argument.
+  for (const char* cmd : {"data info --help", "status job-x --help", "plan --lengths x --help", "eval --help",
+                          "profile --job x --help", "submit configs/jobs/quickstart.pbtxt --help"}) {
+    const auto r = testing::RunShell(absl::StrCat(dynapipe, " ", cmd));
+    INFO(cmd << ": " << r.text);
+    CHECK(r.rc == 0);
+    CHECK(absl::StrContains(r.text, "example:"));
+  }
+  // The top level lists every verb.
+  const auto top = testing::RunShell(dynapipe + " --help");
+  CHECK(top.rc == 0);
+  for (const VerbHelp& v : Verbs()) {
+    if (v.verb.find(' ') == std::string::npos) CHECK(absl::StrContains(top.text, "  " + v.verb + " "));
+  }
+  const auto unknown = testing::RunShell(dynapipe + " sumbit");
+  CHECK(unknown.rc == 2);
+  CHECK(absl::StrContains(unknown.text, "unknown command \"sumbit\""));
+}
+
+TEST_CASE("--version on the client and both daemons names the version, commit and build", "[cli]") {
+  const std::regex line(
+      R"((dynapipe|dynapipe-planner|dynapipe-executor) (\S+) \(commit ([0-9a-f]{12}(-dirty)?|unknown), (release|development) build, (CUDA backend|CPU backend only)\)\n)");
+  for (const char* path : {"src/cli/dynapipe", "planner/service/dynapipe-planner", "runtime/executor/dynapipe-executor"}) {
+    const auto r = testing::RunShell(Bin(path) + " --version");
+    INFO(path << ": " << r.text);
+    CHECK(r.rc == 0);
+    std::smatch m;
+    REQUIRE(std::regex_match(r.text, m, line));
+    CHECK(absl::EndsWith(path, m[1].str()));
+    CHECK(m[2].str() == kVersion);
+    CHECK(m[3].str() == GetBuildInfo().commit);
+  }
+}
+
+TEST_CASE("the daemons answer --help with their usage and flags (exit 0)", "[cli]") {
+  for (const auto& [path, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"planner/service/dynapipe-planner", "--listen"}, {"runtime/executor/dynapipe-executor", "--device"}}) {
+    for (const char* help : {"--help", "-h"}) {
+      const auto r = testing::RunShell(Bin(path) + " " + help);
+      INFO(path << " " << help << ": " << r.text);
+      CHECK(r.rc == 0);
+      CHECK(absl::StrContains(r.text, "example: dynapipe-"));
+      CHECK(absl::StrContains(r.text, "  " + flag + "  "));
+      CHECK(absl::StrContains(r.text, "--version"));
+      CHECK(!absl::StrContains(r.text, "never called"));
+      CHECK(!absl::StrContains(r.text, "--flagfile"));  // absl's own flags stay out
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dynapipe::cli
