@@ -12,7 +12,6 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/batch_dump.h"
@@ -20,6 +19,7 @@
 #include "benchmarks/train_on_dump.h"
 #include "google/protobuf/struct.pb.h"
 #include "src/common/proto_io.h"
+#include "src/common/flags.h"
 
 ABSL_FLAG(std::string, dump, "", "dump prefix (PREFIX.txt, PREFIX.bin) from dump_batches");
 ABSL_FLAG(std::string, attention, "varlen", "attention kernel for training: varlen or materialized");
@@ -68,7 +68,7 @@ int Fail(const absl::Status& s) {
 
 int main(int argc, char** argv) {
   using namespace dynapipe;
-  absl::ParseCommandLine(argc, argv);
+  dynapipe::ParseFlags(argc, argv, "cpu_bench", "cpu_bench: trains the GPT stage on a dump and times each kernel on its shapes (benchmarks/README.md)");
   openblas_set_num_threads(absl::GetFlag(FLAGS_threads));
   const std::string kernel_name = absl::GetFlag(FLAGS_attention);
   if (kernel_name != "varlen" && kernel_name != "materialized") {

@@ -8,9 +8,9 @@
 #include <filesystem>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "benchmarks/plan_dump.h"
 #include "src/common/proto_io.h"
+#include "src/common/flags.h"
 
 ABSL_FLAG(std::string, job, "configs/jobs/cpu-throughput.pbtxt", "JobSpec file");
 ABSL_FLAG(std::string, data_root, ".", "relative dataset paths resolve here");
@@ -20,7 +20,7 @@ ABSL_FLAG(std::string, out, "", "output prefix: writes PREFIX.txt and PREFIX.bin
 
 int main(int argc, char** argv) {
   using namespace dynapipe;
-  absl::ParseCommandLine(argc, argv);
+  dynapipe::ParseFlags(argc, argv, "dump_batches", "dump_batches: writes the micro-batches our planner gives a one-rank job, with the initial parameters (benchmarks/README.md)");
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) {
     std::fprintf(stderr, "dump_batches: --out is required\n");

@@ -215,9 +215,9 @@ run_e2e() {
 
   # The planner picks its own ports and writes them once it serves.
   note "e2e: dynapipe-planner"
-  daemon "$out/planner.log" "$(left $((deadline + 30)))" bin/dynapipe-planner --listen=127.0.0.1:0 --http_port=0 \
-    --redis="127.0.0.1:$redis_port" --token_file="$work/token" --data_root="$root" \
-    --port_file="$work/planner.port"
+  daemon "$out/planner.log" "$(left $((deadline + 30)))" bin/dynapipe-planner --listen=127.0.0.1:0 --http-port=0 \
+    --redis="127.0.0.1:$redis_port" --token-file="$work/token" --data-root="$root" \
+    --port-file="$work/planner.port"
   local planner_pid=$pid
   if ! wait_for $((SECONDS + 20)) "$planner_pid" test -s "$work/planner.port"; then
     e2e_result="FAIL (planner did not start: $(last_line "$out/planner.log"))"
@@ -230,8 +230,8 @@ run_e2e() {
 
   note "e2e: dynapipe-executor --backend cuda --comm nccl --device 0"
   daemon "$out/executor.log" "$(left $((deadline + 30)))" "$env_run" bin/dynapipe-executor --backend=cuda --comm=nccl \
-    --device=0 --node=gpu-checks --planner="127.0.0.1:$grpc_port" --token_file="$work/token" --data_root="$root" \
-    --http_port=0 --port_file="$work/executor.port"
+    --device=0 --node=gpu-checks --planner="127.0.0.1:$grpc_port" --token-file="$work/token" --data-root="$root" \
+    --http-port=0 --port-file="$work/executor.port"
   local executor_pid=$pid
 
   local job
@@ -328,7 +328,7 @@ if [ "$secs" -lt 10 ]; then
   verdict="NOT RUN (total budget spent)"
 else
   (cd "$root" && limited "$secs" "$env_run" bin/dynapipe-gpu-profile --job "$job_file" --out "$out/profile.json" \
-    --seq 32,64,128 --mbs 1,4,16 --max_tokens 2048 --repetitions 5 >>"$log" 2>&1 </dev/null)
+    --seq 32,64,128 --mbs 1,4,16 --max-tokens 2048 --repetitions 5 >>"$log" 2>&1 </dev/null)
   rc=$?
   if [ $rc -eq 0 ]; then
     verdict="ok: $(grep '^wrote ' "$log" | tail -1 | sed "s|$out/||")"

@@ -47,9 +47,9 @@ start() {
   echo $! > "$run/redis.pid"
   wait_for 10 redis-cli -p "$redis_port" ping || { echo "local-cluster: redis did not start (see $run/redis.log)" >&2; stop; exit 1; }
 
-  "$bin/planner/service/dynapipe-planner" --listen="127.0.0.1:$planner_port" --http_port="$http_port" \
-    --redis="127.0.0.1:$redis_port" --token_file="$run/token" --data_root="$root" \
-    --log_file="$run/planner.log" > "$run/planner.out" 2>&1 &
+  "$bin/planner/service/dynapipe-planner" --listen="127.0.0.1:$planner_port" --http-port="$http_port" \
+    --redis="127.0.0.1:$redis_port" --token-file="$run/token" --data-root="$root" \
+    --log-file="$run/planner.log" > "$run/planner.out" 2>&1 &
   echo $! > "$run/planner.pid"
   wait_for 15 curl -sf "http://127.0.0.1:$http_port/healthz" || { echo "local-cluster: planner did not start (see $run/planner.out)" >&2; stop; exit 1; }
 
@@ -59,8 +59,8 @@ start() {
     else
       for i in $(seq 0 $((executors - 1))); do
         "$bin/runtime/executor/dynapipe-executor" --planner="127.0.0.1:$planner_port" --device="$i" --node=local \
-          --backend=cpu --token_file="$run/token" --data_root="$root" --http_port=0 \
-          --port_file="$run/executor-$i.port" --log_file="$run/executor-$i.log" > "$run/executor-$i.out" 2>&1 &
+          --backend=cpu --token-file="$run/token" --data-root="$root" --http-port=0 \
+          --port-file="$run/executor-$i.port" --log-file="$run/executor-$i.log" > "$run/executor-$i.out" 2>&1 &
         echo $! > "$run/executor-$i.pid"
       done
     fi

@@ -98,27 +98,27 @@ TEST_CASE("systemd units pass the token and Redis password files, bind no wildca
   }
   const std::string planner = Flags("dynapipe-planner.service", "");
   INFO(planner);
-  CHECK_THAT(planner, Contains("--token_file=/etc/dynapipe/token\n"));
-  CHECK_THAT(planner, Contains("--redis_password_file=/etc/dynapipe/redis.password\n"));
-  CHECK_THAT(planner, Contains("--http_host=127.0.0.1\n") && Contains("--listen=planner-host:50051\n"));
+  CHECK_THAT(planner, Contains("--token-file=/etc/dynapipe/token\n"));
+  CHECK_THAT(planner, Contains("--redis-password-file=/etc/dynapipe/redis.password\n"));
+  CHECK_THAT(planner, Contains("--http-host=127.0.0.1\n") && Contains("--listen=planner-host:50051\n"));
   CHECK_THAT(planner, !Contains("--tls"));
-  CHECK_THAT(planner, !Contains("--log_file"));
+  CHECK_THAT(planner, !Contains("--log-file"));
   const std::string executor = Flags("dynapipe-executor@.service", "");
   INFO(executor);
-  CHECK_THAT(executor, Contains("--token_file=/etc/dynapipe/token\n") && Contains("--device=3\n"));
+  CHECK_THAT(executor, Contains("--token-file=/etc/dynapipe/token\n") && Contains("--device=3\n"));
   CHECK_THAT(executor, !Contains("--tls"));
   CHECK_THAT(executor,
-             Contains("--backend=cuda\n") && Contains("--listen_address=auto\n") && Contains("--http_host=auto\n"));
+             Contains("--backend=cuda\n") && Contains("--listen-address=auto\n") && Contains("--http-host=auto\n"));
   // The status port is the executor's default, 8081 + the device index.
-  CHECK_THAT(executor, !Contains("--log_file") && !Contains("--http_port"));
+  CHECK_THAT(executor, !Contains("--log-file") && !Contains("--http-port"));
   CHECK_THAT(Flags("dynapipe-executor@.service", " DYNAPIPE_BACKEND=cpu"), Contains("--backend=cpu\n"));
 
   const std::string tls = " DYNAPIPE_TLS_CERT=/etc/dynapipe/tls/p.crt DYNAPIPE_TLS_KEY=/etc/dynapipe/tls/p.key"
                           " DYNAPIPE_TLS_CA=/etc/dynapipe/tls/ca.crt";
   const std::string planner_tls = Flags("dynapipe-planner.service", tls);
   INFO(planner_tls);
-  CHECK_THAT(planner_tls, Contains("--tls_cert=/etc/dynapipe/tls/p.crt\n--tls_key=/etc/dynapipe/tls/p.key\n"));
-  CHECK_THAT(Flags("dynapipe-executor@.service", tls), Contains("--tls_ca=/etc/dynapipe/tls/ca.crt\n"));
+  CHECK_THAT(planner_tls, Contains("--tls-cert=/etc/dynapipe/tls/p.crt\n--tls-key=/etc/dynapipe/tls/p.key\n"));
+  CHECK_THAT(Flags("dynapipe-executor@.service", tls), Contains("--tls-ca=/etc/dynapipe/tls/ca.crt\n"));
 }
 
 // The overall exposure in `systemd-analyze security` output ("... Overall

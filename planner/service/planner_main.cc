@@ -3,15 +3,13 @@
 // and addresses; job tunables come with each job.
 #include <csignal>
 #include <fstream>
-#include <iostream>
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "planner/service/planner_server.h"
-#include "src/common/build_info.h"
+#include "src/common/flags.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 #include "src/rpc/defaults.h"
@@ -27,7 +25,7 @@ ABSL_FLAG(std::string, redis_password_file, "",
 ABSL_FLAG(std::string, redis_prefix, "dynapipe:", "prefix of every Redis key");
 ABSL_FLAG(std::string, token_file, "",
           "file (mode 0600) holding the shared API token; without one, only loopback addresses unless --insecure");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (enables TLS with --tls_key)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (enables TLS with --tls-key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key");
 ABSL_FLAG(std::string, data_root, "", "directory that relative dataset paths resolve against");
 ABSL_FLAG(int, planning_threads, 2, "planning worker threads");
@@ -46,15 +44,11 @@ void OnSignal(int) { g_stop = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (dynapipe::AnswerHelpOrVersion(argc, argv, "dynapipe-planner",
-                                    "dynapipe-planner: plans jobs ahead into Redis and serves them to executors "
-                                    "(gRPC), with /healthz, /status and /metrics.\n"
-                                    "example: dynapipe-planner --listen 0.0.0.0:50051 --redis 127.0.0.1:6379 "
-                                    "--token_file /etc/dynapipe/token",
-                                    std::cout)) {
-    return 0;
-  }
-  absl::ParseCommandLine(argc, argv);
+  dynapipe::ParseFlags(argc, argv, "dynapipe-planner",
+                       "dynapipe-planner: plans jobs ahead into Redis and serves them to executors "
+                       "(gRPC), with /healthz, /status and /metrics.\n"
+                       "example: dynapipe-planner --listen 0.0.0.0:50051 --redis 127.0.0.1:6379 "
+                       "--token-file /etc/dynapipe/token");
   using dynapipe::planner::service::PlannerServer;
   if (auto s = dynapipe::InitLogging({"planner", absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_file)}); !s.ok()) {
     std::fprintf(stderr, "dynapipe-planner: %s\n", std::string(s.message()).c_str());
@@ -72,8 +66,8 @@ int main(int argc, char** argv) {
   o.redis.host = redis[0];
   auto password = dynapipe::store::ReadRedisPassword(absl::GetFlag(FLAGS_redis_password_file));
   auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
-  for (const absl::Status& s : {dynapipe::Annotate(password.status(), "--redis_password_file"),
-                                dynapipe::Annotate(token.status(), "--token_file")}) {
+  for (const absl::Status& s : {dynapipe::Annotate(password.status(), "--redis-password-file"),
+                                dynapipe::Annotate(token.status(), "--token-file")}) {
     if (!s.ok()) {
       spdlog::critical("{}", s.message());
       return 2;
@@ -81,7 +75,7 @@ int main(int argc, char** argv) {
   }
   // Without a token, serve only this machine unless told --insecure.
   std::vector<dynapipe::rpc::Exposure> exposures = {{"--listen", o.listen}};
-  if (o.http_port >= 0) exposures.push_back({"--http_host", o.http_host});
+  if (o.http_port >= 0) exposures.push_back({"--http-host", o.http_host});
   if (auto s = dynapipe::rpc::RequireTokenOffLoopback(!token->empty(), absl::GetFlag(FLAGS_insecure), exposures);
       !s.ok()) {
     spdlog::critical("{}", s.message());
@@ -97,7 +91,7 @@ int main(int argc, char** argv) {
   o.service.lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ttl_ms));
   o.service.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   if (absl::GetFlag(FLAGS_progress_timeout_s) < 1) {
-    spdlog::critical("--progress_timeout_s: must be at least 1");
+    spdlog::critical("--progress-timeout-s: must be at least 1");
     return 2;
   }
   o.service.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_s));

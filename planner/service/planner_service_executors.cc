@@ -379,7 +379,7 @@ void PlannerService::CheckProgress(const std::string& job, const proto::JobStatu
   // While the store is in trouble, reports could not be recorded either.
   if (now - std::max(p.since, store_trouble_at_) < options_.progress_timeout) return;
   const std::string why = absl::StrFormat(
-      "no progress for %s: iteration %d not completed by every rank (--progress_timeout_s)",
+      "no progress for %s: iteration %d not completed by every rank (--progress-timeout-s)",
       absl::FormatDuration(absl::Trunc(now - p.since, absl::Seconds(1))), status.iterations_done());
   auto changed = store_->SetJobState(job, proto::JobState::failed, why, NowMs());
   if (changed.ok() && *changed) spdlog::error("job {} failed: {}", job, why);

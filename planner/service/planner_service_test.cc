@@ -217,11 +217,11 @@ TEST_CASE("Submit keeps job paths under data_root and never echoes a file's cont
     CHECK_THAT(std::string(st.message()), Contains("dataset.path") && Contains(want));
     CHECK_THAT(std::string(st.message()), !Contains("hunter2") && !Contains("password"));
   };
-  refused(secret, "outside --data_root");
+  refused(secret, "outside --data-root");
   refused("../secret.txt", "..");
-  refused("link.txt", "outside --data_root");
+  refused("link.txt", "outside --data-root");
   refused("notes.txt", "notes.txt:2");  // the line number, not the line
-  refused("/etc/shadow", "outside --data_root");
+  refused("/etc/shadow", "outside --data-root");
   // An indexed dataset directory inside the root whose files link out.
   std::filesystem::create_directories(root + "/ds");
   for (const char* f : {"dataset.pbtxt", "index.bin", "tokens.bin"}) {
@@ -234,7 +234,7 @@ TEST_CASE("Submit keeps job paths under data_root and never echoes a file's cont
     linked.mutable_dataset()->set_format(proto::DatasetSpec::indexed);
     const absl::Status st = Submit(svc, linked).status();
     CHECK(st.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(st.message()), Contains("outside --data_root") && !Contains("hunter2"));
+    CHECK_THAT(std::string(st.message()), Contains("outside --data-root") && !Contains("hunter2"));
   }
   proto::JobSpec ckpt = spec;
   ckpt.mutable_checkpoint()->set_dir(base + "/elsewhere");
@@ -533,7 +533,7 @@ TEST_CASE("A running job whose progress stalls past the progress timeout fails, 
   const auto st = store.GetJob(*id);
   CHECK(st->state() == proto::JobState::failed);
   CHECK_THAT(st->error(), Catch::Matchers::StartsWith("no progress for ") &&
-                              Catch::Matchers::EndsWith(": iteration 4 not completed by every rank (--progress_timeout_s)"));
+                              Catch::Matchers::EndsWith(": iteration 4 not completed by every rank (--progress-timeout-s)"));
   CHECK(took >= options.progress_timeout - absl::Milliseconds(100));
   CHECK(took < options.progress_timeout + absl::Seconds(2));
 }

@@ -14,11 +14,11 @@
 #include <map>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "runtime/executor/local_run.h"
 #include "src/common/proto_io.h"
 #include "src/common/stats.h"
+#include "src/common/flags.h"
 
 ABSL_FLAG(std::string, job, "configs/jobs/quickstart.pbtxt", "JobSpec file");
 ABSL_FLAG(std::string, data_root, ".", "relative dataset paths resolve here");
@@ -80,7 +80,7 @@ Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n, int w
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  dynapipe::ParseFlags(argc, argv, "cpu_throughput", "cpu_throughput: trains one job with several batching methods on the CPU backend (ranks as threads) and prints real tokens/s, measured vs predicted iteration time and losses");
   proto::JobSpec spec;
   if (auto s = LoadProtoFile(absl::GetFlag(FLAGS_job), &spec); !s.ok()) {
     std::fprintf(stderr, "cpu_throughput: %s\n", std::string(s.message()).c_str());

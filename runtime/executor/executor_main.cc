@@ -6,13 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
-#include <iostream>
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "runtime/executor/executor_server.h"
-#include "src/common/build_info.h"
+#include "src/common/flags.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 #include "absl/strings/escaping.h"
@@ -45,7 +43,7 @@ ABSL_FLAG(std::string, http_port, "auto",
           absl::StrCat("status endpoint port; auto: ", dynapipe::rpc::kExecutorStatusPortBase,
                        " + --device; 0 picks a free one, -1 disables it"));
 ABSL_FLAG(std::string, http_host, "auto",
-          "status endpoint address; auto: the --listen_address (reachable from the planner's network, so a "
+          "status endpoint address; auto: the --listen-address (reachable from the planner's network, so a "
           "scraper there can read /metrics)");
 ABSL_FLAG(std::string, port_file, "", "write the status endpoint's port here");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
@@ -57,15 +55,11 @@ void OnSignal(int) { g_stop = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (dynapipe::AnswerHelpOrVersion(argc, argv, "dynapipe-executor",
-                                    "dynapipe-executor: one per device; registers with the planner, takes ranks of "
-                                    "jobs, trains and reports.\n"
-                                    "example: dynapipe-executor --planner 10.0.0.5:50051 --device 0 --backend cuda "
-                                    "--token_file /etc/dynapipe/executor-0.token",
-                                    std::cout)) {
-    return 0;
-  }
-  absl::ParseCommandLine(argc, argv);
+  dynapipe::ParseFlags(argc, argv, "dynapipe-executor",
+                       "dynapipe-executor: one per device; registers with the planner, takes ranks of "
+                       "jobs, trains and reports.\n"
+                       "example: dynapipe-executor --planner 10.0.0.5:50051 --device 0 --backend cuda "
+                       "--token-file /etc/dynapipe/executor-0.token");
   namespace rt = dynapipe::runtime;
   const std::string name = "executor-" + std::to_string(absl::GetFlag(FLAGS_device));
   if (auto s = dynapipe::InitLogging({name, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_file)}); !s.ok()) {
@@ -78,7 +72,7 @@ int main(int argc, char** argv) {
   };
   rt::executor::ExecutorServerOptions o;
   auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
-  if (!token.ok()) return fatal(dynapipe::Annotate(token.status(), "--token_file"));
+  if (!token.ok()) return fatal(dynapipe::Annotate(token.status(), "--token-file"));
   auto backend = rt::ParseBackendKind(absl::GetFlag(FLAGS_backend));
   if (!backend.ok()) return fatal(backend.status());
   auto comm = rt::ParseCommKind(absl::GetFlag(FLAGS_comm));
@@ -86,7 +80,7 @@ int main(int argc, char** argv) {
   o.executor.planner.address = absl::GetFlag(FLAGS_planner);
   o.executor.planner.token = *token;
   o.executor.planner.tls.ca = absl::GetFlag(FLAGS_tls_ca);
-  if (absl::GetFlag(FLAGS_planner_grace_s) < 1) return fatal(absl::InvalidArgumentError("--planner_grace_s: must be at least 1"));
+  if (absl::GetFlag(FLAGS_planner_grace_s) < 1) return fatal(absl::InvalidArgumentError("--planner-grace-s: must be at least 1"));
   o.executor.planner.timeout = absl::Seconds(absl::GetFlag(FLAGS_planner_grace_s));
   o.executor.device = absl::GetFlag(FLAGS_device);
   o.executor.node = absl::GetFlag(FLAGS_node);
@@ -99,7 +93,7 @@ int main(int argc, char** argv) {
   o.executor.listen_address = absl::GetFlag(FLAGS_listen_address);
   if (o.executor.listen_address == "auto") {
     auto local = dynapipe::rpc::LocalAddressToward(o.executor.planner.address);
-    if (!local.ok()) return fatal(dynapipe::Annotate(local.status(), "--listen_address=auto"));
+    if (!local.ok()) return fatal(dynapipe::Annotate(local.status(), "--listen-address=auto"));
     o.executor.listen_address = *local;  // logged at registration
   }
   o.executor.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
@@ -113,7 +107,7 @@ int main(int argc, char** argv) {
     o.http_port = dynapipe::rpc::ExecutorStatusPort(o.executor.device);
   } else if (!absl::SimpleAtoi(port, &o.http_port) || o.http_port < -1 || o.http_port > 65535) {
     return fatal(absl::InvalidArgumentError(
-        absl::StrCat("--http_port: expected auto, a port number, 0 (any free port) or -1 (none), got \"",
+        absl::StrCat("--http-port: expected auto, a port number, 0 (any free port) or -1 (none), got \"",
                      absl::CHexEscape(port), "\"")));
   }
   o.port_file = absl::GetFlag(FLAGS_port_file);
@@ -124,8 +118,8 @@ int main(int argc, char** argv) {
   for (const std::string& planner : dynapipe::rpc::SplitAddressList(o.executor.planner.address)) {
     exposures.push_back({"--planner", planner});
   }
-  exposures.push_back({"--listen_address", o.executor.listen_address});
-  if (o.http_port >= 0) exposures.push_back({"--http_host", o.http_host});
+  exposures.push_back({"--listen-address", o.executor.listen_address});
+  if (o.http_port >= 0) exposures.push_back({"--http-host", o.http_host});
   if (auto s = dynapipe::rpc::RequireTokenOffLoopback(!token->empty(), absl::GetFlag(FLAGS_insecure), exposures);
       !s.ok()) {
     return fatal(s);

@@ -23,14 +23,14 @@ absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(ExecutorSe
     ho.status = [executor] { return executor->StatusJson(); };
     ho.metrics = [executor] { return executor->MetricsText(); };
     auto started = http::StatusServer::Start(ho);
-    if (!started.ok()) return Annotate(started.status(), "--http_host/--http_port");
+    if (!started.ok()) return Annotate(started.status(), "--http-host/--http-port");
     server->http_ = std::move(*started);
     spdlog::info("status endpoint on http://{}:{}/status", options.http_host, server->http_->port());
     if (!options.port_file.empty()) {
       const std::string tmp = options.port_file + ".tmp";
       std::ofstream(tmp) << server->http_->port() << "\n";
       if (std::rename(tmp.c_str(), options.port_file.c_str()) != 0) {
-        return absl::FailedPreconditionError(absl::StrCat("--port_file: cannot write ", options.port_file));
+        return absl::FailedPreconditionError(absl::StrCat("--port-file: cannot write ", options.port_file));
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "src/cli/args.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -19,6 +21,8 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv, const std
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
+    // One style, dashes; the underscore spellings are aliases.
+    std::replace(name.begin(), name.end(), '_', '-');
     if (switches.contains(name)) {
       if (inline_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
       a.values_[name] = "true";

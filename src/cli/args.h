@@ -1,7 +1,8 @@
 #pragma once
 
 // Minimal "--name value" / "--name=value" / "--switch" parsing for the
-// dynapipe subcommands. Unknown flags and missing values are errors.
+// dynapipe subcommands. Unknown flags and missing values are errors. Names
+// are dashed (--token-file); underscores are accepted as dashes.
 
 #include <map>
 #include <set>

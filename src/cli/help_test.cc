@@ -3,6 +3,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "src/cli/args.h"
 #include "src/cli/help.h"
 #include "src/common/build_info.h"
 #include "src/testing/shell.h"
@@ -74,6 +75,39 @@ TEST_CASE("the daemons answer --help with their usage and flags (exit 0)", "[cli
       CHECK(!absl::StrContains(r.text, "never called"));
       CHECK(!absl::StrContains(r.text, "--flagfile"));  // absl's own flags stay out
     }
+  }
+}
+
+}  // namespace
+}  // namespace dynapipe::cli
+
+namespace dynapipe::cli {
+namespace {
+
+TEST_CASE("one flag style: dashed names everywhere, underscore spellings accepted", "[cli]") {
+  // The client.
+  auto a = Args::Parse({"--token_file", "t", "--timeout-s=3", "--max_tokens=9"}, {"token-file", "timeout-s", "max-tokens"},
+                       {});
+  REQUIRE(a.ok());
+  CHECK(a->Str("token-file") == "t");
+  CHECK(a->Str("max-tokens") == "9");
+  CHECK(!Args::Parse({"--tokenfile", "t"}, {"token-file"}, {}).ok());
+  // The daemons: their help shows dashes, and a dashed name reaches its flag
+  // (a bad value is reported against the flag, not as an unknown flag).
+  for (const auto& [path, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"planner/service/dynapipe-planner", "heartbeat-timeout-ms"},
+           {"runtime/executor/dynapipe-executor", "comm-timeout-s"}}) {
+    const auto help = testing::RunShell(Bin(path) + " --help");
+    CHECK(absl::StrContains(help.text, "  --" + flag + "  "));
+    CHECK(!absl::StrContains(help.text, "--token_file"));
+    const auto bad = testing::RunShell(Bin(path) + " --" + flag + "=soon");
+    INFO(bad.text);
+    CHECK(bad.rc != 0);
+    CHECK(absl::StrContains(bad.text, "soon"));
+    CHECK(!absl::StrContains(bad.text, "Unknown command line flag"));
+    const auto unknown = testing::RunShell(Bin(path) + " --no-such-flag=1");
+    CHECK(unknown.rc != 0);
+    CHECK(absl::StrContains(unknown.text, "no_such_flag"));
   }
 }
 

@@ -21,9 +21,9 @@ namespace dynapipe::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: dynapipe profile --job JOB.pbtxt --out PROFILE.json [--device cpu|cuda] [--max_tokens N]\n"
+    "usage: dynapipe profile --job JOB.pbtxt --out PROFILE.json [--device cpu|cuda] [--max-tokens N]\n"
     "                        [--repetitions N] [--seq L1,L2,..] [--mbs M1,M2,..]\n"
-    "                        [--iterations N] [--data_root DIR]\n"
+    "                        [--iterations N] [--data-root DIR]\n"
     "  times one layer, the embedding and the head of the job's model with the executor's kernels\n"
     "  (--device cpu: this machine's CPU backend; cuda: the GPU, with dynapipe-gpu-profile)\n"
     "  (forward + backward, median of N runs, default 3) over micro-batch shapes, and writes the\n"
@@ -31,10 +31,10 @@ constexpr char kUsage[] =
     "  round_multiple to max_seq_len about 1.5x apart; mbs 1, 2, 4, ...; shapes up to max_tokens\n"
     "  (default twice the job's global_batch_tokens).\n"
     "  Then (cpu) trains the job itself for --iterations (default 12; 0: skip) under its own pp x dp\n"
-    "  on this machine, its dataset under --data_root (default .), and refits the profile to what\n"
+    "  on this machine, its dataset under --data-root (default .), and refits the profile to what\n"
     "  it measured: the per-micro-batch dispatch and hand-off, transfers, the work after the\n"
     "  pipeline and ranks sharing cores, which single-layer timings leave out. --out must then lie\n"
-    "  under --data_root.\n";
+    "  under --data-root.\n";
 
 // Trains `spec` planned with the profile at `out` for `iterations` and
 // returns the terms the cost refit measured.
@@ -44,7 +44,7 @@ absl::StatusOr<proto::MeasuredTerms> MeasureTerms(proto::JobSpec spec, const std
   const std::filesystem::path rel =
       std::filesystem::relative(std::filesystem::absolute(out), std::filesystem::absolute(data_root), ec);
   if (ec || rel.empty() || *rel.begin() == "..") {
-    return absl::InvalidArgumentError(absl::StrCat("--out: ", out, " is not under --data_root ", data_root,
+    return absl::InvalidArgumentError(absl::StrCat("--out: ", out, " is not under --data-root ", data_root,
                                                    " (needed to train with it; --iterations 0 skips that)"));
   }
   spec.set_cost_profile_path(rel.string());
@@ -80,10 +80,10 @@ absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const 
   const int64_t batch_tokens = b.global_batch_tokens();
 
   runtime::model::ProfileOptions o;
-  ASSIGN_OR_RETURN(o.max_tokens, a.Int("max_tokens", 2 * batch_tokens));
+  ASSIGN_OR_RETURN(o.max_tokens, a.Int("max-tokens", 2 * batch_tokens));
   if (o.max_tokens < max_seq) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max_tokens: ", o.max_tokens, " is below one row of max_seq_len (", max_seq, ")"));
+        absl::StrCat("--max-tokens: ", o.max_tokens, " is below one row of max_seq_len (", max_seq, ")"));
   }
   ASSIGN_OR_RETURN(const int64_t reps, a.Int("repetitions", 3));
   o.repetitions = static_cast<int>(reps);
@@ -113,7 +113,7 @@ absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const 
   if (iterations > 0 && device == "cpu") {
     err << absl::StrFormat("profile: training %d iterations under pp %d x dp %d to measure what layers leave out\n",
                            iterations, spec.parallelism().pp(), spec.parallelism().dp());
-    ASSIGN_OR_RETURN(*profile.mutable_measured(), MeasureTerms(spec, a.Has("data_root") ? a.Str("data_root") : ".",
+    ASSIGN_OR_RETURN(*profile.mutable_measured(), MeasureTerms(spec, a.Has("data-root") ? a.Str("data-root") : ".",
                                                                a.Str("out"), static_cast<int>(iterations)));
     RETURN_IF_ERROR(Annotate(WriteFileAtomic(a.Str("out"), ToJson(profile, /*pretty=*/true) + "\n"), "--out"));
     const proto::MeasuredTerms& t = profile.measured();
@@ -144,7 +144,7 @@ int RunProfileCommand(const std::vector<std::string>& argv, std::ostream& out, s
     return 0;
   }
   auto args = Args::Parse(
-      argv, {"job", "out", "device", "max_tokens", "repetitions", "seq", "mbs", "iterations", "data_root"}, {});
+      argv, {"job", "out", "device", "max-tokens", "repetitions", "seq", "mbs", "iterations", "data-root"}, {});
   if (!args.ok()) {
     err << "dynapipe profile: " << args.status().message() << "\n" << kUsage;
     return 2;

@@ -5,7 +5,6 @@
 // and whether the CUDA backend is compiled in. Every program's --version
 // prints VersionLine().
 
-#include <iosfwd>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -23,11 +22,5 @@ const BuildInfo& GetBuildInfo();
 
 // "PROGRAM 0.16.0 (commit 0d6141a1b2c3, release build, CUDA backend)".
 std::string VersionLine(absl::string_view program);
-
-// For the daemons' absl-flag mains, before absl::ParseCommandLine: sets the
-// usage message and the version string, and answers --help / -h (the usage,
-// then every flag the program defines, with defaults; exit 0) and --version
-// (exit 0) itself. Returns true when the program should exit (with code 0).
-bool AnswerHelpOrVersion(int argc, char** argv, absl::string_view program, absl::string_view usage, std::ostream& out);
 
 }  // namespace dynapipe

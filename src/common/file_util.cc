@@ -50,7 +50,7 @@ absl::StatusOr<std::string> ConfinedPath(absl::string_view root_arg, absl::strin
   namespace fs = std::filesystem;
   const std::string root_name = root_arg.empty() ? "." : std::string(root_arg);
   auto outside = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(path_arg, " is outside --data_root ", root_name));
+    return absl::InvalidArgumentError(absl::StrCat(path_arg, " is outside --data-root ", root_name));
   };
   if (path_arg.empty()) return absl::InvalidArgumentError("empty path");
   if (path_arg.find('\0') != absl::string_view::npos) return absl::InvalidArgumentError("path contains a NUL byte");
@@ -60,7 +60,7 @@ absl::StatusOr<std::string> ConfinedPath(absl::string_view root_arg, absl::strin
   }
   std::error_code ec;
   const fs::path root = fs::canonical(root_name, ec);
-  if (ec) return ErrnoStatus(ec.value(), "--data_root", root_name);
+  if (ec) return ErrnoStatus(ec.value(), "--data-root", root_name);
   const fs::path joined = given.is_absolute() ? given : root / given;
   // Resolve the longest prefix that exists; what follows it cannot be a link.
   fs::path existing = joined.lexically_normal(), rest;

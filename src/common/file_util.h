@@ -14,7 +14,7 @@ namespace dynapipe {
 // `path` confined to `root` (the working directory when empty): a relative
 // path joins `root`; an absolute one must already lie under it. Symbolic
 // links are resolved as far as the path exists, so a link cannot lead out.
-// INVALID_ARGUMENT names the path and the root ("outside --data_root") for a
+// INVALID_ARGUMENT names the path and the root ("outside --data-root") for a
 // ".." component or anything that leaves the root; `root` itself must exist.
 // Returns the resolved path.
 absl::StatusOr<std::string> ConfinedPath(absl::string_view root, absl::string_view path);

@@ -82,7 +82,7 @@ TEST_CASE("ConfinedPath keeps job paths under the data root") {
     auto r = ConfinedPath(root, path);
     INFO(path << " -> " << (r.ok() ? *r : std::string(r.status().message())));
     return !r.ok() && r.status().code() == absl::StatusCode::kInvalidArgument &&
-           r.status().message().find("outside --data_root") != std::string::npos;
+           r.status().message().find("outside --data-root") != std::string::npos;
   };
   CHECK(refused("/etc/shadow"));
   CHECK(refused("../x"));

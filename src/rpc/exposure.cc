@@ -19,7 +19,7 @@
 #include "src/common/logging.h"
 
 ABSL_FLAG(bool, insecure, false,
-          "serve without --token_file on addresses other than loopback (logs a warning; only for a network "
+          "serve without --token-file on addresses other than loopback (logs a warning; only for a network "
           "nobody else can reach)");
 
 namespace dynapipe::rpc {
@@ -144,10 +144,10 @@ absl::Status RequireTokenOffLoopback(bool has_token, bool insecure, const std::v
     const std::string where = absl::StrCat(e.flag, " ", e.address.empty() ? "\"\"" : e.address);
     if (!insecure) {
       return absl::FailedPreconditionError(absl::StrCat(
-          where, " is not a loopback address and no --token_file is set: calls to and from other machines would be "
-                 "unauthenticated; set --token_file (a 0600 file) or pass --insecure"));
+          where, " is not a loopback address and no --token-file is set: calls to and from other machines would be "
+                 "unauthenticated; set --token-file (a 0600 file) or pass --insecure"));
     }
-    spdlog::warn("INSECURE: {} is not a loopback address and no --token_file is set: calls to and from other "
+    spdlog::warn("INSECURE: {} is not a loopback address and no --token-file is set: calls to and from other "
                  "machines are unauthenticated; anyone who can reach this daemon can use it (--insecure)",
                  where);
   }

@@ -1,7 +1,7 @@
 #pragma once
 
 // One rule for every daemon: without a token it serves only this machine.
-// An address other than loopback (a --listen, --http_host or peer address
+// An address other than loopback (a --listen, --http-host or peer address
 // other machines can reach, or a remote planner called without a token) is
 // refused with one line naming the flag, unless the operator passes
 // --insecure, which logs a loud warning per such address instead.

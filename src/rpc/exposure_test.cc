@@ -29,14 +29,14 @@ TEST_CASE("HostOf takes the host out of host:port, [v6]:port and bare hosts") {
 }
 
 TEST_CASE("Without a token, an address off loopback is refused naming its flag, unless --insecure") {
-  const std::vector<Exposure> loopback = {{"--listen", "127.0.0.1:50051"}, {"--http_host", "localhost"}};
+  const std::vector<Exposure> loopback = {{"--listen", "127.0.0.1:50051"}, {"--http-host", "localhost"}};
   CHECK(RequireTokenOffLoopback(false, false, loopback).ok());
-  const std::vector<Exposure> open = {{"--listen", "127.0.0.1:50051"}, {"--http_host", "0.0.0.0"}};
+  const std::vector<Exposure> open = {{"--listen", "127.0.0.1:50051"}, {"--http-host", "0.0.0.0"}};
   const absl::Status refused = RequireTokenOffLoopback(false, false, open);
   CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
   const std::string msg(refused.message());
-  CHECK(msg.rfind("--http_host 0.0.0.0 is not a loopback address", 0) == 0);
-  CHECK(msg.find("--token_file") != std::string::npos);
+  CHECK(msg.rfind("--http-host 0.0.0.0 is not a loopback address", 0) == 0);
+  CHECK(msg.find("--token-file") != std::string::npos);
   CHECK(msg.find("--insecure") != std::string::npos);
   CHECK(msg.find('\n') == std::string::npos);
   const absl::Status no_host = RequireTokenOffLoopback(false, false, {{"--listen", ":50051"}});

@@ -270,7 +270,7 @@ absl::Status CheckJobPath(absl::string_view field, absl::string_view path) {
   }
   RETURN_IF_ERROR(Text(field, path));
   for (absl::string_view part : absl::StrSplit(path, '/')) {
-    if (part == "..") return Bad(field, "must not contain \"..\" (paths stay under the daemons' --data_root)");
+    if (part == "..") return Bad(field, "must not contain \"..\" (paths stay under the daemons' --data-root)");
   }
   return absl::OkStatus();
 }

@@ -68,8 +68,8 @@ StartedExecutor StartExecutor(const std::string& tag, const std::vector<std::str
   StartedExecutor e;
   e.port_file = absl::StrCat(TmpDir(), "/executor-", tag, "-", ::getpid(), ".port");
   e.log_file = absl::StrCat(TmpDir(), "/executor-", tag, "-", ::getpid(), ".log");
-  std::vector<std::string> argv = {Executor(), "--planner=127.0.0.1:1", "--node=itest", "--http_port=0",
-                                   "--log_level=warn", "--port_file=" + e.port_file, "--log_file=" + e.log_file};
+  std::vector<std::string> argv = {Executor(), "--planner=127.0.0.1:1", "--node=itest", "--http-port=0",
+                                   "--log-level=warn", "--port-file=" + e.port_file, "--log-file=" + e.log_file};
   argv.insert(argv.end(), extra.begin(), extra.end());
   e.process = std::make_unique<ChildProcess>(argv, std::vector<std::pair<std::string, std::string>>{
                                                        {"OPENBLAS_NUM_THREADS", "1"}});
@@ -81,19 +81,19 @@ TEST_CASE("Daemons and the CLI refuse a secret file other users can read, naming
   const std::string open_token = WriteSecret("token-open", "t0ken\n", 0644);
   const std::string open_password = WriteSecret("password-open", "hunter2\n", 0604);
   const std::string writable_token = WriteSecret("token-writable", "t0ken\n", 0620);
-  const std::vector<std::string> planner = {Planner(), "--listen=127.0.0.1:0", "--http_port=-1",
+  const std::vector<std::string> planner = {Planner(), "--listen=127.0.0.1:0", "--http-port=-1",
                                             "--redis=127.0.0.1:1"};
   auto with = [](std::vector<std::string> argv, const std::string& flag) {
     argv.push_back(flag);
     return argv;
   };
-  CheckRefused(with(planner, "--token_file=" + open_token),
-               {"--token_file: " + open_token + " has mode 0644", "chmod 600 " + open_token});
-  CheckRefused(with(planner, "--token_file=" + writable_token), {writable_token + " has mode 0620"});
-  CheckRefused(with(planner, "--redis_password_file=" + open_password),
-               {"--redis_password_file: " + open_password + " has mode 0604", "chmod 600 " + open_password});
-  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http_port=-1", "--token_file=" + open_token},
-               {"--token_file: " + open_token + " has mode 0644", "chmod 600 " + open_token});
+  CheckRefused(with(planner, "--token-file=" + open_token),
+               {"--token-file: " + open_token + " has mode 0644", "chmod 600 " + open_token});
+  CheckRefused(with(planner, "--token-file=" + writable_token), {writable_token + " has mode 0620"});
+  CheckRefused(with(planner, "--redis-password-file=" + open_password),
+               {"--redis-password-file: " + open_password + " has mode 0604", "chmod 600 " + open_password});
+  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http-port=-1", "--token-file=" + open_token},
+               {"--token-file: " + open_token + " has mode 0644", "chmod 600 " + open_token});
   {
     std::ostringstream out, err;
     CHECK(cli::RunJobCommand("list", {"--planner", "127.0.0.1:1", "--token-file", open_token}, out, err) == 2);
@@ -106,7 +106,7 @@ TEST_CASE("Daemons and the CLI refuse a secret file other users can read, naming
   REQUIRE(redis.ok());
   REQUIRE(::chmod(open_token.c_str(), 0600) == 0);
   REQUIRE(::chmod(open_password.c_str(), 0600) == 0);
-  auto planner_ok = PlannerProcess::Start((*redis)->port(), {"--token_file=" + open_token});
+  auto planner_ok = PlannerProcess::Start((*redis)->port(), {"--token-file=" + open_token});
   REQUIRE(planner_ok.ok());
   std::ostringstream out, err;
   CHECK(cli::RunJobCommand("list", {"--planner", (*planner_ok)->address(), "--token-file", open_token}, out, err) ==
@@ -115,17 +115,17 @@ TEST_CASE("Daemons and the CLI refuse a secret file other users can read, naming
 }
 
 TEST_CASE("Without a token a daemon serves only loopback: another address is refused naming its flag") {
-  const std::string hint = "no --token_file is set";
-  CheckRefused({Planner(), "--listen=0.0.0.0:0", "--http_port=-1", "--redis=127.0.0.1:1"},
+  const std::string hint = "no --token-file is set";
+  CheckRefused({Planner(), "--listen=0.0.0.0:0", "--http-port=-1", "--redis=127.0.0.1:1"},
                {"--listen 0.0.0.0:0 is not a loopback address", hint, "--insecure"});
-  CheckRefused({Planner(), "--listen=[::]:0", "--http_port=-1", "--redis=127.0.0.1:1"}, {"--listen [::]:0", hint});
-  CheckRefused({Planner(), "--listen=127.0.0.1:0", "--http_port=0", "--http_host=0.0.0.0", "--redis=127.0.0.1:1"},
-               {"--http_host 0.0.0.0 is not a loopback address", hint});
-  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http_port=-1", "--listen_address=0.0.0.0"},
-               {"--listen_address 0.0.0.0 is not a loopback address", hint});
-  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http_port=0", "--http_host=0.0.0.0"},
-               {"--http_host 0.0.0.0 is not a loopback address", hint});
-  CheckRefused({Executor(), "--planner=192.0.2.1:50051", "--http_port=-1"},
+  CheckRefused({Planner(), "--listen=[::]:0", "--http-port=-1", "--redis=127.0.0.1:1"}, {"--listen [::]:0", hint});
+  CheckRefused({Planner(), "--listen=127.0.0.1:0", "--http-port=0", "--http-host=0.0.0.0", "--redis=127.0.0.1:1"},
+               {"--http-host 0.0.0.0 is not a loopback address", hint});
+  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http-port=-1", "--listen-address=0.0.0.0"},
+               {"--listen-address 0.0.0.0 is not a loopback address", hint});
+  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http-port=0", "--http-host=0.0.0.0"},
+               {"--http-host 0.0.0.0 is not a loopback address", hint});
+  CheckRefused({Executor(), "--planner=192.0.2.1:50051", "--http-port=-1"},
                {"--planner 192.0.2.1:50051 is not a loopback address", hint});
 }
 
@@ -134,22 +134,22 @@ TEST_CASE("With --insecure a daemon serves beyond loopback without a token, warn
   REQUIRE(redis.ok());
   const std::string log = absl::StrCat(TmpDir(), "/planner-insecure-", ::getpid(), ".log");
   auto insecure = PlannerProcess::Start(
-      (*redis)->port(), {"--listen=0.0.0.0:0", "--http_host=0.0.0.0", "--insecure", "--log_file=" + log});
+      (*redis)->port(), {"--listen=0.0.0.0:0", "--http-host=0.0.0.0", "--insecure", "--log-file=" + log});
   REQUIRE(insecure.ok());
   CHECK_THAT(ReadAll(log), Contains("INSECURE: --listen 0.0.0.0:0 is not a loopback address") &&
-                               Contains("INSECURE: --http_host 0.0.0.0 is not a loopback address"));
+                               Contains("INSECURE: --http-host 0.0.0.0 is not a loopback address"));
 
   const std::string token = WriteSecret("token-ok", "t0ken\n", 0600);
   const std::string log2 = absl::StrCat(TmpDir(), "/planner-token-", ::getpid(), ".log");
   auto with_token = PlannerProcess::Start(
-      (*redis)->port(), {"--listen=0.0.0.0:0", "--http_host=0.0.0.0", "--token_file=" + token, "--log_file=" + log2});
+      (*redis)->port(), {"--listen=0.0.0.0:0", "--http-host=0.0.0.0", "--token-file=" + token, "--log-file=" + log2});
   REQUIRE(with_token.ok());
   CHECK_THAT(ReadAll(log2), !Contains("INSECURE"));
 
-  StartedExecutor e = StartExecutor("insecure", {"--listen_address=0.0.0.0", "--http_host=0.0.0.0", "--insecure"});
+  StartedExecutor e = StartExecutor("insecure", {"--listen-address=0.0.0.0", "--http-host=0.0.0.0", "--insecure"});
   REQUIRE(e.http_port > 0);
-  CHECK_THAT(ReadAll(e.log_file), Contains("INSECURE: --listen_address 0.0.0.0") &&
-                                      Contains("INSECURE: --http_host 0.0.0.0"));
+  CHECK_THAT(ReadAll(e.log_file), Contains("INSECURE: --listen-address 0.0.0.0") &&
+                                      Contains("INSECURE: --http-host 0.0.0.0"));
 }
 
 TEST_CASE("An executor's status endpoint defaults to its listen address and port 8081 + its device index") {
@@ -157,11 +157,11 @@ TEST_CASE("An executor's status endpoint defaults to its listen address and port
   auto free_port = PickFreeLoopbackPort();
   REQUIRE(free_port.ok());
   const int device = *free_port - rpc::kExecutorStatusPortBase;
-  StartedExecutor e = StartExecutor("default-port", {"--http_port=auto", absl::StrCat("--device=", device)});
+  StartedExecutor e = StartExecutor("default-port", {"--http-port=auto", absl::StrCat("--device=", device)});
   CHECK(e.http_port == *free_port);
   CHECK(RunShell(absl::StrCat("ss -ltn 'sport = :", *free_port, "'")).text.find("127.0.0.1:") != std::string::npos);
-  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http_port=80a"}, {"--http_port: expected auto", "\"80a\""});
-  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http_port=70000"}, {"--http_port: expected auto"});
+  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http-port=80a"}, {"--http-port: expected auto", "\"80a\""});
+  CheckRefused({Executor(), "--planner=127.0.0.1:1", "--http-port=70000"}, {"--http-port: expected auto"});
 }
 
 TEST_CASE("A status endpoint port already taken stops the second planner or executor instead of sharing it") {
@@ -170,18 +170,18 @@ TEST_CASE("A status endpoint port already taken stops the second planner or exec
   auto first = PlannerProcess::Start((*redis)->port(), {});
   REQUIRE(first.ok());
   const int taken = (*first)->http_port();
-  const Output second = RunToExit({Planner(), "--listen=127.0.0.1:0", absl::StrCat("--http_port=", taken),
-                                   absl::StrCat("--redis=127.0.0.1:", (*redis)->port()), "--log_level=warn"});
+  const Output second = RunToExit({Planner(), "--listen=127.0.0.1:0", absl::StrCat("--http-port=", taken),
+                                   absl::StrCat("--redis=127.0.0.1:", (*redis)->port()), "--log-level=warn"});
   INFO("second planner: rc " << second.rc << ": " << second.text);
   CHECK(second.rc == 1);
   CHECK_THAT(second.text, Contains(absl::StrCat("cannot listen on 127.0.0.1:", taken)));
 
   StartedExecutor a = StartExecutor("first", {});
   REQUIRE(a.http_port > 0);
-  const Output b = RunToExit({Executor(), "--planner=127.0.0.1:1", absl::StrCat("--http_port=", a.http_port)});
+  const Output b = RunToExit({Executor(), "--planner=127.0.0.1:1", absl::StrCat("--http-port=", a.http_port)});
   INFO("second executor: rc " << b.rc << ": " << b.text);
   CHECK(b.rc == 2);
-  CHECK_THAT(b.text, Contains(absl::StrCat("--http_host/--http_port: status endpoint: cannot listen on 127.0.0.1:",
+  CHECK_THAT(b.text, Contains(absl::StrCat("--http-host/--http-port: status endpoint: cannot listen on 127.0.0.1:",
                                            a.http_port)));
 }
 
