@@ -91,6 +91,12 @@ TEST_CASE("The unpacked bundle plans real batches with an empty environment") {
   INFO(plan.text);
   REQUIRE(plan.rc == 0);
   CHECK(plan.text.find("iteration") != std::string::npos);
+  // A model by name: the bundle carries configs/ beside bin/.
+  const Output named = Shell("cd / && env -i '" + root + "/bin/dynapipe' plan --lengths '" + lengths +
+                             "' --model gpt-6.7b --stages 8 --global-batch-tokens 65536 --iters 1");
+  INFO(named.text);
+  CHECK(named.rc == 0);
+  CHECK(std::filesystem::exists(root + "/configs/jobs/quickstart.pbtxt"));
 
   // The daemons start far enough to parse their flags (usage errors are
   // reported with a non-zero status, not a loader failure).

@@ -3,6 +3,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "src/cli/args.h"
 #include "src/cli/help.h"
 #include "src/common/build_info.h"
@@ -109,6 +110,32 @@ TEST_CASE("one flag style: dashed names everywhere, underscore spellings accepte
     CHECK(unknown.rc != 0);
     CHECK(absl::StrContains(unknown.text, "no_such_flag"));
   }
+}
+
+}  // namespace
+}  // namespace dynapipe::cli
+
+namespace dynapipe::cli {
+namespace {
+
+TEST_CASE("a planner that is down is reported within seconds, naming the address and where it came from", "[cli]") {
+  const std::string dynapipe = Bin("src/cli/dynapipe");
+  const absl::Time start = absl::Now();
+  const auto r = testing::RunShell("env -u DYNAPIPE_PLANNER -u DYNAPIPE_TOKEN_FILE " + dynapipe +
+                                   " list --planner 127.0.0.1:1");
+  const absl::Duration took = absl::Now() - start;
+  INFO(r.text);
+  CHECK(r.rc == 1);
+  CHECK(took < absl::Seconds(5));  // not the 10 s call deadline
+  CHECK(absl::StrContains(r.text, "cannot reach the planner at 127.0.0.1:1 within 2s (from --planner)"));
+  const auto env = testing::RunShell("env -u DYNAPIPE_TOKEN_FILE DYNAPIPE_PLANNER=127.0.0.1:1 " + dynapipe + " status");
+  CHECK(absl::StrContains(env.text, "(from $DYNAPIPE_PLANNER)"));
+  // A token file that cannot be read names the setting that named it.
+  const auto token = testing::RunShell("DYNAPIPE_TOKEN_FILE=/nonexistent/token " + dynapipe + " list");
+  CHECK(token.rc == 2);
+  CHECK(absl::StrContains(token.text, "$DYNAPIPE_TOKEN_FILE: "));
+  const auto flag = testing::RunShell(dynapipe + " list --token_file /nonexistent/token");
+  CHECK(absl::StrContains(flag.text, "--token-file: "));
 }
 
 }  // namespace

@@ -52,16 +52,29 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
   auto args = Args::Parse(flag_args, {"planner", "token-file", "timeout-s", "tls-ca"}, {"json"});
   if (!args.ok()) return fail(args.status(), 2);
   rpc::PlannerClient::Options o;
+  // Where each setting came from, for errors that say what to change.
+  auto source = [&](const char* flag, const char* env) {
+    return args->Has(flag) ? absl::StrCat("--", flag) : Env(env, "").empty() ? std::string() : absl::StrCat("$", env);
+  };
+  const std::string planner_from = source("planner", "DYNAPIPE_PLANNER");
   o.address = args->Str("planner", Env("DYNAPIPE_PLANNER", std::string(rpc::kDefaultPlannerAddress)));
+  const std::string token_from = source("token-file", "DYNAPIPE_TOKEN_FILE");
   auto token = rpc::ReadToken(args->Str("token-file", Env("DYNAPIPE_TOKEN_FILE", "")));
-  if (!token.ok()) return fail(token.status(), 2);
+  if (!token.ok()) return fail(Annotate(token.status(), token_from.empty() ? "--token-file" : token_from), 2);
   o.token = *token;
   o.tls.ca = args->Str("tls-ca");
   auto timeout = args->Int("timeout-s", kDefaultCallTimeoutS);
   if (!timeout.ok()) return fail(timeout.status(), 2);
   o.timeout = absl::Seconds(*timeout);
+  o.connect_timeout = absl::Seconds(std::min<int64_t>(kConnectTimeoutS, std::max<int64_t>(1, *timeout)));
   auto client = rpc::PlannerClient::Connect(o);
-  if (!client.ok()) return fail(client.status(), 1);
+  if (!client.ok()) {
+    const std::string hint =
+        planner_from.empty()
+            ? absl::StrCat("the default address; set --planner or $DYNAPIPE_PLANNER")
+            : absl::StrCat("from ", planner_from);
+    return fail(absl::Status(client.status().code(), absl::StrCat(client.status().message(), " (", hint, ")")), 1);
+  }
   rpc::PlannerClient& c = **client;
   const bool json = args->Has("json");
 

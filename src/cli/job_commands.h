@@ -12,6 +12,8 @@ namespace dynapipe::cli {
 
 // Deadline of each call to the planner without --timeout-s.
 inline constexpr int kDefaultCallTimeoutS = 10;
+// How long the client waits for the planner to accept a connection.
+inline constexpr int kConnectTimeoutS = 2;
 
 // Runs `command` with `args`; returns the exit status (0 ok, 1 failed call,
 // 2 bad usage). Errors are one line on `err`.

@@ -13,12 +13,17 @@ namespace dynapipe::cli {
 namespace {
 
 // A model argument is a file, or a name looked up in configs/models under the
-// working directory or $DYNAPIPE_HOME.
+// working directory, $DYNAPIPE_HOME, or beside this program's bin/ (an
+// unpacked bundle carries configs/).
 absl::StatusOr<proto::ModelSpec> LoadModel(const std::string& arg) {
   std::vector<std::string> tries = {arg};
   if (arg.find('/') == std::string::npos) {
-    tries.push_back("configs/models/" + arg + ".pbtxt");
-    if (const char* home = std::getenv("DYNAPIPE_HOME")) tries.push_back(std::string(home) + "/configs/models/" + arg + ".pbtxt");
+    const std::string rel = "configs/models/" + arg + ".pbtxt";
+    tries.push_back(rel);
+    if (const char* home = std::getenv("DYNAPIPE_HOME")) tries.push_back(std::string(home) + "/" + rel);
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) tries.push_back((exe.parent_path().parent_path() / rel).string());
   }
   for (const std::string& path : tries) {
     if (!std::filesystem::exists(path)) continue;

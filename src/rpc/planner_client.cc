@@ -1,5 +1,7 @@
 #include "src/rpc/planner_client.h"
 
+#include "absl/strings/str_cat.h"
+
 #include "absl/time/clock.h"
 #include "src/common/status_macros.h"
 #include "src/rpc/status_conversion.h"
@@ -13,6 +15,11 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Connect(Options op
   c->plans_ = proto::PlanService::NewStub(c->channel_);
   c->registry_ = proto::ExecutorRegistry::NewStub(c->channel_);
   c->bootstrap_ = proto::Bootstrap::NewStub(c->channel_);
+  if (c->options_.connect_timeout > absl::ZeroDuration() &&
+      !c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + c->options_.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the planner at ", c->options_.address, " within ",
+                                               absl::FormatDuration(c->options_.connect_timeout)));
+  }
   return c;
 }
 

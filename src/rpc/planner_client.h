@@ -35,6 +35,10 @@ class PlannerClient {
     // restarts: with fail-fast calls, gRPC 1.51 cancels its own reconnection
     // attempts and kept executors away from a restarted planner for seconds.
     bool wait_for_ready = false;
+    // When positive, Connect waits this long for the channel to connect and
+    // fails with UNAVAILABLE naming the address if it does not (a command-line
+    // client reports a planner that is down at once instead of at `timeout`).
+    absl::Duration connect_timeout = absl::ZeroDuration();
   };
   static absl::StatusOr<std::unique_ptr<PlannerClient>> Connect(Options options);
 
