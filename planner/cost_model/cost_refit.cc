@@ -48,11 +48,7 @@ struct ChunkSample {
 absl::StatusOr<ChunkSample> ChunkSampleOf(const Chunk& c, const LayerCostModel& base, const Shape& shape,
                                           Recompute r) {
   ChunkSample out;
-  const std::pair<LayerKind, int> parts[] = {{LayerKind::kEmbedding, c.embedding ? 1 : 0},
-                                             {LayerKind::kEncoder, c.num_encoder},
-                                             {LayerKind::kDecoder, c.num_decoder},
-                                             {LayerKind::kPostprocess, c.postprocess ? 1 : 0}};
-  for (const auto& [kind, n] : parts) {
+  for (const auto& [kind, n] : LayerCounts(c)) {
     if (n == 0) continue;
     absl::StatusOr<LayerCost> l = base.Cost(kind, shape, r);
     if (!l.ok()) return l.status();

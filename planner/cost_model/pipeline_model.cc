@@ -120,11 +120,7 @@ absl::Status PipelineModel::ChunkCosts(const Shape& shape, Recompute r, std::spa
     o = ChunkCost{};
     o.fw_ms = overheads.micro_batch_fw_ms;
     o.bw_ms = overheads.micro_batch_bw_ms;
-    const std::pair<LayerKind, int> parts[] = {{LayerKind::kEmbedding, c.embedding ? 1 : 0},
-                                               {LayerKind::kEncoder, c.num_encoder},
-                                               {LayerKind::kDecoder, c.num_decoder},
-                                               {LayerKind::kPostprocess, c.postprocess ? 1 : 0}};
-    for (const auto& [kind, n] : parts) {
+    for (const auto& [kind, n] : LayerCounts(c)) {
       if (n == 0) continue;
       ASSIGN_OR_RETURN(const LayerCost l, cost_of(kind));
       o.fw_ms += n * l.fw_ms;

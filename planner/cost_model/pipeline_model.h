@@ -5,9 +5,11 @@
 // micro-batch costs per chunk, and the memory model per device (parameters,
 // gradients and optimizer state, optionally ZeRO-1 sharded, plus activations).
 
+#include <array>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,6 +26,14 @@ struct Chunk {
   bool embedding = false;    // first chunk
   bool postprocess = false;  // last chunk
 };
+
+// How many layers of each kind a chunk runs.
+inline std::array<std::pair<LayerKind, int>, 4> LayerCounts(const Chunk& c) {
+  return {{{LayerKind::kEmbedding, c.embedding ? 1 : 0},
+           {LayerKind::kEncoder, c.num_encoder},
+           {LayerKind::kDecoder, c.num_decoder},
+           {LayerKind::kPostprocess, c.postprocess ? 1 : 0}}};
+}
 
 struct ChunkCost {
   double fw_ms = 0;

@@ -69,10 +69,8 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
   o.connect_timeout = absl::Seconds(std::min<int64_t>(kConnectTimeoutS, std::max<int64_t>(1, *timeout)));
   auto client = rpc::PlannerClient::Connect(o);
   if (!client.ok()) {
-    const std::string hint =
-        planner_from.empty()
-            ? absl::StrCat("the default address; set --planner or $DYNAPIPE_PLANNER")
-            : absl::StrCat("from ", planner_from);
+    const std::string hint = planner_from.empty() ? std::string("the default address; set --planner or $DYNAPIPE_PLANNER")
+                                                  : absl::StrCat("from ", planner_from);
     return fail(absl::Status(client.status().code(), absl::StrCat(client.status().message(), " (", hint, ")")), 1);
   }
   rpc::PlannerClient& c = **client;
