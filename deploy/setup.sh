@@ -34,6 +34,7 @@ packages=(
   clang lld                # deploy/fuzz.sh: libFuzzer harnesses (fuzz/), in their own output base
   python3-torch            # benchmarks/: the PyTorch reference the CPU backend is measured against
   libjemalloc2             # benchmarks/: the allocator both sides run under
+  prometheus               # promtool: the metrics tests check /metrics with it
 )
 
 missing=()

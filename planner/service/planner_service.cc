@@ -19,7 +19,8 @@ namespace dynapipe::planner::service {
 namespace {
 
 
-const std::vector<double> kLatencyBucketsMs = {0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000};
+const std::vector<double> kLatencyBuckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};  // s
+const std::vector<double> kIterationBuckets = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60};                            // s
 
 // The job's checkpoint dir as the store keys it: "/ckpt/run/" and "/ckpt/run"
 // are one directory. Empty if the job has none.
@@ -302,8 +303,8 @@ void PlannerService::WaiterLoop() {
 void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time deadline, FetchDone done) {
   const absl::Time start = options_.clock->Now();
   auto record = [this, start](const absl::StatusOr<proto::ExecutionPlan>& r) {
-    metrics_.Observe("dynapipe_fetch_plan_latency_ms", absl::ToDoubleMilliseconds(options_.clock->Now() - start),
-                     kLatencyBucketsMs, "FetchPlan latency, including waits");
+    metrics_.Observe("dynapipe_fetch_plan_latency_seconds", absl::ToDoubleSeconds(options_.clock->Now() - start),
+                     kLatencyBuckets, "FetchPlan latency, including waits");
     if (!r.ok()) metrics_.Add("dynapipe_fetch_plan_errors_total", 1, "FetchPlan calls that failed");
   };
   // Fast path, one Redis round trip: a stored plan answers at once (it can
@@ -415,11 +416,13 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
     }
   }
   RefitFrom(report, world);
-  metrics_.Add("dynapipe_iterations_reported_total", 1, "ReportIteration calls");
-  metrics_.Add("dynapipe_tokens_total", static_cast<double>(report.tokens()), "Real tokens reported by executors");
+  const http::Labels job_label = {{"job", report.job_id()}};
+  metrics_.Add("dynapipe_iterations_reported_total", 1, "ReportIteration calls", job_label);
+  metrics_.Add("dynapipe_tokens_total", static_cast<double>(report.tokens()), "Real tokens reported by executors",
+               job_label);
   if (report.iteration_ms() > 0) {
-    metrics_.Observe("dynapipe_iteration_ms", report.iteration_ms(), {10, 50, 100, 500, 1000, 5000, 10000, 60000},
-                     "Measured iteration time per rank");
+    metrics_.Observe("dynapipe_iteration_seconds", report.iteration_ms() / 1e3, kIterationBuckets,
+                     "Measured iteration time per rank", job_label);
   }
   ASSIGN_OR_RETURN(const proto::JobStatus after, store_->GetJob(report.job_id()));
   if (after.iterations_done() >= after.spec().iterations() && !store::IsTerminal(after.state())) {
@@ -453,21 +456,15 @@ void PlannerService::RefitFrom(const proto::IterationReport& report, int world) 
     return;
   }
   const RefitStatus st = rt->refit->Status();
-  const std::string labels = absl::StrCat("{job=\"", job, "\"");
-  metrics_.Set(absl::StrCat("dynapipe_refit_refits", labels, "}"), st.refits, "Cost refits of a job so far");
+  metrics_.SetTotal("dynapipe_refit_refits_total", st.refits, "Cost refits of a job so far", {{"job", job}});
+  constexpr char kErrorHelp[] =
+      "Mean |predicted - measured| / measured iteration time over a job's last 20 iterations, by the cost model "
+      "their plans were made with";
   if (st.base_error >= 0) {
-    metrics_.Set(absl::StrCat("dynapipe_refit_prediction_error", labels, ",plans=\"base\"}"), st.base_error,
-                 "Mean |predicted - measured| / measured iteration time over a job's last 20 iterations, by the "
-                 "cost model their plans were made with");
+    metrics_.Set("dynapipe_refit_prediction_error", st.base_error, kErrorHelp, {{"job", job}, {"plans", "base"}});
   }
   if (st.refit_error >= 0) {
-    metrics_.Set(absl::StrCat("dynapipe_refit_prediction_error", labels, ",plans=\"refit\"}"), st.refit_error);
-  }
-  if (!st.recent.empty()) {
-    metrics_.Set(absl::StrCat("dynapipe_refit_predicted_ms", labels, "}"), st.recent.back().predicted_ms,
-                 "Predicted time of a job's latest fully reported iteration");
-    metrics_.Set(absl::StrCat("dynapipe_refit_measured_ms", labels, "}"), st.recent.back().measured_ms,
-                 "Measured time (slowest rank) of a job's latest fully reported iteration");
+    metrics_.Set("dynapipe_refit_prediction_error", st.refit_error, kErrorHelp, {{"job", job}, {"plans", "refit"}});
   }
 }
 
@@ -541,7 +538,7 @@ void PlannerService::PlanOne(const std::string& job, int64_t iteration, const Jo
   }
   if (*committed) {
     if (rt.refit) rt.refit->Remember(iteration, std::move(plan->plans));
-    metrics_.Observe("dynapipe_plan_latency_ms", ms, kLatencyBucketsMs, "Time to plan and store one iteration");
+    metrics_.Observe("dynapipe_plan_latency_seconds", ms / 1e3, kLatencyBuckets, "Time to plan and store one iteration");
     metrics_.Add("dynapipe_plans_total", 1, "Iterations planned and stored by this process");
     spdlog::debug("job {} iteration {}: planned in {:.2f} ms ({} micro-batches, predicted {:.1f} ms)", job, iteration,
                   ms, plan->groups.empty() ? 0 : plan->groups[0].size(), plan->predicted_ms);

@@ -151,6 +151,9 @@ class PlannerService {
   void RefitFrom(const proto::IterationReport& report, int world);
   // The job's "refit" member of /status (with its leading comma), or "".
   std::string RefitJson(const std::string& job);
+  // Sets the per-job series of an active job (progress, loss, tokens/s, MFU,
+  // predicted and measured iteration seconds).
+  void JobMetrics(const proto::JobStatus& s);
   void LivenessLoop();
   void CheckLiveness();
   // Gives an idle executor the rank it holds a seat for, placing pending

@@ -550,9 +550,76 @@ std::string PlannerService::StatusJson() {
                          Json(store_id), store_losses, absl::StrJoin(jobs, ","), absl::StrJoin(executors, ","));
 }
 
+namespace {
+
+// Training FLOPs per token by the usual estimate: 6 x the parameters a token
+// passes through (transformer layers and the LM head; embedding lookups and
+// attention scores left out).
+double FlopsPerToken(const PipelineModel& pm) {
+  double params_m = 0;
+  for (const Chunk& c : pm.chunks()) {
+    for (const auto& [kind, n] : LayerCounts(c)) {
+      if (kind != LayerKind::kEmbedding) params_m += n * pm.cost_model().ParamsMillions(kind);
+    }
+  }
+  return 6e6 * params_m;
+}
+
+}  // namespace
+
+void PlannerService::JobMetrics(const proto::JobStatus& s) {
+  const std::string& id = s.job_id();
+  const http::Labels job = {{"job", id}};
+  metrics_.Set("dynapipe_job_iterations", static_cast<double>(s.spec().iterations()), "Iterations a job trains",
+               job);
+  metrics_.Set("dynapipe_job_iterations_completed", static_cast<double>(s.iterations_done()),
+               "Iterations every rank of a job reported", job);
+  metrics_.Set("dynapipe_job_plans_ahead", std::max<int64_t>(0, s.plans_ready() + 1 - s.iterations_done()),
+               "Plans stored ahead of a job's training", job);
+  if (s.iterations_done() <= s.start_iteration()) return;
+  // The last iteration every rank finished: rank 0's report carries the
+  // global loss; the first stage of each data-parallel group its tokens.
+  const int64_t it = s.iterations_done() - 1;
+  auto first = store_->GetReport(id, it, 0);
+  if (!first.ok()) return;
+  const int pp = std::max(1, s.spec().parallelism().pp()), dp = std::max(1, s.spec().parallelism().dp());
+  double tokens = 0;
+  for (int g = 0; g < dp; ++g) {
+    if (auto r = g == 0 ? first : store_->GetReport(id, it, g * pp); r.ok()) tokens += static_cast<double>(r->tokens());
+  }
+  const double seconds = first->iteration_ms() / 1e3;
+  metrics_.Set("dynapipe_job_loss", first->loss(), "Training loss of a job's last completed iteration", job);
+  metrics_.Set("dynapipe_job_iteration_seconds", seconds, "Measured time of a job's last completed iteration (rank 0)",
+               job);
+  metrics_.Set("dynapipe_job_predicted_iteration_seconds", first->predicted_iteration_ms() / 1e3,
+               "The planner's prediction for a job's last completed iteration", job);
+  if (seconds <= 0) return;
+  metrics_.Set("dynapipe_job_tokens_per_second", tokens / seconds,
+               "Real (non-padding) tokens per second of a job's last completed iteration", job);
+  std::shared_ptr<const JobRuntime> rt;
+  {
+    MutexLock lock(&runtimes_mu_);
+    if (auto r = runtimes_.find(id); r != runtimes_.end()) rt = r->second;
+  }
+  const double peak = s.spec().cluster().device().peak_tflops() * 1e12 * pp * dp;
+  if (rt && peak > 0) {
+    metrics_.Set("dynapipe_job_model_flops_utilization", tokens / seconds * FlopsPerToken(rt->planner->model()) / peak,
+                 "Model FLOPs utilization of a job's last completed iteration: 6 x parameters x tokens/s over the "
+                 "devices' peak (cluster.device.peak_tflops x ranks)",
+                 job);
+  }
+}
+
 std::string PlannerService::MetricsText() {
   int running = 0;
   int64_t min_ahead = -1;
+  // Per-job series for the jobs active now only: a job that ended drops out.
+  for (const char* family : {"dynapipe_job_iterations", "dynapipe_job_iterations_completed", "dynapipe_job_plans_ahead",
+                             "dynapipe_job_loss", "dynapipe_job_iteration_seconds",
+                             "dynapipe_job_predicted_iteration_seconds", "dynapipe_job_tokens_per_second",
+                             "dynapipe_job_model_flops_utilization"}) {
+    metrics_.Clear(family);
+  }
   if (auto ids = store_->ListJobs(); ids.ok()) {
     for (const auto& id : *ids) {
       auto s = store_->GetJob(id);
@@ -560,6 +627,7 @@ std::string PlannerService::MetricsText() {
       running += s->state() == proto::JobState::running;
       const int64_t ahead = std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done());
       min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);
+      JobMetrics(*s);
     }
   }
   metrics_.Set("dynapipe_jobs_running", running, "Jobs in state running");
@@ -570,14 +638,15 @@ std::string PlannerService::MetricsText() {
     metrics_.Set("dynapipe_jobs_loaded", static_cast<double>(runtimes_.size()),
                  "Jobs whose planner and global batches this process holds in memory");
   }
-  metrics_.Set("dynapipe_redis_errors", static_cast<double>(store_->errors()), "Failed Redis commands since start");
+  metrics_.SetTotal("dynapipe_redis_errors_total", static_cast<double>(store_->errors()),
+                    "Failed Redis commands since start");
   metrics_.Set("dynapipe_redis_healthy", store_->healthy() ? 1 : 0, "1 when the last Redis command succeeded");
   {
     MutexLock lock(&store_id_mu_);
-    metrics_.Set("dynapipe_store_data_lost", static_cast<double>(store_losses_),
-                 "Times this planner found the plan store's data gone (Redis restarted empty or flushed)");
+    metrics_.SetTotal("dynapipe_store_data_lost_total", static_cast<double>(store_losses_),
+                      "Times this planner found the plan store's data gone (Redis restarted empty or flushed)");
   }
-  return metrics_.Render();
+  return metrics_.Render() + http::ProcessMetricsText("dynapipe");
 }
 
 }  // namespace dynapipe::planner::service

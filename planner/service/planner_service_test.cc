@@ -365,7 +365,7 @@ TEST_CASE("The cost refit learns from reports and shows in status") {
                                    Contains("\"iteration\":4,\"predicted_ms\":"));
   CHECK_THAT(svc.MetricsText(),
              Contains(absl::StrCat("dynapipe_refit_prediction_error{job=\"", *id, "\",plans=\"base\"}")) &&
-                 Contains(absl::StrCat("dynapipe_refit_refits{job=\"", *id, "\"} 3\n")));
+                 Contains(absl::StrCat("dynapipe_refit_refits_total{job=\"", *id, "\"} 3\n")));
   svc.Stop();
 }
 

@@ -343,23 +343,31 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
         return fail(Annotate(s, "checkpoint"));
       }
     }
-    RecordIteration(job, iteration, spec.iterations(), a.rank(), *result, plan->predicted_iteration_ms(), save);
+    RecordIteration(job, iteration, spec.iterations(), a, *result, plan->predicted_iteration_ms(), save);
   }
   if (auto s = checkpointer.Wait(); !s.ok()) return fail(Annotate(s, "checkpoint"));
   return absl::OkStatus();
 }
 
-void Executor::RecordIteration(const std::string& job, int64_t iteration, int64_t iterations, int rank,
-                               const IterationResult& result, double predicted_ms, bool checkpoint) {
-  metrics_.Add("dynapipe_executor_iterations_total", 1, "Iterations this executor completed");
-  metrics_.Add("dynapipe_executor_tokens_total", static_cast<double>(result.tokens), "Real tokens processed");
-  metrics_.Set("dynapipe_executor_peak_memory_mb", result.peak_memory_mb, "Peak memory of the last iteration");
-  metrics_.Set("dynapipe_executor_peak_reserved_mb", result.peak_reserved_mb,
-               "Peak memory the buffer pool held in the last iteration");
-  metrics_.Set("dynapipe_executor_memory_fragmentation", result.memory_fragmentation,
-               "Share of the pool's peak reservation never requested");
-  metrics_.Observe("dynapipe_executor_iteration_ms", result.iteration_ms, {10, 50, 100, 500, 1000, 5000, 30000},
-                   "Measured iteration time");
+void Executor::RecordIteration(const std::string& job, int64_t iteration, int64_t iterations,
+                               const proto::Assignment& a, const IterationResult& result, double predicted_ms,
+                               bool checkpoint) {
+  const int rank = a.rank();
+  const http::Labels labels = {{"job", job}, {"rank", absl::StrCat(rank)}, {"stage", absl::StrCat(a.pp_rank())}};
+  metrics_.Add("dynapipe_executor_iterations_total", 1, "Iterations this executor completed", labels);
+  metrics_.Add("dynapipe_executor_tokens_total", static_cast<double>(result.tokens), "Real tokens processed", labels);
+  metrics_.Set("dynapipe_executor_loss", result.loss, "Training loss of the last iteration", labels);
+  metrics_.Set("dynapipe_executor_iteration", static_cast<double>(iteration), "Last iteration completed", labels);
+  metrics_.Set("dynapipe_executor_predicted_iteration_seconds", predicted_ms / 1e3,
+               "The planner's prediction for the last iteration", labels);
+  metrics_.Set("dynapipe_executor_peak_memory_bytes", result.peak_memory_mb * 1e6,
+               "Peak memory of the last iteration", labels);
+  metrics_.Set("dynapipe_executor_peak_reserved_bytes", result.peak_reserved_mb * 1e6,
+               "Peak memory the buffer pool held in the last iteration", labels);
+  metrics_.Set("dynapipe_executor_memory_fragmentation_ratio", result.memory_fragmentation,
+               "Share of the pool's peak reservation never requested", labels);
+  metrics_.Observe("dynapipe_executor_iteration_seconds", result.iteration_ms / 1e3,
+                   {0.01, 0.05, 0.1, 0.5, 1, 5, 30}, "Measured iteration time", labels);
   const std::string line = absl::StrFormat(
       "job %s iteration %d/%d: loss %.4f, %.0f tokens/s, %.1f ms (planned %.1f ms), peak %.1f MB%s", job,
       iteration + 1, iterations, result.loss, result.tokens / (result.iteration_ms / 1e3), result.iteration_ms,

@@ -59,7 +59,7 @@ class Executor {
   // Status endpoint.
   std::string HealthProblem() const;
   std::string StatusJson() const;
-  std::string MetricsText() { return metrics_.Render(); }
+  std::string MetricsText() { return metrics_.Render() + http::ProcessMetricsText("dynapipe"); }
 
  private:
   absl::Status RegisterOnce();
@@ -67,7 +67,7 @@ class Executor {
   absl::Status RunJob(const proto::Assignment& a);
   void AbortJob(const std::string& why);
   // Metrics, the log line and the status of one finished iteration.
-  void RecordIteration(const std::string& job, int64_t iteration, int64_t iterations, int rank,
+  void RecordIteration(const std::string& job, int64_t iteration, int64_t iterations, const proto::Assignment& a,
                        const IterationResult& result, double predicted_ms, bool checkpoint);
 
   ExecutorOptions options_;

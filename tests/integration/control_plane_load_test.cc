@@ -88,9 +88,9 @@ TEST_CASE("Load: 64 executors fetch plans of a 16-stage x 4-way job; p99 under 5
     const size_t at = metrics.find("\n" + name + " ");
     return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + name.size() + 2));
   };
-  const double total = sample("dynapipe_fetch_plan_latency_ms_count");
-  const double within2 = sample("dynapipe_fetch_plan_latency_ms_bucket{le=\"2\"}");
-  const double within5 = sample("dynapipe_fetch_plan_latency_ms_bucket{le=\"5\"}");
+  const double total = sample("dynapipe_fetch_plan_latency_seconds_count");
+  const double within2 = sample("dynapipe_fetch_plan_latency_seconds_bucket{le=\"0.002\"}");
+  const double within5 = sample("dynapipe_fetch_plan_latency_seconds_bucket{le=\"0.005\"}");
   std::printf("load: FetchPlan over %zu calls from 64 ranks, at the client: p50 %.2f ms, p99 %.2f ms, max %.2f ms; "
               "at the server: %.1f%% within 2 ms, %.1f%% within 5 ms; look-ahead full in %d of %d samples\n",
               ready.size(), p50, p99, ready.back(), 100 * within2 / total, 100 * within5 / total, ahead_full.load(),
@@ -119,7 +119,7 @@ TEST_CASE("Load: 64 executors fetch plans of a 16-stage x 4-way job; p99 under 5
   std::string bad;
   CHECK(ValidPrometheus(metrics, &bad));
   INFO(bad);
-  CHECK_THAT(metrics, Contains("dynapipe_plan_latency_ms_bucket") && Contains("dynapipe_fetch_plan_latency_ms_count"));
+  CHECK_THAT(metrics, Contains("dynapipe_plan_latency_seconds_bucket") && Contains("dynapipe_fetch_plan_latency_seconds_count"));
   google::protobuf::Struct status;
   REQUIRE(ParseJsonProto(http.Get("/status")->body, "/status", &status).ok());
   bool named = false;
