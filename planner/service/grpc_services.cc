@@ -149,6 +149,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::List(grpc::CallbackServerContext* ctx,
   return UnaryResult(ctx, token_, resp, [&] { return s_->List(*req); });
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::GetIterations(grpc::CallbackServerContext* ctx,
+                                                        const proto::GetIterationsRequest* req,
+                                                        proto::GetIterationsResponse* resp) {
+  return UnaryResult(ctx, token_, resp, [&] { return s_->GetIterations(*req); });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetIteration(grpc::CallbackServerContext* ctx,
+                                                       const proto::GetIterationRequest* req,
+                                                       proto::GetIterationResponse* resp) {
+  return UnaryResult(ctx, token_, resp, [&] { return s_->GetIteration(*req); });
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ctx, const proto::CancelJobRequest* req,
                                                  proto::CancelJobResponse* resp) {
   return UnaryResult(ctx, token_, resp, [&] { return s_->Cancel(*req); });

@@ -29,6 +29,10 @@ class JobServiceImpl : public proto::JobService::CallbackService {
                                    proto::CancelJobResponse* resp) override;
   grpc::ServerWriteReactor<proto::JobEvent>* Watch(grpc::CallbackServerContext* ctx,
                                                    const proto::WatchJobRequest* req) override;
+  grpc::ServerUnaryReactor* GetIterations(grpc::CallbackServerContext* ctx, const proto::GetIterationsRequest* req,
+                                          proto::GetIterationsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetIteration(grpc::CallbackServerContext* ctx, const proto::GetIterationRequest* req,
+                                         proto::GetIterationResponse* resp) override;
 
  private:
   PlannerService* s_;

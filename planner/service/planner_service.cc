@@ -206,6 +206,69 @@ void PlannerService::FillLastIteration(proto::JobStatus* s) {
   }
 }
 
+void PlannerService::RecordHistory(const proto::JobStatus& job, int64_t iteration) {
+  const int world = store::WorldSize(job.spec()), pp = std::max(1, job.spec().parallelism().pp());
+  proto::IterationSummary s;
+  s.set_iteration(iteration);
+  for (int r = 0; r < world; ++r) {
+    auto report = store_->GetReport(job.job_id(), iteration, r);
+    if (!report.ok()) {
+      spdlog::warn("job {} iteration {}: no history entry: {}", job.job_id(), iteration, report.status().message());
+      return;
+    }
+    if (r == 0) {  // executors report the global loss on every rank
+      s.set_loss(report->loss());
+      s.set_predicted_iteration_ms(report->predicted_iteration_ms());
+    }
+    if (r % pp == 0) s.set_tokens(s.tokens() + report->tokens());  // first stage of its data-parallel group
+    s.set_iteration_ms(std::max(s.iteration_ms(), report->iteration_ms()));
+    s.set_peak_memory_mb(std::max(s.peak_memory_mb(), report->peak_memory_mb()));
+  }
+  s.set_done_unix_ms(NowMs());
+  if (absl::Status st = store_->PutHistory(job.job_id(), s); !st.ok()) {
+    spdlog::warn("job {} iteration {}: history not kept: {}", job.job_id(), iteration, st.message());
+  }
+}
+
+absl::StatusOr<proto::GetIterationsResponse> PlannerService::GetIterations(const proto::GetIterationsRequest& req) {
+  if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
+  if (req.limit() < 0 || req.limit() > store::PlanStore::kHistoryLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: ", req.limit(), " is outside 0..", store::PlanStore::kHistoryLimit));
+  }
+  RETURN_IF_ERROR(store_->GetJob(req.job_id()).status());
+  ASSIGN_OR_RETURN(auto history,
+                   store_->History(req.job_id(), req.from_iteration(), req.limit() > 0 ? req.limit() : 1000));
+  proto::GetIterationsResponse resp;
+  for (auto& s : history) *resp.add_iterations() = std::move(s);
+  return resp;
+}
+
+absl::StatusOr<proto::GetIterationResponse> PlannerService::GetIteration(const proto::GetIterationRequest& req) {
+  if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
+  ASSIGN_OR_RETURN(const proto::JobStatus s, store_->GetJob(req.job_id()));
+  if (req.iteration() < s.start_iteration() || req.iteration() >= s.spec().iterations()) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration: ", req.iteration(), " is outside job ", req.job_id(),
+                                                   " (", s.start_iteration(), "..", s.spec().iterations() - 1, ")"));
+  }
+  proto::GetIterationResponse resp;
+  const int world = store::WorldSize(s.spec());
+  for (int r = 0; r < world; ++r) {
+    auto plan = store_->GetPlan(req.job_id(), req.iteration(), r);
+    auto report = store_->GetReport(req.job_id(), req.iteration(), r);
+    if (!plan.ok() || !report.ok()) {
+      const absl::Status& why = plan.ok() ? report.status() : plan.status();
+      if (why.code() != absl::StatusCode::kNotFound) return why;
+      return absl::NotFoundError(absl::StrCat("iteration ", req.iteration(), " of job ", req.job_id(),
+                                              ": rank ", r, "'s ", plan.ok() ? "report" : "plan",
+                                              " is not stored (not run yet, or older than the planner's --plan-ttl)"));
+    }
+    *resp.add_plans() = std::move(*plan);
+    *resp.add_reports() = std::move(*report);
+  }
+  return resp;
+}
+
 absl::StatusOr<proto::ListJobsResponse> PlannerService::List(const proto::ListJobsRequest&) {
   ASSIGN_OR_RETURN(const auto ids, store_->ListJobs());
   proto::ListJobsResponse resp;
@@ -425,6 +488,11 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
                      "Measured iteration time per rank", job_label);
   }
   ASSIGN_OR_RETURN(const proto::JobStatus after, store_->GetJob(report.job_id()));
+  // The iterations this report completed join the job's history (another
+  // rank's concurrent report may write the same ones: a rewrite replaces).
+  for (int64_t it = std::max(before.iterations_done(), after.start_iteration()); it < after.iterations_done(); ++it) {
+    RecordHistory(after, it);
+  }
   if (after.iterations_done() >= after.spec().iterations() && !store::IsTerminal(after.state())) {
     RETURN_IF_ERROR(store_->SetJobState(report.job_id(), proto::JobState::succeeded, "", NowMs()).status());
     spdlog::info("job {} succeeded after {} iterations", report.job_id(), after.iterations_done());

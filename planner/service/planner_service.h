@@ -66,6 +66,10 @@ class PlannerService {
   absl::StatusOr<proto::JobStatus> Get(const proto::GetJobRequest& req);
   absl::StatusOr<proto::ListJobsResponse> List(const proto::ListJobsRequest& req);
   absl::StatusOr<proto::CancelJobResponse> Cancel(const proto::CancelJobRequest& req);
+  // The job's history (NOT_FOUND for an unknown job) and one iteration's
+  // plans and reports (NOT_FOUND once they expired).
+  absl::StatusOr<proto::GetIterationsResponse> GetIterations(const proto::GetIterationsRequest& req);
+  absl::StatusOr<proto::GetIterationResponse> GetIteration(const proto::GetIterationRequest& req);
 
   // PlanService. FetchPlan answers now if the plan exists, else calls `done`
   // once it does or at `deadline` (DEADLINE_EXCEEDED). `done` may run on
@@ -154,6 +158,8 @@ class PlannerService {
   // Sets the per-job series of an active job (progress, loss, tokens/s, MFU,
   // predicted and measured iteration seconds).
   void JobMetrics(const proto::JobStatus& s);
+  // Summarises `iteration` of `job` (every rank reported it) into the history.
+  void RecordHistory(const proto::JobStatus& job, int64_t iteration);
   void LivenessLoop();
   void CheckLiveness();
   // Gives an idle executor the rank it holds a seat for, placing pending

@@ -577,21 +577,15 @@ void PlannerService::JobMetrics(const proto::JobStatus& s) {
   metrics_.Set("dynapipe_job_plans_ahead", std::max<int64_t>(0, s.plans_ready() + 1 - s.iterations_done()),
                "Plans stored ahead of a job's training", job);
   if (s.iterations_done() <= s.start_iteration()) return;
-  // The last iteration every rank finished: rank 0's report carries the
-  // global loss; the first stage of each data-parallel group its tokens.
-  const int64_t it = s.iterations_done() - 1;
-  auto first = store_->GetReport(id, it, 0);
-  if (!first.ok()) return;
+  auto last = store_->History(id, s.iterations_done() - 1, 1);  // the last iteration every rank finished
+  if (!last.ok() || last->empty()) return;
+  const proto::IterationSummary& h = last->front();
   const int pp = std::max(1, s.spec().parallelism().pp()), dp = std::max(1, s.spec().parallelism().dp());
-  double tokens = 0;
-  for (int g = 0; g < dp; ++g) {
-    if (auto r = g == 0 ? first : store_->GetReport(id, it, g * pp); r.ok()) tokens += static_cast<double>(r->tokens());
-  }
-  const double seconds = first->iteration_ms() / 1e3;
-  metrics_.Set("dynapipe_job_loss", first->loss(), "Training loss of a job's last completed iteration", job);
-  metrics_.Set("dynapipe_job_iteration_seconds", seconds, "Measured time of a job's last completed iteration (rank 0)",
-               job);
-  metrics_.Set("dynapipe_job_predicted_iteration_seconds", first->predicted_iteration_ms() / 1e3,
+  const double tokens = static_cast<double>(h.tokens()), seconds = h.iteration_ms() / 1e3;
+  metrics_.Set("dynapipe_job_loss", h.loss(), "Training loss of a job's last completed iteration", job);
+  metrics_.Set("dynapipe_job_iteration_seconds", seconds,
+               "Measured time of a job's last completed iteration (the slowest rank)", job);
+  metrics_.Set("dynapipe_job_predicted_iteration_seconds", h.predicted_iteration_ms() / 1e3,
                "The planner's prediction for a job's last completed iteration", job);
   if (seconds <= 0) return;
   metrics_.Set("dynapipe_job_tokens_per_second", tokens / seconds,

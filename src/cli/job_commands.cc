@@ -2,12 +2,15 @@
 
 #include <cstdlib>
 #include <ostream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "proto/services.pb.h"
 #include "src/cli/args.h"
+#include "src/cli/trace.h"
+#include "src/common/file_util.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
 #include "src/rpc/defaults.h"
@@ -49,7 +52,10 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
       pos.push_back(a);
     }
   }
-  auto args = Args::Parse(flag_args, {"planner", "token-file", "timeout-s", "tls-ca"}, {"json"});
+  std::set<std::string> valued = {"planner", "token-file", "timeout-s", "tls-ca"};
+  if (command == "history") valued.insert({"from", "limit"});
+  if (command == "trace") valued.insert({"iteration", "out"});
+  auto args = Args::Parse(flag_args, valued, {"json"});
   if (!args.ok()) return fail(args.status(), 2);
   rpc::PlannerClient::Options o;
   // Where each setting came from, for errors that say what to change.
@@ -140,6 +146,45 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
     });
     if (!s.ok()) return fail(s, 1);
     return final_state == proto::JobState::succeeded ? 0 : 1;
+  }
+  if (command == "history") {
+    if (pos.size() != 1) return fail(absl::InvalidArgumentError("usage: dynapipe history JOB [--from N] [--limit N]"), 2);
+    auto from = args->Int("from", 0);
+    auto limit = args->Int("limit", 0);
+    if (!from.ok()) return fail(from.status(), 2);
+    if (!limit.ok()) return fail(limit.status(), 2);
+    auto h = c.GetIterations(pos[0], *from, static_cast<int>(*limit));
+    if (!h.ok()) return fail(h.status(), 1);
+    if (json) {
+      out << ToJson(*h) << "\n";
+      return 0;
+    }
+    for (const proto::IterationSummary& s : h->iterations()) {
+      const double seconds = s.iteration_ms() / 1e3;
+      out << absl::StrFormat("iteration %6d | loss %.4f | %8.1f ms (planned %.1f ms) | %8.0f tokens/s | peak %.1f MB\n",
+                             s.iteration() + 1, s.loss(), s.iteration_ms(), s.predicted_iteration_ms(),
+                             seconds > 0 ? s.tokens() / seconds : 0.0, s.peak_memory_mb());
+    }
+    if (h->iterations().empty()) out << "no iterations completed from " << *from << "\n";
+    return 0;
+  }
+  if (command == "trace") {
+    if (pos.size() != 1 || !args->Has("iteration")) {
+      return fail(absl::InvalidArgumentError("usage: dynapipe trace JOB --iteration N [--out FILE]"), 2);
+    }
+    auto iteration = args->Int("iteration", 0);
+    if (!iteration.ok()) return fail(iteration.status(), 2);
+    auto it = c.GetIteration(pos[0], *iteration);
+    if (!it.ok()) return fail(it.status(), 1);
+    std::string trace;
+    TraceStats stats;
+    if (auto s = IterationTrace(*it, &trace, &stats); !s.ok()) return fail(s, 1);
+    const std::string path = args->Str("out", absl::StrCat(pos[0], "-iteration-", *iteration, ".trace.json"));
+    if (auto s = WriteFileAtomic(path, trace); !s.ok()) return fail(Annotate(s, "--out"), 1);
+    out << absl::StrFormat("wrote %s: iteration %d of %s, %d ranks, %d events, %d transfers (open it in Perfetto or "
+                           "chrome://tracing)\n",
+                           path, *iteration, pos[0], it->plans_size(), stats.events, stats.flows);
+    return 0;
   }
   if (command == "executors") {
     auto list = c.Executors();

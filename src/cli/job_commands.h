@@ -1,6 +1,6 @@
 #pragma once
 
-// `dynapipe submit | status | list | cancel | watch | executors`: job control
+// `dynapipe submit | status | list | cancel | watch | history | trace | executors`: job control
 // against a planner daemon. The address comes from --planner or
 // $DYNAPIPE_PLANNER, the token from --token-file or $DYNAPIPE_TOKEN_FILE.
 

@@ -58,6 +58,26 @@ absl::StatusOr<proto::JobStatus> PlannerClient::Get(const std::string& job) {
   return resp;
 }
 
+absl::StatusOr<proto::GetIterationsResponse> PlannerClient::GetIterations(const std::string& job, int64_t from,
+                                                                        int limit) {
+  proto::GetIterationsRequest req;
+  req.set_job_id(job);
+  req.set_from_iteration(from);
+  req.set_limit(limit);
+  proto::GetIterationsResponse resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->GetIterations(c, req, &resp); }));
+  return resp;
+}
+
+absl::StatusOr<proto::GetIterationResponse> PlannerClient::GetIteration(const std::string& job, int64_t iteration) {
+  proto::GetIterationRequest req;
+  req.set_job_id(job);
+  req.set_iteration(iteration);
+  proto::GetIterationResponse resp;
+  RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->GetIteration(c, req, &resp); }));
+  return resp;
+}
+
 absl::StatusOr<proto::ListJobsResponse> PlannerClient::List() {
   proto::ListJobsResponse resp;
   RETURN_IF_ERROR(Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->List(c, {}, &resp); }));

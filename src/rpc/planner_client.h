@@ -49,6 +49,10 @@ class PlannerClient {
   // Streams events to `on_event` until the job ends, the stream breaks or
   // `on_event` returns false.
   absl::Status Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event);
+  // The job's history from `from` (at most `limit`; 0: the server's default).
+  absl::StatusOr<proto::GetIterationsResponse> GetIterations(const std::string& job, int64_t from, int limit);
+  // One iteration's plans and reports.
+  absl::StatusOr<proto::GetIterationResponse> GetIteration(const std::string& job, int64_t iteration);
 
   // Waits up to `wait` for the plan on the server side.
   absl::StatusOr<proto::ExecutionPlan> FetchPlan(const std::string& job, int64_t iteration, int rank, absl::Duration wait);

@@ -55,6 +55,7 @@ class Keys {
   std::string Rank(const std::string& j, int r) const { return absl::StrCat(p_, "job:", j, ":rank:", r); }
   std::string Metrics(const std::string& j, int64_t i, int r) const { return absl::StrCat(p_, "job:", j, ":metrics:", i, ":", r); }
   std::string Failures(const std::string& j) const { return absl::StrCat(p_, "job:", j, ":failures"); }
+  std::string History(const std::string& j) const { return absl::StrCat(p_, "job:", j, ":history"); }
   std::string Bootstrap(const std::string& j, const std::string& k) const { return absl::StrCat(p_, "job:", j, ":bootstrap:", k); }
   std::string CheckpointRanks(const std::string& j, int64_t i) const { return absl::StrCat(p_, "job:", j, ":checkpoint:", i); }
   std::string LatestCheckpoint(const std::string& dir) const { return absl::StrCat(p_, "checkpoint:latest:", dir); }

@@ -151,6 +151,27 @@ absl::Status MemoryPlanStore::PutReport(const proto::IterationReport& report, ab
   return absl::OkStatus();
 }
 
+absl::Status MemoryPlanStore::PutHistory(const std::string& job, const proto::IterationSummary& summary) {
+  MutexLock lock(&mu_);
+  auto& h = jobs_[job].history;
+  h[summary.iteration()] = summary;
+  while (h.size() > static_cast<size_t>(kHistoryLimit)) h.erase(h.begin());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<proto::IterationSummary>> MemoryPlanStore::History(const std::string& job, int64_t from,
+                                                                              int limit) {
+  MutexLock lock(&mu_);
+  std::vector<proto::IterationSummary> out;
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return out;
+  for (auto h = it->second.history.lower_bound(from); h != it->second.history.end() && static_cast<int>(out.size()) < limit;
+       ++h) {
+    out.push_back(h->second);
+  }
+  return out;
+}
+
 absl::Status MemoryPlanStore::AddFailure(const proto::IterationReport& report, absl::Duration) {
   {
     MutexLock lock(&mu_);

@@ -31,6 +31,9 @@ class MemoryPlanStore : public PlanStore {
   absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
   absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
+  absl::Status PutHistory(const std::string& job, const proto::IterationSummary& summary) override;
+  absl::StatusOr<std::vector<proto::IterationSummary>> History(const std::string& job, int64_t from,
+                                                               int limit) override;
   absl::Status AddFailure(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<proto::IterationReport>> Failures(const std::string& job) override;
   absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir, int64_t iteration,
@@ -74,6 +77,7 @@ class MemoryPlanStore : public PlanStore {
     std::map<std::string, std::string> bootstrap;
     std::map<int64_t, std::set<int>> checkpoint_ranks;  // iteration -> ranks whose shard is written
     std::vector<proto::IterationReport> failures;
+    std::map<int64_t, proto::IterationSummary> history;
   };
   Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;

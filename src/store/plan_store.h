@@ -88,6 +88,14 @@ class PlanStore {
   // Last completed iteration per rank (-1: none), for ranks 0..world-1.
   virtual absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) = 0;
   virtual absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) = 0;
+  // The job's history: one summary per completed iteration, without a TTL,
+  // the newest kHistoryLimit per job kept (a summary is ~50 bytes). Writing
+  // an iteration again replaces it.
+  static constexpr int kHistoryLimit = 100000;
+  virtual absl::Status PutHistory(const std::string& job, const proto::IterationSummary& summary) = 0;
+  // Summaries of iterations >= `from`, ascending, at most `limit`.
+  virtual absl::StatusOr<std::vector<proto::IterationSummary>> History(const std::string& job, int64_t from,
+                                                                       int limit) = 0;
   // Failures executors reported (reports with `error`), kept per job in
   // arrival order: the planner judges from all of them which rank caused the
   // failure (planner/service/failures.h).

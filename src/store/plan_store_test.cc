@@ -130,6 +130,27 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK(store.GetJob(*id)->iterations_done() == 3);
   CHECK(store.GetReport(*id, 2, 1)->iteration() == 2);
 
+  // History: one entry per iteration (a rewrite replaces it), ascending from
+  // `from`, at most `limit`; none for a job that has none.
+  CHECK(store.History(*id, 0, 10)->empty());
+  int writes = 0;
+  for (int64_t i : {2, 0, 1, 1}) {
+    proto::IterationSummary h;
+    h.set_iteration(i);
+    h.set_loss(10.0 + i);
+    h.set_tokens(100 + ++writes);  // iteration 1 keeps its second write: 104
+    REQUIRE(store.PutHistory(*id, h).ok());
+  }
+  auto hist = store.History(*id, 0, 10);
+  REQUIRE(hist.ok());
+  REQUIRE(hist->size() == 3);
+  CHECK(((*hist)[0].iteration() == 0 && (*hist)[1].iteration() == 1 && (*hist)[2].iteration() == 2));
+  CHECK((*hist)[1].tokens() == 104);
+  CHECK((*hist)[2].loss() == 12.0);
+  CHECK(store.History(*id, 1, 1)->size() == 1);
+  CHECK(store.History(*id, 1, 1)->front().iteration() == 1);
+  CHECK(store.History(*id, 3, 10)->empty());
+
   // Failures keep their arrival order and do not count as progress.
   CHECK(store.Failures(*id)->empty());
   proto::IterationReport f = r;

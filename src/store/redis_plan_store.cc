@@ -60,6 +60,17 @@ return 0
 )lua";
 
 // KEYS: metrics key, progress, events; ARGV: report bytes, ttl_ms, rank, iteration, event.
+// KEYS[1] history (sorted set by iteration); ARGV: iteration, summary, the
+// most entries kept. One entry per iteration: a rewrite replaces it.
+constexpr char kHistoryScript[] = R"lua(
+redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+local n = redis.call('ZCARD', KEYS[1])
+local keep = tonumber(ARGV[3])
+if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - keep - 1) end
+return n
+)lua";
+
 constexpr char kReportScript[] = R"lua(
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local field = 'done:' .. ARGV[3]
@@ -295,6 +306,26 @@ absl::StatusOr<proto::IterationReport> RedisPlanStore::GetReport(const std::stri
   proto::IterationReport report;
   if (!report.ParseFromString(r.str)) return absl::DataLossError("corrupt iteration report");
   return report;
+}
+
+absl::Status RedisPlanStore::PutHistory(const std::string& job, const proto::IterationSummary& summary) {
+  return client_
+      .Command({"EVAL", kHistoryScript, "1", keys_.History(job), std::to_string(summary.iteration()),
+                summary.SerializeAsString(), std::to_string(kHistoryLimit)})
+      .status();
+}
+
+absl::StatusOr<std::vector<proto::IterationSummary>> RedisPlanStore::History(const std::string& job, int64_t from,
+                                                                             int limit) {
+  ASSIGN_OR_RETURN(const RedisReply r, client_.Command({"ZRANGEBYSCORE", keys_.History(job), std::to_string(from),
+                                                        "+inf", "LIMIT", "0", std::to_string(limit)}));
+  std::vector<proto::IterationSummary> out;
+  for (const RedisReply& e : r.elements) {
+    if (!out.emplace_back().ParseFromString(e.str)) {
+      return absl::DataLossError(absl::StrCat("corrupt history entry of job ", job));
+    }
+  }
+  return out;
 }
 
 absl::Status RedisPlanStore::AddFailure(const proto::IterationReport& report, absl::Duration ttl) {

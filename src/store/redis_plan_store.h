@@ -38,6 +38,9 @@ class RedisPlanStore : public PlanStore {
   absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
   absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
+  absl::Status PutHistory(const std::string& job, const proto::IterationSummary& summary) override;
+  absl::StatusOr<std::vector<proto::IterationSummary>> History(const std::string& job, int64_t from,
+                                                               int limit) override;
   absl::Status AddFailure(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<proto::IterationReport>> Failures(const std::string& job) override;
   absl::StatusOr<bool> MarkCheckpointShard(const std::string& job, const std::string& checkpoint_dir, int64_t iteration,

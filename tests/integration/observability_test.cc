@@ -2,15 +2,19 @@
 // gRPC services, dynapipe-executor processes over Gloo): the planner's and an
 // executor's /metrics pass `promtool check metrics` (skipped, saying so,
 // where promtool is not installed; deploy/setup.sh installs it) and carry the
-// per-job and per-rank series.
+// per-job and per-rank series; once the job ends, `dynapipe history` lists
+// every iteration and `dynapipe trace` writes a measured trace of one that
+// the structural checker accepts.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <optional>
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
+#include "src/cli/trace.h"
 #include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
 #include "tests/integration/training_fixture.h"
@@ -91,6 +95,59 @@ TEST_CASE("planner and executor metrics pass promtool and say how a 2 x 2 job is
   }
 
   REQUIRE(client->Cancel(*job).ok());
+  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
+}
+
+TEST_CASE("history lists every iteration of a finished 2 x 2 job and trace writes a well-formed trace",
+          "[integration]") {
+  Stack stack = StartStack("", absl::Seconds(5));
+  auto client = Client(stack.address());
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
+  auto job = client->Submit(TrainJob(6, TmpDir() + "/ckpt-history", 100));
+  REQUIRE(job.ok());
+  const proto::JobStatus end = WaitEnded(client.get(), *job, absl::Seconds(120));
+  INFO(end.error());
+  REQUIRE(end.state() == proto::JobState::succeeded);
+
+  auto history = client->GetIterations(*job, 0, 0);
+  REQUIRE(history.ok());
+  REQUIRE(history->iterations_size() == 6);
+  for (int i = 0; i < 6; ++i) {
+    const proto::IterationSummary& s = history->iterations(i);
+    CHECK(s.iteration() == i);
+    CHECK(s.loss() > 0);
+    CHECK(s.iteration_ms() > 0);
+    CHECK(s.predicted_iteration_ms() > 0);
+    CHECK(s.tokens() > 0);
+  }
+  CHECK(history->iterations(5).loss() == end.last_loss());
+  CHECK(client->GetIterations(*job, 4, 1)->iterations(0).iteration() == 4);
+
+  const std::string cli = Runfiles() + "/src/cli/dynapipe";
+  const ShellOutput lines = RunShell(cli + " history " + *job + " --planner " + stack.address());
+  INFO(lines.text);
+  CHECK(lines.rc == 0);
+  CHECK(std::count(lines.text.begin(), lines.text.end(), '\n') == 6);
+  CHECK_THAT(lines.text, Contains("iteration      6 | loss "));
+
+  const std::string out = absl::StrCat(TmpDir(), "/trace-", ::getpid(), ".json");
+  const ShellOutput wrote =
+      RunShell(cli + " trace " + *job + " --iteration 3 --out " + out + " --planner " + stack.address());
+  INFO(wrote.text);
+  REQUIRE(wrote.rc == 0);
+  CHECK_THAT(wrote.text, Contains("4 ranks"));
+  const std::string trace = ReadAll(out);
+  const absl::Status check = cli::CheckTrace(trace);
+  INFO(check.message());
+  CHECK(check.ok());
+  // Measured slices on every rank, and arrows between the stages.
+  for (int r = 0; r < 4; ++r) CHECK_THAT(trace, Contains(absl::StrCat("\"pid\":", r, ",\"tid\":1,")));
+  CHECK_THAT(trace, Contains("\"ph\":\"s\"") && Contains("\"ph\":\"f\""));
+  // An iteration outside the job is refused, naming the range.
+  const ShellOutput bad = RunShell(cli + " trace " + *job + " --iteration 99 --planner " + stack.address());
+  CHECK(bad.rc == 1);
+  CHECK_THAT(bad.text, Contains("iteration: 99 is outside job"));
   for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
 }
 
