@@ -35,6 +35,7 @@ packages=(
   python3-torch            # benchmarks/: the PyTorch reference the CPU backend is measured against
   libjemalloc2             # benchmarks/: the allocator both sides run under
   prometheus               # promtool: the metrics tests check /metrics with it
+  python3-grpcio python3-protobuf  # examples/python: the Python client (tests/integration:api_test runs it)
 )
 
 missing=()

@@ -1,5 +1,7 @@
 #include "planner/service/planner_server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+
 #include "absl/strings/str_cat.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
@@ -16,6 +18,12 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(Options opti
   s->bootstrap_ = std::make_unique<BootstrapImpl>(s->service_.get(), options.token);
   // A call without the token is refused on its headers, before its message is read.
   ASSIGN_OR_RETURN(auto creds, rpc::ServerCredentials(options.tls, options.token));
+  // Server reflection (grpc.reflection.v1alpha), for grpcurl and clients
+  // without our .proto files. Behind the same token as every call: the
+  // credentials check it on each call's headers, whatever the service. (The
+  // library registers its plugin for every server of the process once
+  // loaded; this call is what links it.)
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT: a second planner on a taken port must fail, not split
   // the port's connections with the first.
