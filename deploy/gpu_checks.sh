@@ -269,16 +269,17 @@ run_e2e() {
 
   note "e2e: final status ($(date -u +%H:%M:%SZ)):"
   local status state=""
-  # Status line: "JOB NAME STATE done/total plans ready to N [error]".
+  # Status line: "JOB NAME STATE iteration done/total | loss ... | elapsed ...".
   if status="$(limited 10 bin/dynapipe status "$job" 2>&1)"; then
     state="$(awk '{print $3; exit}' <<<"$status")"
   fi
   note "$status"
   [ -d out/cuda-tiny/checkpoints ] && note "e2e: checkpoints: $(ls out/cuda-tiny/checkpoints | tr '\n' ' ')"
 
-  # Per-iteration figures from watch's lines: "..., loss L, M ms (predicted P), T tokens/s".
+  # Per-iteration figures from watch's lines:
+  # "JOB STATE iteration D/N | lr R | loss L (avg A) | grad norm G | M ms (planned P) | T tokens/s | ETA E".
   local figures
-  figures="$(grep -E "^$job .*iteration [0-9]+/[0-9]+.*, loss " "$e2e_log" | awk '
+  figures="$(grep -E "^$job .*iteration [0-9]+/[0-9]+ \| lr .*\| loss " "$e2e_log" | awk '
     { for (i = 1; i <= NF; ++i) {
         if ($i == "iteration") { split($(i + 1), it, "/"); sub(",", "", it[2]) }
         if ($i == "loss") { l = $(i + 1); sub(",", "", l); if (n == 0) first = l; last = l }

@@ -197,12 +197,28 @@ absl::StatusOr<proto::JobStatus> PlannerService::Get(const proto::GetJobRequest&
 }
 
 void PlannerService::FillLastIteration(proto::JobStatus* s) {
-  // Rank 0's report of the last iteration every rank finished; executors
-  // report the global loss on every rank.
+  // The history's last iterations every rank finished.
+  constexpr int kWindow = 20;
   if (s->iterations_done() <= s->start_iteration()) return;
-  if (auto r = store_->GetReport(s->job_id(), s->iterations_done() - 1, 0); r.ok()) {
-    s->set_last_loss(r->loss());
-    s->set_last_iteration_ms(r->iteration_ms());
+  auto h = store_->History(s->job_id(), std::max(s->start_iteration(), s->iterations_done() - kWindow), kWindow);
+  if (!h.ok() || h->empty()) return;
+  const proto::IterationSummary& last = h->back();
+  s->set_last_loss(last.loss());
+  s->set_last_iteration_ms(last.iteration_ms());
+  s->set_predicted_iteration_ms(last.predicted_iteration_ms());
+  s->set_lr(last.lr());
+  s->set_grad_norm(last.grad_norm());
+  double loss = 0, ms = 0, tokens = 0;
+  for (const proto::IterationSummary& i : *h) {
+    loss += i.loss();
+    ms += i.iteration_ms();
+    tokens += static_cast<double>(i.tokens());
+  }
+  const double n = static_cast<double>(h->size());
+  s->set_smoothed_loss(loss / n);
+  if (ms > 0) s->set_tokens_per_second(tokens / (ms / 1e3));
+  if (!store::IsTerminal(s->state())) {
+    s->set_eta_s(static_cast<double>(s->spec().iterations() - s->iterations_done()) * ms / n / 1e3);
   }
 }
 
@@ -216,9 +232,11 @@ void PlannerService::RecordHistory(const proto::JobStatus& job, int64_t iteratio
       spdlog::warn("job {} iteration {}: no history entry: {}", job.job_id(), iteration, report.status().message());
       return;
     }
-    if (r == 0) {  // executors report the global loss on every rank
+    if (r == 0) {  // executors report the global loss (and norm) on every rank
       s.set_loss(report->loss());
       s.set_predicted_iteration_ms(report->predicted_iteration_ms());
+      s.set_lr(report->lr());
+      s.set_grad_norm(report->grad_norm());
     }
     if (r % pp == 0) s.set_tokens(s.tokens() + report->tokens());  // first stage of its data-parallel group
     s.set_iteration_ms(std::max(s.iteration_ms(), report->iteration_ms()));
@@ -261,7 +279,7 @@ absl::StatusOr<proto::GetIterationResponse> PlannerService::GetIteration(const p
       if (why.code() != absl::StatusCode::kNotFound) return why;
       return absl::NotFoundError(absl::StrCat("iteration ", req.iteration(), " of job ", req.job_id(),
                                               ": rank ", r, "'s ", plan.ok() ? "report" : "plan",
-                                              " is not stored (not run yet, or older than the planner's --plan-ttl)"));
+                                              " is not stored (not run yet, or older than the hour plans and reports are kept)"));
     }
     *resp.add_plans() = std::move(*plan);
     *resp.add_reports() = std::move(*report);

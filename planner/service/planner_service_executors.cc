@@ -454,6 +454,7 @@ void PlannerService::Watch(const std::string& job, std::function<bool(const prot
       return true;
     }
     proto::JobEvent event;
+    FillLastIteration(&*s);
     *event.mutable_status() = *s;
     if (s->iterations_done() > 0 && s->iterations_done() - 1 != *state) {
       auto report = store_->GetReport(job, s->iterations_done() - 1, 0);

@@ -308,6 +308,8 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
     r.set_peak_reserved_mb(result->peak_reserved_mb);
     r.set_memory_fragmentation(result->memory_fragmentation);
     r.set_loss(result->loss);
+    r.set_lr(result->lr);
+    r.set_grad_norm(result->grad_norm);
     r.set_tokens(result->tokens);
     for (auto& t : result->timings) *r.add_timings() = std::move(t);
     if (r.ByteSizeLong() > rpc::kMaxPlannerRequestBytes / 2) {

@@ -25,10 +25,32 @@ std::string Env(const char* name, const std::string& fallback) {
   return v != nullptr && *v != '\0' ? v : fallback;
 }
 
+// "1:02:03"; "-" when not known.
+std::string Clock(double seconds) {
+  if (!(seconds > 0)) return "-";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+}
+
+// One job, like a training log line: progress, loss (last and smoothed),
+// time per iteration against the plan, throughput, elapsed, ETA, and why it
+// waits or ended.
 std::string Line(const proto::JobStatus& s) {
-  return absl::StrFormat("%-12s %-20s %-10s %6d/%-6d plans ready to %-6d %s", s.job_id(), s.spec().name(),
-                         proto::JobState::Value_Name(s.state()), s.iterations_done(), s.spec().iterations(),
-                         s.plans_ready(), s.error());
+  const bool ended = s.state() == proto::JobState::succeeded || s.state() == proto::JobState::failed ||
+                     s.state() == proto::JobState::cancelled;
+  const int64_t until = ended ? s.update_time_unix_ms() : absl::ToUnixMillis(absl::Now());
+  std::string line = absl::StrFormat("%-20s %-16s %-9s iteration %d/%d", s.job_id(), s.spec().name(),
+                                     proto::JobState::Value_Name(s.state()), s.iterations_done(), s.spec().iterations());
+  if (s.iterations_done() > s.start_iteration()) {
+    absl::StrAppendFormat(&line, " | loss %.4f (avg %.4f) | %.1f ms (planned %.1f) | %.0f tokens/s", s.last_loss(),
+                          s.smoothed_loss(), s.last_iteration_ms(), s.predicted_iteration_ms(), s.tokens_per_second());
+  } else {
+    absl::StrAppendFormat(&line, " | plans ready to %d", s.plans_ready());
+  }
+  absl::StrAppend(&line, " | elapsed ", Clock((until - s.submit_time_unix_ms()) / 1e3));
+  if (!ended) absl::StrAppend(&line, " | ETA ", Clock(s.eta_s()));
+  if (!s.error().empty()) absl::StrAppend(&line, " | ", s.error());
+  return line;
 }
 
 }  // namespace
@@ -46,7 +68,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
     const std::string& a = argv[i];
     if (a.rfind("--", 0) == 0) {
       flag_args.push_back(a);
-      const bool has_value = a != "--json" && a.find('=') == std::string::npos;
+      const bool has_value = a != "--json" && a != "--all" && a.find('=') == std::string::npos;
       if (has_value && i + 1 < argv.size()) flag_args.push_back(argv[++i]);
     } else {
       pos.push_back(a);
@@ -55,7 +77,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
   std::set<std::string> valued = {"planner", "token-file", "timeout-s", "tls-ca"};
   if (command == "history") valued.insert({"from", "limit"});
   if (command == "trace") valued.insert({"iteration", "out"});
-  auto args = Args::Parse(flag_args, valued, {"json"});
+  auto args = Args::Parse(flag_args, valued, {"json", "all"});
   if (!args.ok()) return fail(args.status(), 2);
   rpc::PlannerClient::Options o;
   // Where each setting came from, for errors that say what to change.
@@ -100,14 +122,28 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
       out << (json ? ToJson(*s) : Line(*s)) << "\n";
       return 0;
     }
-    if (pos.size() > 1) return fail(absl::InvalidArgumentError("usage: dynapipe status [JOB] [--json]"), 2);
+    if (pos.size() > 1) return fail(absl::InvalidArgumentError("usage: dynapipe status [JOB] [--json] [--all]"), 2);
     auto list = c.List();
     if (!list.ok()) return fail(list.status(), 1);
+    // Jobs that ended are left out unless --all.
+    int hidden = 0;
+    if (!args->Has("all")) {
+      auto* jobs = list->mutable_jobs();
+      for (int i = jobs->size() - 1; i >= 0; --i) {
+        const auto state = jobs->Get(i).state();
+        if (state == proto::JobState::succeeded || state == proto::JobState::failed ||
+            state == proto::JobState::cancelled) {
+          jobs->DeleteSubrange(i, 1);
+          ++hidden;
+        }
+      }
+    }
     if (json) {
       out << ToJson(*list) << "\n";
     } else {
       for (const auto& s : list->jobs()) out << Line(s) << "\n";
-      if (list->jobs().empty()) out << "no jobs\n";
+      if (list->jobs().empty()) out << "no active jobs\n";
+      if (hidden > 0) out << hidden << " ended job(s) not shown (--all shows them)\n";
     }
     return 0;
   }
@@ -132,14 +168,18 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
       if (json) {
         out << ToJson(e) << "\n";
       } else {
-        std::string line = absl::StrFormat("%s %s iteration %d/%d, plans ready to %d", st.job_id(), state,
-                                           st.iterations_done(), st.spec().iterations(), st.plans_ready());
-        if (e.has_last_report()) {
-          const auto& r = e.last_report();
-          absl::StrAppendFormat(&line, ", loss %.4f, %.1f ms (predicted %.1f), %.0f tokens/s", r.loss(), r.iteration_ms(),
-                                r.predicted_iteration_ms(), r.iteration_ms() > 0 ? r.tokens() / (r.iteration_ms() / 1e3) : 0);
+        // Megatron-LM's log line: iteration, lr, loss, grad norm, time, throughput.
+        std::string line = absl::StrFormat("%s %s iteration %d/%d", st.job_id(), state, st.iterations_done(),
+                                           st.spec().iterations());
+        if (st.iterations_done() > st.start_iteration()) {
+          absl::StrAppendFormat(&line, " | lr %.3e | loss %.4f (avg %.4f) | grad norm %.3f | %.1f ms (planned %.1f) | "
+                                "%.0f tokens/s | ETA %s",
+                                st.lr(), st.last_loss(), st.smoothed_loss(), st.grad_norm(), st.last_iteration_ms(),
+                                st.predicted_iteration_ms(), st.tokens_per_second(), Clock(st.eta_s()));
+        } else {
+          absl::StrAppendFormat(&line, " | plans ready to %d", st.plans_ready());
         }
-        if (!st.error().empty()) absl::StrAppend(&line, " (", st.error(), ")");
+        if (!st.error().empty()) absl::StrAppend(&line, " | ", st.error());
         out << line << std::endl;
       }
       return true;
@@ -161,9 +201,10 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
     }
     for (const proto::IterationSummary& s : h->iterations()) {
       const double seconds = s.iteration_ms() / 1e3;
-      out << absl::StrFormat("iteration %6d | loss %.4f | %8.1f ms (planned %.1f ms) | %8.0f tokens/s | peak %.1f MB\n",
-                             s.iteration() + 1, s.loss(), s.iteration_ms(), s.predicted_iteration_ms(),
-                             seconds > 0 ? s.tokens() / seconds : 0.0, s.peak_memory_mb());
+      out << absl::StrFormat(
+          "iteration %6d | lr %.3e | loss %.4f | grad norm %.3f | %8.1f ms (planned %.1f) | %8.0f tokens/s | peak %.1f MB\n",
+          s.iteration() + 1, s.lr(), s.loss(), s.grad_norm(), s.iteration_ms(), s.predicted_iteration_ms(),
+          seconds > 0 ? s.tokens() / seconds : 0.0, s.peak_memory_mb());
     }
     if (h->iterations().empty()) out << "no iterations completed from " << *from << "\n";
     return 0;

@@ -59,6 +59,18 @@ TEST_CASE("planner and executor metrics pass promtool and say how a 2 x 2 job is
   REQUIRE(Eventually([&] { return client->Get(*job).value_or(proto::JobStatus()).iterations_done() >= 4; },
                      absl::Seconds(60)));
 
+  // The status says how the job is doing, like a training log line.
+  const proto::JobStatus running = *client->Get(*job);
+  CHECK(running.smoothed_loss() > 0);
+  CHECK(running.tokens_per_second() > 0);
+  CHECK(running.eta_s() > 0);
+  CHECK(running.lr() > 0);
+  CHECK(running.grad_norm() > 0);
+  const ShellOutput status = RunShell(Runfiles() + "/src/cli/dynapipe status --planner " + stack.address());
+  INFO(status.text);
+  CHECK_THAT(status.text, Contains(" running   iteration ") && Contains(" | loss ") && Contains(" tokens/s | elapsed ") &&
+                              Contains(" | ETA "));
+
   const std::string planner = stack.planner->service().MetricsText();
   INFO(planner);
   const std::string j = absl::StrCat("{job=\"", *job, "\"} ");
@@ -120,6 +132,8 @@ TEST_CASE("history lists every iteration of a finished 2 x 2 job and trace write
     CHECK(s.iteration_ms() > 0);
     CHECK(s.predicted_iteration_ms() > 0);
     CHECK(s.tokens() > 0);
+    CHECK(s.lr() > 0);
+    CHECK(s.grad_norm() > 0);
   }
   CHECK(history->iterations(5).loss() == end.last_loss());
   CHECK(client->GetIterations(*job, 4, 1)->iterations(0).iteration() == 4);
@@ -129,7 +143,18 @@ TEST_CASE("history lists every iteration of a finished 2 x 2 job and trace write
   INFO(lines.text);
   CHECK(lines.rc == 0);
   CHECK(std::count(lines.text.begin(), lines.text.end(), '\n') == 6);
-  CHECK_THAT(lines.text, Contains("iteration      6 | loss "));
+  CHECK_THAT(lines.text, Contains("iteration      6 | lr "));
+  // Ended jobs leave the default listing.
+  const ShellOutput active = RunShell(cli + " status --planner " + stack.address());
+  CHECK_THAT(active.text, Contains("no active jobs") && Contains("1 ended job(s) not shown"));
+  const ShellOutput all = RunShell(cli + " list --all --planner " + stack.address());
+  CHECK_THAT(all.text, Contains(" succeeded iteration 6/6 | loss "));
+  // watch's line reads like Megatron-LM's.
+  const ShellOutput watched = RunShell(cli + " watch " + *job + " --planner " + stack.address());
+  INFO(watched.text);
+  CHECK(watched.rc == 0);
+  CHECK_THAT(watched.text, Contains(" succeeded iteration 6/6 | lr ") && Contains(" | grad norm ") &&
+                               Contains(" tokens/s | ETA "));
 
   const std::string out = absl::StrCat(TmpDir(), "/trace-", ::getpid(), ".json");
   const ShellOutput wrote =
