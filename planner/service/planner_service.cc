@@ -201,7 +201,22 @@ void PlannerService::FillLastIteration(proto::JobStatus* s) {
   constexpr int kWindow = 20;
   if (s->iterations_done() <= s->start_iteration()) return;
   auto h = store_->History(s->job_id(), std::max(s->start_iteration(), s->iterations_done() - kWindow), kWindow);
-  if (!h.ok() || h->empty()) return;
+  if (!h.ok()) return;
+  // The report that completed the last iteration wakes watchers before its
+  // history entry is written: that iteration then comes from rank 0's report.
+  const int64_t last_done = s->iterations_done() - 1;
+  if (h->empty() || h->back().iteration() != last_done) {
+    auto r = store_->GetReport(s->job_id(), last_done, 0);
+    if (!r.ok()) return;
+    proto::IterationSummary& latest = h->emplace_back();
+    latest.set_iteration(last_done);
+    latest.set_loss(r->loss());
+    latest.set_iteration_ms(r->iteration_ms());
+    latest.set_predicted_iteration_ms(r->predicted_iteration_ms());
+    latest.set_lr(r->lr());
+    latest.set_grad_norm(r->grad_norm());
+    latest.set_tokens(r->tokens() * std::max(1, s->spec().parallelism().dp()));  // rank 0's group, times the groups
+  }
   const proto::IterationSummary& last = h->back();
   s->set_last_loss(last.loss());
   s->set_last_iteration_ms(last.iteration_ms());
@@ -279,7 +294,8 @@ absl::StatusOr<proto::GetIterationResponse> PlannerService::GetIteration(const p
       if (why.code() != absl::StatusCode::kNotFound) return why;
       return absl::NotFoundError(absl::StrCat("iteration ", req.iteration(), " of job ", req.job_id(),
                                               ": rank ", r, "'s ", plan.ok() ? "report" : "plan",
-                                              " is not stored (not run yet, or older than the hour plans and reports are kept)"));
+                                              " is not stored (not run yet, or older than ",
+                                              absl::FormatDuration(options_.plan_ttl), ", how long they are kept)"));
     }
     *resp.add_plans() = std::move(*plan);
     *resp.add_reports() = std::move(*report);
@@ -508,7 +524,10 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
   ASSIGN_OR_RETURN(const proto::JobStatus after, store_->GetJob(report.job_id()));
   // The iterations this report completed join the job's history (another
   // rank's concurrent report may write the same ones: a rewrite replaces).
-  for (int64_t it = std::max(before.iterations_done(), after.start_iteration()); it < after.iterations_done(); ++it) {
+  // From this report's own iteration when it came late or again (a retry
+  // after an error past PutReport), so no iteration is left out.
+  const int64_t first = std::max(std::min(before.iterations_done(), report.iteration()), after.start_iteration());
+  for (int64_t it = first; it < after.iterations_done(); ++it) {
     RecordHistory(after, it);
   }
   if (after.iterations_done() >= after.spec().iterations() && !store::IsTerminal(after.state())) {

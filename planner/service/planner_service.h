@@ -183,6 +183,7 @@ class PlannerService {
   store::PlanStore* store_;
   ServiceOptions options_;
   http::Metrics metrics_;
+  Mutex metrics_text_mu_;  // serialises MetricsText
 
   Mutex runtimes_mu_;
   std::map<std::string, std::shared_ptr<const JobRuntime>> runtimes_ ABSL_GUARDED_BY(runtimes_mu_);

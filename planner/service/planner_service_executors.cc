@@ -606,19 +606,18 @@ void PlannerService::JobMetrics(const proto::JobStatus& s) {
 }
 
 std::string PlannerService::MetricsText() {
+  // One scrape at a time: the per-job series are rebuilt below.
+  MutexLock scrape(&metrics_text_mu_);
   int running = 0;
   int64_t min_ahead = -1;
-  // Per-job series for the jobs active now only: a job that ended drops out.
-  for (const char* family : {"dynapipe_job_iterations", "dynapipe_job_iterations_completed", "dynapipe_job_plans_ahead",
-                             "dynapipe_job_loss", "dynapipe_job_iteration_seconds",
-                             "dynapipe_job_predicted_iteration_seconds", "dynapipe_job_tokens_per_second",
-                             "dynapipe_job_model_flops_utilization"}) {
-    metrics_.Clear(family);
-  }
   if (auto ids = store_->ListJobs(); ids.ok()) {
     for (const auto& id : *ids) {
       auto s = store_->GetJob(id);
-      if (!s.ok() || store::IsTerminal(s->state())) continue;
+      if (!s.ok()) continue;
+      if (store::IsTerminal(s->state())) {
+        metrics_.ClearAll({{"job", id}});  // series exist while the job is active
+        continue;
+      }
       running += s->state() == proto::JobState::running;
       const int64_t ahead = std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done());
       min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);

@@ -130,6 +130,9 @@ absl::Status Executor::Run() {
     }
     spdlog::info("job {}: rank {} of {} (pp rank {}, dp rank {}), from iteration {}", a.job_id(), a.rank(),
                  a.world_size(), a.pp_rank(), a.dp_rank(), a.start_iteration());
+    // The last job's series stay until the next job starts.
+    if (!metrics_job_.empty() && metrics_job_ != a.job_id()) metrics_.ClearAll({{"job", metrics_job_}});
+    metrics_job_ = a.job_id();
     const absl::Status s = RunJob(a);
     if (options_.after_job_for_test) options_.after_job_for_test();
     MutexLock l(&mu_);
@@ -362,9 +365,10 @@ void Executor::RecordIteration(const std::string& job, int64_t iteration, int64_
   metrics_.Set("dynapipe_executor_iteration", static_cast<double>(iteration), "Last iteration completed", labels);
   metrics_.Set("dynapipe_executor_predicted_iteration_seconds", predicted_ms / 1e3,
                "The planner's prediction for the last iteration", labels);
-  metrics_.Set("dynapipe_executor_peak_memory_bytes", result.peak_memory_mb * 1e6,
+  constexpr double kMiB = 1 << 20;  // IterationResult's "MB" are MiB
+  metrics_.Set("dynapipe_executor_peak_memory_bytes", result.peak_memory_mb * kMiB,
                "Peak memory of the last iteration", labels);
-  metrics_.Set("dynapipe_executor_peak_reserved_bytes", result.peak_reserved_mb * 1e6,
+  metrics_.Set("dynapipe_executor_peak_reserved_bytes", result.peak_reserved_mb * kMiB,
                "Peak memory the buffer pool held in the last iteration", labels);
   metrics_.Set("dynapipe_executor_memory_fragmentation_ratio", result.memory_fragmentation,
                "Share of the pool's peak reservation never requested", labels);

@@ -74,6 +74,7 @@ class Executor {
   std::unique_ptr<Backend> backend_;  // used by the thread running jobs
   std::unique_ptr<rpc::PlannerClient> client_;
   http::Metrics metrics_;
+  std::string metrics_job_;  // the job whose series metrics_ holds (the run loop's thread only)
   std::atomic<bool> stopping_{false};
   std::thread heartbeat_;
 

@@ -25,6 +25,10 @@ std::string Env(const char* name, const std::string& fallback) {
   return v != nullptr && *v != '\0' ? v : fallback;
 }
 
+bool Ended(proto::JobState::Value s) {
+  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
+}
+
 // "1:02:03"; "-" when not known.
 std::string Clock(double seconds) {
   if (!(seconds > 0)) return "-";
@@ -36,8 +40,7 @@ std::string Clock(double seconds) {
 // time per iteration against the plan, throughput, elapsed, ETA, and why it
 // waits or ended.
 std::string Line(const proto::JobStatus& s) {
-  const bool ended = s.state() == proto::JobState::succeeded || s.state() == proto::JobState::failed ||
-                     s.state() == proto::JobState::cancelled;
+  const bool ended = Ended(s.state());
   const int64_t until = ended ? s.update_time_unix_ms() : absl::ToUnixMillis(absl::Now());
   std::string line = absl::StrFormat("%-20s %-16s %-9s iteration %d/%d", s.job_id(), s.spec().name(),
                                      proto::JobState::Value_Name(s.state()), s.iterations_done(), s.spec().iterations());
@@ -122,7 +125,11 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
       out << (json ? ToJson(*s) : Line(*s)) << "\n";
       return 0;
     }
-    if (pos.size() > 1) return fail(absl::InvalidArgumentError("usage: dynapipe status [JOB] [--json] [--all]"), 2);
+    if (pos.size() > 1) {
+      return fail(absl::InvalidArgumentError(command == "list" ? "usage: dynapipe list [--json] [--all]"
+                                                               : "usage: dynapipe status [JOB] [--json] [--all]"),
+                  2);
+    }
     auto list = c.List();
     if (!list.ok()) return fail(list.status(), 1);
     // Jobs that ended are left out unless --all.
@@ -130,9 +137,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
     if (!args->Has("all")) {
       auto* jobs = list->mutable_jobs();
       for (int i = jobs->size() - 1; i >= 0; --i) {
-        const auto state = jobs->Get(i).state();
-        if (state == proto::JobState::succeeded || state == proto::JobState::failed ||
-            state == proto::JobState::cancelled) {
+        if (Ended(jobs->Get(i).state())) {
           jobs->DeleteSubrange(i, 1);
           ++hidden;
         }
@@ -193,6 +198,9 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
     auto limit = args->Int("limit", 0);
     if (!from.ok()) return fail(from.status(), 2);
     if (!limit.ok()) return fail(limit.status(), 2);
+    if (*limit < 0 || *limit > 100000) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--limit: ", *limit, " is outside 0..100000")), 2);
+    }
     auto h = c.GetIterations(pos[0], *from, static_cast<int>(*limit));
     if (!h.ok()) return fail(h.status(), 1);
     if (json) {
@@ -203,10 +211,10 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
       const double seconds = s.iteration_ms() / 1e3;
       out << absl::StrFormat(
           "iteration %6d | lr %.3e | loss %.4f | grad norm %.3f | %8.1f ms (planned %.1f) | %8.0f tokens/s | peak %.1f MB\n",
-          s.iteration() + 1, s.lr(), s.loss(), s.grad_norm(), s.iteration_ms(), s.predicted_iteration_ms(),
+          s.iteration(), s.lr(), s.loss(), s.grad_norm(), s.iteration_ms(), s.predicted_iteration_ms(),
           seconds > 0 ? s.tokens() / seconds : 0.0, s.peak_memory_mb());
     }
-    if (h->iterations().empty()) out << "no iterations completed from " << *from << "\n";
+    if (h->iterations().empty()) out << "no iterations completed from iteration " << *from << "\n";
     return 0;
   }
   if (command == "trace") {

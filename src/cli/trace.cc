@@ -1,6 +1,7 @@
 #include "src/cli/trace.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <tuple>
@@ -58,8 +59,11 @@ OpInfo Describe(const proto::Instruction& ins) {
   return {"unknown"};
 }
 
+// Microseconds from milliseconds; 0 for what is not a time (NaN, negative).
+double Us(double ms) { return std::isfinite(ms) && ms > 0 ? ms * 1e3 : 0.0; }
+
 std::string Slice(const std::string& name, int pid, int tid, double start_ms, double end_ms, int index, int mb) {
-  const double ts = std::max(0.0, start_ms) * 1e3, dur = std::max(1.0, (end_ms - start_ms) * 1e3);
+  const double ts = Us(start_ms), dur = std::max(1.0, Us(end_ms) - ts);
   std::string args = absl::StrCat("{\"instruction\":", index);
   if (mb >= 0) absl::StrAppend(&args, ",\"micro_batch\":", mb);
   return absl::StrFormat(R"j({"ph":"X","name":%s,"cat":"%s","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":%s}})j",
@@ -104,7 +108,8 @@ absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* 
     for (const proto::InstructionTiming& t : report.timings()) {
       if (t.index() < 0 || t.index() >= plan.instructions_size()) {
         return absl::InvalidArgumentError(absl::StrCat("trace: rank ", r, " timed instruction ", t.index(),
-                                                       " of a plan with ", plan.instructions_size()));
+                                                       " of a plan with ", plan.instructions_size(),
+                                                       " instructions"));
       }
       const proto::Instruction& ins = plan.instructions(t.index());
       const OpInfo op = Describe(ins);
@@ -112,11 +117,12 @@ absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* 
                              t.index(), ins.micro_batch()));
       measured[r][t.index()] = {t.start_ms(), t.end_ms()};
     }
-    const double end_us = std::max(1.0, report.iteration_ms() * 1e3);
+    const double end_us = std::max(1.0, Us(report.iteration_ms()));
     for (double ts : {0.0, end_us}) {
       events.push_back(absl::StrFormat(
           R"j({"ph":"C","name":"peak memory (MB)","pid":%d,"ts":%.3f,"args":{"measured":%.3f,"planned":%.3f}})j", r, ts,
-          report.peak_memory_mb(), plan.predicted_peak_memory_mb()));
+          std::isfinite(report.peak_memory_mb()) ? report.peak_memory_mb() : 0.0,
+          std::isfinite(plan.predicted_peak_memory_mb()) ? plan.predicted_peak_memory_mb() : 0.0));
     }
   }
   // Flows: the k-th measured send of a kind from a to b for a micro-batch
@@ -154,8 +160,8 @@ absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* 
       ++flow;
       const std::string name = absl::StrCat(activation ? "activation" : "gradient", " mb ", mb);
       // Each end sits inside its slice, which it binds to.
-      const double s_ts = std::max(0.0, s->second.first) * 1e3 + 0.25;
-      const double f_ts = std::max(0.0, f->second.first) * 1e3 + 0.25;
+      const double s_ts = Us(s->second.first) + 0.25;
+      const double f_ts = Us(f->second.first) + 0.25;
       events.push_back(absl::StrFormat(
           R"j({"ph":"s","id":%d,"name":%s,"cat":"transfer","pid":%d,"tid":%d,"ts":%.3f})j", flow, Quote(name), a,
           kMeasuredComm, s_ts));

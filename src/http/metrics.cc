@@ -63,11 +63,10 @@ void Metrics::Set(const std::string& gauge, double value, const std::string& hel
   At(gauge, Type::kGauge, help, labels).value = value;
 }
 
-void Metrics::Clear(const std::string& name, const Labels& match) {
-  MutexLock lock(&mu_);
-  auto f = families_.find(name);
-  if (f == families_.end()) return;
-  auto& series = f->second.series;
+namespace {
+
+template <typename SeriesMap>
+void EraseMatching(SeriesMap& series, const Labels& match) {
   for (auto it = series.begin(); it != series.end();) {
     const Labels& have = it->second.labels;
     const bool all = std::all_of(match.begin(), match.end(), [&](const auto& m) {
@@ -75,6 +74,18 @@ void Metrics::Clear(const std::string& name, const Labels& match) {
     });
     it = all ? series.erase(it) : std::next(it);
   }
+}
+
+}  // namespace
+
+void Metrics::Clear(const std::string& name, const Labels& match) {
+  MutexLock lock(&mu_);
+  if (auto f = families_.find(name); f != families_.end()) EraseMatching(f->second.series, match);
+}
+
+void Metrics::ClearAll(const Labels& match) {
+  MutexLock lock(&mu_);
+  for (auto& [name, f] : families_) EraseMatching(f.series, match);
 }
 
 void Metrics::Observe(const std::string& name, double value, const std::vector<double>& buckets,
@@ -95,6 +106,8 @@ namespace {
 
 // The shortest text that reads back as `v` ("0.1", not "0.10000000000000001").
 std::string Number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) return absl::StrCat(static_cast<int64_t>(v));
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof(buf), v);

@@ -27,6 +27,9 @@ class Metrics {
   // Drops every series of family `name` whose labels include all of `match`
   // (every series for an empty `match`).
   void Clear(const std::string& name, const Labels& match = {});
+  // Drops every series of every family whose labels include all of `match`
+  // (e.g. everything of a job that ended).
+  void ClearAll(const Labels& match);
   // Observes into a histogram with upper bounds `buckets` (fixed on first use).
   void Observe(const std::string& name, double value, const std::vector<double>& buckets,
                const std::string& help = "", const Labels& labels = {});

@@ -4,6 +4,8 @@
 #include "src/http/metrics.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
 
 namespace dynapipe::http {
 namespace {
@@ -29,6 +31,16 @@ TEST_CASE("Families render once with every labelled series; label values are esc
   CHECK_THAT(m.Render(), !Contains("job=\"a\"} 2.5") && Contains("dynapipe_job_loss{job=\"b"));
   m.Clear("dynapipe_job_loss");
   CHECK_THAT(m.Render(), !Contains("dynapipe_job_loss"));
+  // Everything of one job, across families.
+  m.Set("dynapipe_job_loss", 1, "Loss", {{"job", "a"}});
+  m.Set("dynapipe_job_loss", 2, "Loss", {{"job", "c"}});
+  m.ClearAll({{"job", "a"}});
+  CHECK_THAT(m.Render(), !Contains("job=\"a\"") && Contains("dynapipe_job_loss{job=\"c\"} 2\n") &&
+                             Contains("dynapipe_redis_errors_total 7\n"));
+  // The text format's spellings of non-finite values.
+  m.Set("dynapipe_x", std::numeric_limits<double>::infinity());
+  m.Set("dynapipe_y", std::nan(""));
+  CHECK_THAT(m.Render(), Contains("dynapipe_x +Inf\n") && Contains("dynapipe_y NaN\n"));
 }
 
 TEST_CASE("Labelled histograms put le last and count cumulatively") {

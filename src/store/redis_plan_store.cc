@@ -59,7 +59,6 @@ if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then redis.call('DEL',
 return 0
 )lua";
 
-// KEYS: metrics key, progress, events; ARGV: report bytes, ttl_ms, rank, iteration, event.
 // KEYS[1] history (sorted set by iteration); ARGV: iteration, summary, the
 // most entries kept. One entry per iteration: a rewrite replaces it.
 constexpr char kHistoryScript[] = R"lua(
@@ -71,6 +70,7 @@ if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - keep - 1) end
 return n
 )lua";
 
+// KEYS: metrics key, progress, events; ARGV: report bytes, ttl_ms, rank, iteration, event.
 constexpr char kReportScript[] = R"lua(
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local field = 'done:' .. ARGV[3]

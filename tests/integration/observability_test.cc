@@ -135,7 +135,7 @@ TEST_CASE("history lists every iteration of a finished 2 x 2 job and trace write
     CHECK(s.lr() > 0);
     CHECK(s.grad_norm() > 0);
   }
-  CHECK(history->iterations(5).loss() == end.last_loss());
+  CHECK(history->iterations(5).loss() == client->GetIteration(*job, 5)->reports(0).loss());
   CHECK(client->GetIterations(*job, 4, 1)->iterations(0).iteration() == 4);
 
   const std::string cli = Runfiles() + "/src/cli/dynapipe";
@@ -143,7 +143,7 @@ TEST_CASE("history lists every iteration of a finished 2 x 2 job and trace write
   INFO(lines.text);
   CHECK(lines.rc == 0);
   CHECK(std::count(lines.text.begin(), lines.text.end(), '\n') == 6);
-  CHECK_THAT(lines.text, Contains("iteration      6 | lr "));
+  CHECK_THAT(lines.text, Contains("iteration      5 | lr "));  // 0-based, as trace --iteration
   // Ended jobs leave the default listing.
   const ShellOutput active = RunShell(cli + " status --planner " + stack.address());
   CHECK_THAT(active.text, Contains("no active jobs") && Contains("1 ended job(s) not shown"));
@@ -167,7 +167,7 @@ TEST_CASE("history lists every iteration of a finished 2 x 2 job and trace write
   INFO(check.message());
   CHECK(check.ok());
   // Measured slices on every rank, and arrows between the stages.
-  for (int r = 0; r < 4; ++r) CHECK_THAT(trace, Contains(absl::StrCat("\"pid\":", r, ",\"tid\":1,")));
+  for (int r = 0; r < 4; ++r) CHECK_THAT(trace, Contains(absl::StrCat("\"cat\":\"compute\",\"pid\":", r, ",\"tid\":1,")));
   CHECK_THAT(trace, Contains("\"ph\":\"s\"") && Contains("\"ph\":\"f\""));
   // An iteration outside the job is refused, naming the range.
   const ShellOutput bad = RunShell(cli + " trace " + *job + " --iteration 99 --planner " + stack.address());
