@@ -8,6 +8,7 @@
 
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/plan/instructions.h"
+#include "planner/plan/replay.h"
 #include "planner/plan/validate.h"
 #include "planner/testing/test_specs.h"
 
@@ -270,6 +271,41 @@ TEST_CASE("Buffer slots are reused: far fewer slots than buffers") {
   }
   CHECK(p.micro_batches_size() > 8);
   CHECK(p.num_buffer_slots() * 4 < writes);
+}
+
+
+TEST_CASE("Executors that run plans in order finish when the simulation said (within 1%)") {
+  // An in-order executor runs an instruction only after the ones before it:
+  // a send emitted after a compute that starts at the same simulated instant
+  // would leave one compute late. Every method and schedule, two layouts.
+  std::mt19937 rng(21);
+  double worst = 0;
+  int replays = 0;
+  for (const auto& [pp, dp] : {std::pair{2, 2}, std::pair{4, 1}}) {
+    PlannerConfig config;
+    config.model = Gpt(8, 512, 8);
+    config.pp = pp;
+    config.dp = dp;
+    config.cluster = Cluster();
+    config.memory_limit_mb = 8000;
+    auto planner = MakePlanner(config);
+    for (const Batching b : {Batching::kDynamic, Batching::kPacking, Batching::kTokenBased}) {
+      for (int i = 0; i < 3; ++i) {
+        auto plan = planner->Plan(RandomBatch(rng, 96, 2048), i, b, {});
+        REQUIRE(plan.ok());
+        auto replay = ReplayInOrder(plan->plans);
+        INFO(BatchingName(b) << " pp " << pp << " dp " << dp << ": " << replay.status().message());
+        REQUIRE(replay.ok());
+        const double error = replay->makespan_ms / replay->simulated_ms - 1;
+        CAPTURE(replay->makespan_ms, replay->simulated_ms);
+        CHECK(error > -1e-6);  // never faster than the simulation
+        worst = std::max(worst, error);
+        ++replays;
+      }
+    }
+  }
+  CAPTURE(replays);
+  CHECK(worst < 0.01);
 }
 
 }  // namespace

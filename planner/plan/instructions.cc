@@ -11,11 +11,15 @@ namespace dynapipe::planner {
 namespace {
 
 // Order of instructions that share a simulated instant on one device.
+// Executors run a plan in order, so a send that starts when a compute does
+// goes first: after the compute it would wait for it and leave the peer one
+// compute late. Starts never block; a send's data is ready by its start (its
+// producer ended before), so it may also go before the waits for inputs.
 enum Prio : int8_t {
   kRecvStart = 0,
-  kRecvFinishOrLoad = 1,
-  kCompute = 2,
-  kSendStart = 3,
+  kSendStart = 1,
+  kRecvFinishOrLoad = 2,
+  kCompute = 3,
   kSendFinish = 4,
   kFree = 5,
   kEnd = 6,
