@@ -578,19 +578,18 @@ void PlannerService::JobMetrics(const proto::JobStatus& s) {
   metrics_.Set("dynapipe_job_plans_ahead", std::max<int64_t>(0, s.plans_ready() + 1 - s.iterations_done()),
                "Plans stored ahead of a job's training", job);
   if (s.iterations_done() <= s.start_iteration()) return;
-  auto last = store_->History(id, s.iterations_done() - 1, 1);  // the last iteration every rank finished
-  if (!last.ok() || last->empty()) return;
-  const proto::IterationSummary& h = last->front();
+  // What status shows (FillLastIteration): the last completed iteration,
+  // tokens/s over up to 20 of them.
   const int pp = std::max(1, s.spec().parallelism().pp()), dp = std::max(1, s.spec().parallelism().dp());
-  const double tokens = static_cast<double>(h.tokens()), seconds = h.iteration_ms() / 1e3;
-  metrics_.Set("dynapipe_job_loss", h.loss(), "Training loss of a job's last completed iteration", job);
-  metrics_.Set("dynapipe_job_iteration_seconds", seconds,
+  metrics_.Set("dynapipe_job_loss", s.last_loss(), "Training loss of a job's last completed iteration", job);
+  metrics_.Set("dynapipe_job_iteration_seconds", s.last_iteration_ms() / 1e3,
                "Measured time of a job's last completed iteration (the slowest rank)", job);
-  metrics_.Set("dynapipe_job_predicted_iteration_seconds", h.predicted_iteration_ms() / 1e3,
+  metrics_.Set("dynapipe_job_predicted_iteration_seconds", s.predicted_iteration_ms() / 1e3,
                "The planner's prediction for a job's last completed iteration", job);
-  if (seconds <= 0) return;
-  metrics_.Set("dynapipe_job_tokens_per_second", tokens / seconds,
-               "Real (non-padding) tokens per second of a job's last completed iteration", job);
+  const double tokens_per_s = s.tokens_per_second();
+  if (tokens_per_s <= 0) return;
+  metrics_.Set("dynapipe_job_tokens_per_second", tokens_per_s,
+               "Real (non-padding) tokens per second over a job's last 20 completed iterations", job);
   std::shared_ptr<const JobRuntime> rt;
   {
     MutexLock lock(&runtimes_mu_);
@@ -598,9 +597,9 @@ void PlannerService::JobMetrics(const proto::JobStatus& s) {
   }
   const double peak = s.spec().cluster().device().peak_tflops() * 1e12 * pp * dp;
   if (rt && peak > 0) {
-    metrics_.Set("dynapipe_job_model_flops_utilization", tokens / seconds * FlopsPerToken(rt->planner->model()) / peak,
-                 "Model FLOPs utilization of a job's last completed iteration: 6 x parameters x tokens/s over the "
-                 "devices' peak (cluster.device.peak_tflops x ranks)",
+    metrics_.Set("dynapipe_job_model_flops_utilization", tokens_per_s * FlopsPerToken(rt->planner->model()) / peak,
+                 "Model FLOPs utilization over a job's last 20 completed iterations: 6 x parameters x tokens/s over "
+                 "the devices' peak (cluster.device.peak_tflops x ranks)",
                  job);
   }
 }
@@ -618,6 +617,7 @@ std::string PlannerService::MetricsText() {
         metrics_.ClearAll({{"job", id}});  // series exist while the job is active
         continue;
       }
+      FillLastIteration(&*s);
       running += s->state() == proto::JobState::running;
       const int64_t ahead = std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done());
       min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);
