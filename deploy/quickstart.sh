@@ -73,11 +73,13 @@ echo
 python3 - "$watch_log" "$elapsed" "$DYNAPIPE_RUN_DIR" "$ckpt_dir" <<'PY'
 import re, sys
 log, elapsed, run, ckpt = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-rows = []
+# watch: "JOB STATE iteration D/N | lr R | loss L (avg A) | grad norm G | M ms (planned P) | T tokens/s | ETA E"
+by_iteration = {}
 for line in open(log):
-    m = re.search(r"iteration (\d+)/(\d+).*loss ([\d.]+), ([\d.]+) ms \(predicted ([\d.]+)\), (\d+) tokens/s", line)
+    m = re.search(r"iteration (\d+)/(\d+) \| lr \S+ \| loss ([\d.]+) .*\| ([\d.]+) ms \(planned ([\d.]+)\) \| (\d+) tokens/s", line)
     if m:
-        rows.append(tuple(float(x) for x in m.groups()))
+        by_iteration[int(m.group(1))] = tuple(float(x) for x in m.groups())  # the final status repeats the last
+rows = [by_iteration[k] for k in sorted(by_iteration)]
 if not rows:
     sys.exit("quickstart: no iterations reported")
 first, last = rows[0], rows[-1]
@@ -88,7 +90,7 @@ print("quickstart summary")
 tail = [r[2] for r in rows[-20:]]
 print(f"  loss            {first[2]:.4f} -> {last[2]:.4f}  ({last[2] / first[2]:.2f}x; mean of the last {len(tail)}: {sum(tail) / len(tail):.4f})")
 print(f"  iteration time  {measured:.0f} ms measured, {predicted:.0f} ms planned (mean over {n} reported)")
-print(f"  throughput      {sum(r[5] for r in rows) / n:.0f} real tokens/s per data-parallel group")
+print(f"  throughput      {last[5]:.0f} real tokens/s (the job's, over its last 20 iterations)")
 print(f"  wall time       {elapsed} s for {int(last[1])} iterations")
 print(f"  logs            {run}")
 print(f"  checkpoints     {ckpt}")
