@@ -2,44 +2,13 @@
 
 #include <algorithm>
 #include <map>
-#include <tuple>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "planner/plan/transfers.h"
 
 namespace dynapipe::planner {
-namespace {
-
-using I = proto::Instruction;
-using Key = std::tuple<bool, int, int, int>;  // (activation, from, to, micro-batch)
-
-// The transfer an instruction starts or waits for: its key, and whether it is
-// the sending side.
-bool TransferOf(const proto::Instruction& ins, int rank, Key* key, bool* send) {
-  switch (ins.op_case()) {
-    case I::kSendActivationStart:
-    case I::kSendActivationFinish: {
-      const auto& op = ins.has_send_activation_start() ? ins.send_activation_start() : ins.send_activation_finish();
-      *key = {true, rank, op.peer(), ins.micro_batch()};
-      *send = true;
-      return true;
-    }
-    case I::kSendGradStart:
-    case I::kSendGradFinish: {
-      const auto& op = ins.has_send_grad_start() ? ins.send_grad_start() : ins.send_grad_finish();
-      *key = {false, rank, op.peer(), ins.micro_batch()};
-      *send = true;
-      return true;
-    }
-    case I::kRecvActivationFinish: *key = {true, ins.recv_activation_finish().peer(), rank, ins.micro_batch()}; break;
-    case I::kRecvGradFinish: *key = {false, ins.recv_grad_finish().peer(), rank, ins.micro_batch()}; break;
-    default: return false;
-  }
-  *send = false;
-  return true;
-}
-
-}  // namespace
 
 absl::StatusOr<Replay> ReplayInOrder(std::span<const proto::ExecutionPlan> plans) {
   const int world = static_cast<int>(plans.size());
@@ -49,8 +18,8 @@ absl::StatusOr<Replay> ReplayInOrder(std::span<const proto::ExecutionPlan> plans
   // Arrival times of posted sends, per key in posting order; how many of
   // each key every rank has consumed (send finishes and receive finishes
   // count separately).
-  std::map<Key, std::vector<double>> arrivals;
-  std::map<std::pair<Key, bool>, size_t> used;
+  std::map<TransferKey, std::vector<double>> arrivals;
+  std::map<std::pair<TransferKey, TransferStep>, size_t> used;
   std::map<int, std::vector<int>> at_all_reduce;  // pp rank -> ranks waiting there
   for (const proto::ExecutionPlan& p : plans) {
     for (const proto::Instruction& ins : p.instructions()) out.simulated_ms = std::max(out.simulated_ms, ins.sim_end_ms());
@@ -62,16 +31,14 @@ absl::StatusOr<Replay> ReplayInOrder(std::span<const proto::ExecutionPlan> plans
       while (pc[r] < static_cast<size_t>(plan.instructions_size())) {
         const proto::Instruction& ins = plan.instructions(static_cast<int>(pc[r]));
         const double duration = std::max(0.0, ins.sim_end_ms() - ins.sim_start_ms());
-        Key key;
-        bool send = false;
+        const std::optional<TransferOp> x = TransferOf(ins, r);
         if (ins.has_forward() || ins.has_backward()) {
           now[r] += duration;
-        } else if (ins.has_send_activation_start() || ins.has_send_grad_start()) {
-          TransferOf(ins, r, &key, &send);
-          arrivals[key].push_back(now[r] + duration);  // the transfer's own simulated time
-        } else if (TransferOf(ins, r, &key, &send)) {  // a finish: wait for the arrival
-          size_t& n = used[{key, send}];
-          auto a = arrivals.find(key);
+        } else if (x && x->step == TransferStep::kSendStart) {
+          arrivals[x->key].push_back(now[r] + duration);  // the transfer's own simulated time
+        } else if (x && x->step != TransferStep::kRecvStart) {  // a finish: wait for the arrival
+          size_t& n = used[{x->key, x->step}];
+          auto a = arrivals.find(x->key);
           if (a == arrivals.end() || a->second.size() <= n) break;  // not posted yet
           now[r] = std::max(now[r], a->second[n++]);
         } else if (ins.has_all_reduce_grads()) {

@@ -3,13 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
-#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/struct.pb.h"
+#include "planner/plan/transfers.h"
 #include "src/common/proto_io.h"
 
 namespace dynapipe::cli {
@@ -29,28 +30,26 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
-// The instruction's name and whether it is communication; its peer (-1: none).
+// The instruction's name and whether it is communication.
 struct OpInfo {
   std::string name;
   bool comm = false;
-  int peer = -1;
 };
 
 OpInfo Describe(const proto::Instruction& ins) {
   using I = proto::Instruction;
-  auto comm = [](const char* what, const proto::CommOp& op) { return OpInfo{what, true, op.peer()}; };
   switch (ins.op_case()) {
     case I::kLoadInput: return {"load input"};
     case I::kForward: return {"forward"};
     case I::kBackward: return {"backward"};
-    case I::kSendActivationStart: return comm("send activation", ins.send_activation_start());
-    case I::kSendActivationFinish: return comm("send activation (wait)", ins.send_activation_finish());
-    case I::kRecvActivationStart: return comm("receive activation", ins.recv_activation_start());
-    case I::kRecvActivationFinish: return comm("receive activation (wait)", ins.recv_activation_finish());
-    case I::kSendGradStart: return comm("send gradient", ins.send_grad_start());
-    case I::kSendGradFinish: return comm("send gradient (wait)", ins.send_grad_finish());
-    case I::kRecvGradStart: return comm("receive gradient", ins.recv_grad_start());
-    case I::kRecvGradFinish: return comm("receive gradient (wait)", ins.recv_grad_finish());
+    case I::kSendActivationStart: return {"send activation", true};
+    case I::kSendActivationFinish: return {"send activation (wait)", true};
+    case I::kRecvActivationStart: return {"receive activation", true};
+    case I::kRecvActivationFinish: return {"receive activation (wait)", true};
+    case I::kSendGradStart: return {"send gradient", true};
+    case I::kSendGradFinish: return {"send gradient (wait)", true};
+    case I::kRecvGradStart: return {"receive gradient", true};
+    case I::kRecvGradFinish: return {"receive gradient (wait)", true};
     case I::kFreeBuffer: return {"free buffer"};
     case I::kAllReduceGrads: return {"all-reduce gradients", true};
     case I::kOptimizerStep: return {"optimizer step"};
@@ -128,24 +127,13 @@ absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* 
   // Flows: the k-th measured send of a kind from a to b for a micro-batch
   // meets the k-th receive (its wait) at b from a of that kind and
   // micro-batch.
-  using Key = std::tuple<bool, int, int, int>;  // (activation, from, to, micro-batch)
-  std::map<Key, std::vector<int>> sends, recvs;  // -> instruction indices, in plan order
+  std::map<planner::TransferKey, std::vector<int>> sends, recvs;  // -> instruction indices, in plan order
   for (int r = 0; r < world; ++r) {
     const proto::ExecutionPlan& plan = it.plans(r);
     for (int i = 0; i < plan.instructions_size(); ++i) {
-      const proto::Instruction& ins = plan.instructions(i);
-      using I = proto::Instruction;
-      switch (ins.op_case()) {
-        case I::kSendActivationStart:
-          sends[{true, r, ins.send_activation_start().peer(), ins.micro_batch()}].push_back(i);
-          break;
-        case I::kSendGradStart: sends[{false, r, ins.send_grad_start().peer(), ins.micro_batch()}].push_back(i); break;
-        case I::kRecvActivationFinish:
-          recvs[{true, ins.recv_activation_finish().peer(), r, ins.micro_batch()}].push_back(i);
-          break;
-        case I::kRecvGradFinish: recvs[{false, ins.recv_grad_finish().peer(), r, ins.micro_batch()}].push_back(i); break;
-        default: break;
-      }
+      const std::optional<planner::TransferOp> x = planner::TransferOf(plan.instructions(i), r);
+      if (x && x->step == planner::TransferStep::kSendStart) sends[x->key].push_back(i);
+      if (x && x->step == planner::TransferStep::kRecvFinish) recvs[x->key].push_back(i);
     }
   }
   int flow = 0;
