@@ -9,6 +9,18 @@
 #include "src/common/status_macros.h"
 
 namespace dynapipe::planner::service {
+namespace {
+
+// What every rank reports alike (executors learn the global loss and norm),
+// taken from rank 0's report.
+void TakeGlobal(const proto::IterationReport& rank0, proto::IterationSummary* s) {
+  s->set_loss(rank0.loss());
+  s->set_predicted_iteration_ms(rank0.predicted_iteration_ms());
+  s->set_lr(rank0.lr());
+  s->set_grad_norm(rank0.grad_norm());
+}
+
+}  // namespace
 
 void PlannerService::FillLastIteration(proto::JobStatus* s) {
   // The history's last iterations every rank finished.
@@ -24,11 +36,8 @@ void PlannerService::FillLastIteration(proto::JobStatus* s) {
     if (!r.ok()) return;
     proto::IterationSummary& latest = h->emplace_back();
     latest.set_iteration(last_done);
-    latest.set_loss(r->loss());
+    TakeGlobal(*r, &latest);
     latest.set_iteration_ms(r->iteration_ms());
-    latest.set_predicted_iteration_ms(r->predicted_iteration_ms());
-    latest.set_lr(r->lr());
-    latest.set_grad_norm(r->grad_norm());
     latest.set_tokens(r->tokens() * std::max(1, s->spec().parallelism().dp()));  // rank 0's group, times the groups
   }
   const proto::IterationSummary& last = h->back();
@@ -61,12 +70,7 @@ void PlannerService::RecordHistory(const proto::JobStatus& job, int64_t iteratio
       spdlog::warn("job {} iteration {}: no history entry: {}", job.job_id(), iteration, report.status().message());
       return;
     }
-    if (r == 0) {  // executors report the global loss (and norm) on every rank
-      s.set_loss(report->loss());
-      s.set_predicted_iteration_ms(report->predicted_iteration_ms());
-      s.set_lr(report->lr());
-      s.set_grad_norm(report->grad_norm());
-    }
+    if (r == 0) TakeGlobal(*report, &s);
     if (r % pp == 0) s.set_tokens(s.tokens() + report->tokens());  // first stage of its data-parallel group
     s.set_iteration_ms(std::max(s.iteration_ms(), report->iteration_ms()));
     s.set_peak_memory_mb(std::max(s.peak_memory_mb(), report->peak_memory_mb()));

@@ -27,6 +27,11 @@ std::string Json(absl::string_view s) {
   return out + "\"";
 }
 
+// Plans stored ahead of a job's training.
+int64_t PlansAhead(const proto::JobStatus& s) {
+  return std::max<int64_t>(0, s.plans_ready() + 1 - s.iterations_done());
+}
+
 }  // namespace
 
 // ---- Status ----
@@ -77,7 +82,7 @@ std::string PlannerService::StatusJson() {
           "{\"job_id\":%s,\"name\":%s,\"state\":%s,\"iterations\":%d,\"iterations_done\":%d,\"plans_ready\":%d,"
           "\"plans_ahead\":%d,\"last_iteration_ms\":%.3f,\"predicted_iteration_ms\":%.3f,\"error\":%s%s}",
           Json(id), Json(s->spec().name()), Json(proto::JobState::Value_Name(s->state())), s->spec().iterations(),
-          s->iterations_done(), s->plans_ready(), std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done()),
+          s->iterations_done(), s->plans_ready(), PlansAhead(*s),
           last_ms, predicted_ms, Json(s->error()), RefitJson(id)));
     }
   }
@@ -128,8 +133,7 @@ void PlannerService::JobMetrics(const proto::JobStatus& s) {
                job);
   metrics_.Set("dynapipe_job_iterations_completed", static_cast<double>(s.iterations_done()),
                "Iterations every rank of a job reported", job);
-  metrics_.Set("dynapipe_job_plans_ahead", std::max<int64_t>(0, s.plans_ready() + 1 - s.iterations_done()),
-               "Plans stored ahead of a job's training", job);
+  metrics_.Set("dynapipe_job_plans_ahead", PlansAhead(s), "Plans stored ahead of a job's training", job);
   if (s.iterations_done() <= s.start_iteration()) return;
   // What status shows (FillLastIteration): the last completed iteration,
   // tokens/s over up to 20 of them.
@@ -172,7 +176,7 @@ std::string PlannerService::MetricsText() {
       }
       FillLastIteration(&*s);
       running += s->state() == proto::JobState::running;
-      const int64_t ahead = std::max<int64_t>(0, s->plans_ready() + 1 - s->iterations_done());
+      const int64_t ahead = PlansAhead(*s);
       min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);
       JobMetrics(*s);
     }
