@@ -16,6 +16,7 @@
 #include "src/rpc/defaults.h"
 #include "src/rpc/planner_client.h"
 #include "src/spec/job_spec.h"
+#include "src/spec/job_state.h"
 
 namespace dynapipe::cli {
 namespace {
@@ -23,10 +24,6 @@ namespace {
 std::string Env(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : fallback;
-}
-
-bool Ended(proto::JobState::Value s) {
-  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
 }
 
 // "1:02:03"; "-" when not known.
@@ -40,7 +37,7 @@ std::string Clock(double seconds) {
 // time per iteration against the plan, throughput, elapsed, ETA, and why it
 // waits or ended.
 std::string Line(const proto::JobStatus& s) {
-  const bool ended = Ended(s.state());
+  const bool ended = spec::IsTerminal(s.state());
   const int64_t until = ended ? s.update_time_unix_ms() : absl::ToUnixMillis(absl::Now());
   std::string line = absl::StrFormat("%-20s %-16s %-9s iteration %d/%d", s.job_id(), s.spec().name(),
                                      proto::JobState::Value_Name(s.state()), s.iterations_done(), s.spec().iterations());
@@ -137,7 +134,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
     if (!args->Has("all")) {
       auto* jobs = list->mutable_jobs();
       for (int i = jobs->size() - 1; i >= 0; --i) {
-        if (Ended(jobs->Get(i).state())) {
+        if (spec::IsTerminal(jobs->Get(i).state())) {
           jobs->DeleteSubrange(i, 1);
           ++hidden;
         }

@@ -20,6 +20,7 @@
 #include "proto/plan.pb.h"
 #include "proto/report.pb.h"
 #include "proto/services.pb.h"
+#include "src/spec/job_state.h"
 
 namespace dynapipe::store {
 
@@ -158,9 +159,7 @@ inline int WorldSize(const proto::JobSpec& spec) {
 }
 
 // Succeeded, failed and cancelled jobs never change state again.
-inline bool IsTerminal(proto::JobState::Value s) {
-  return s == proto::JobState::succeeded || s == proto::JobState::failed || s == proto::JobState::cancelled;
-}
+using spec::IsTerminal;
 
 // INVALID_ARGUMENT unless the arguments of MarkCheckpointShard make sense.
 inline absl::Status CheckShardMark(const std::string& checkpoint_dir, int64_t iteration, int rank, int world) {
