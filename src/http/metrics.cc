@@ -43,9 +43,9 @@ Metrics::Series& Metrics::At(const std::string& name, Type type, const std::stri
   Family& f = families_[name];
   if (f.series.empty()) f.type = type;
   if (!help.empty()) f.help = help;
-  Series& s = f.series[RenderLabels(labels)];
-  s.labels = labels;
-  return s;
+  auto [it, added] = f.series.try_emplace(RenderLabels(labels));
+  if (added) it->second.labels = labels;  // the key already says them
+  return it->second;
 }
 
 void Metrics::Add(const std::string& name, double delta, const std::string& help, const Labels& labels) {
