@@ -55,6 +55,7 @@ absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& spec) {
   c.cluster = job.cluster();
   c.memory_limit_mb = job.memory_limit_mb();
   c.zero1 = job.optimizer().zero1();
+  c.work.varlen_attention = job.model().attention() == proto::AttentionKernel::varlen;
   return c;
 }
 
@@ -66,7 +67,8 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(const PlannerConfig& co
   mem.zero1 = config.zero1;
   mem.weight_bytes = config.model.dtype() == proto::DType::fp32 ? 4 : 2;
   ASSIGN_OR_RETURN(PipelineModel pm,
-                   PipelineModel::Create(config.model, config.pp, config.layer_to_device, std::move(cost), mem));
+                   PipelineModel::Create(config.model, config.pp, config.layer_to_device, std::move(cost), mem,
+                                         config.work));
   if (config.policy == proto::ScheduleSpec::one_f_one_b && pm.interleaved()) {
     return absl::InvalidArgumentError("schedule.policy: 1f1b needs one layer range per device");
   }
@@ -127,6 +129,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::sp
         break;
       case Batching::kDynamic: break;
     }
+    ApplyWork(samples, config_.work, std::span<MicroBatch>(mbs));
     const bool fixed = (b == Batching::kTokenBased && config_.micro_batch_tokens > 0) ||
                        ((b == Batching::kPadding || b == Batching::kFixedMbs) && config_.micro_batch_size > 0);
     if (!fits(mbs)) break;  // larger sizes only need more memory

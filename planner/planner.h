@@ -44,6 +44,7 @@ struct PlannerConfig {
   double memory_limit_mb = 80000;
   bool zero1 = false;
   proto::ClusterSpec cluster;
+  WorkModel work;  // what executors compute of a micro-batch (from model.attention)
 };
 
 // The planning part of a JobSpec, after spec::NormalizeJobSpec (defaults and

@@ -130,6 +130,39 @@ TEST_CASE("Every batching method yields valid plans on the same batch") {
   CHECK(ms[0] <= 1.05 * *std::min_element(ms.begin(), ms.end()));
 }
 
+TEST_CASE("Varlen attention: every method stays valid and packing no longer pays for pairs across samples") {
+  PlannerConfig config;
+  config.model = Gpt(8, 512, 8);
+  config.pp = 2;
+  config.dp = 2;
+  config.cluster = Cluster();
+  config.memory_limit_mb = 8000;
+  config.max_seq_len = 4096;
+  auto materialized = MakePlanner(config);
+  config.work.varlen_attention = true;
+  auto varlen = MakePlanner(config);
+  std::mt19937 rng(5);
+  const auto batch = RandomBatch(rng, 96, config.max_seq_len);
+  std::vector<double> ms(kNumBatchings), masked(kNumBatchings);
+  for (int b = 0; b < kNumBatchings; ++b) {
+    INFO(BatchingName(static_cast<Batching>(b)));
+    auto plan = varlen->Plan(batch, 0, static_cast<Batching>(b), {});
+    REQUIRE(plan.ok());
+    CHECK(ValidatePlans(plan->plans).ok());
+    ms[b] = plan->predicted_ms;
+    auto grid = materialized->Plan(batch, 0, static_cast<Batching>(b), {});
+    REQUIRE(grid.ok());
+    masked[b] = grid->predicted_ms;
+  }
+  const int packing = static_cast<int>(Batching::kPacking), padding = static_cast<int>(Batching::kPadding);
+  // Packed rows of 4096 tokens hold many samples: most of their pairs are gone.
+  CHECK(ms[packing] < 0.8 * masked[packing]);
+  // Sorted micro-batches hold samples of similar lengths: little to save.
+  CHECK(ms[0] <= masked[0]);
+  CHECK(ms[0] > 0.7 * masked[0]);
+  CHECK(ms[0] < ms[padding]);
+}
+
 TEST_CASE("A sample too long for memory is named, with the limit") {
   PlannerConfig config;
   config.model = Gpt(4, 1024, 16);

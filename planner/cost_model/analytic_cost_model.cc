@@ -50,19 +50,19 @@ double AnalyticCostModel::AttentionSeconds(double flops) const { return flops / 
 
 double AnalyticCostModel::MemorySeconds(double bytes) const { return bytes / (mem_bw_ * mem_eff_); }
 
-LayerCost AnalyticCostModel::Block(double b, double sq, double skv, bool causal, bool mlp, Recompute r) const {
+LayerCost AnalyticCostModel::Block(double tq, double tkv, double cells, bool causal, bool mlp, Recompute r) const {
   const double h = h_, f = f_, a = a_, B = bytes_;
   const double scale = B / 2;  // Korthikanti's byte counts assume 16-bit activations
-  const bool self = sq == skv;
-  // GEMMs: Q and output projection on sq rows, K and V on skv rows, MLP on sq.
-  const double proj_flops = 2 * b * sq * 2 * h * h + 2 * b * skv * 2 * h * h;
-  const double mlp_flops = mlp ? 2 * b * sq * 2 * h * f : 0;
+  const bool self = tq == tkv;
+  // GEMMs: Q and output projection on the query tokens, K and V on the key tokens, MLP on the queries.
+  const double proj_flops = 2 * tq * 2 * h * h + 2 * tkv * 2 * h * h;
+  const double mlp_flops = mlp ? 2 * tq * 2 * h * f : 0;
   const double causal_frac = causal && fused_ ? 0.5 : 1.0;  // fused kernels skip masked tiles
-  const double attn_flops = 4 * b * sq * skv * h * causal_frac;
+  const double attn_flops = 4 * cells * h * causal_frac;
   // Element-wise traffic: layer norms, residuals, dropout, GELU over 4h.
-  const double elem_bytes = b * sq * (12 * h + (mlp ? 4 * f : 0)) * B;
-  const double score_bytes = fused_ ? 0 : 4 * b * a * sq * skv * B;  // write, softmax r/w, read
-  const double gemm_s = GemmSeconds(proj_flops + mlp_flops, b * sq);
+  const double elem_bytes = tq * (12 * h + (mlp ? 4 * f : 0)) * B;
+  const double score_bytes = fused_ ? 0 : 4 * a * cells * B;  // write, softmax r/w, read
+  const double gemm_s = GemmSeconds(proj_flops + mlp_flops, tq);
   const double attn_s = AttentionSeconds(attn_flops) + MemorySeconds(score_bytes);
   const double elem_s = MemorySeconds(elem_bytes);
 
@@ -70,10 +70,10 @@ LayerCost AnalyticCostModel::Block(double b, double sq, double skv, bool causal,
   c.fw_ms = (gemm_s + attn_s + elem_s) * 1e3 + overhead_ms_;
   c.bw_ms = 2 * (gemm_s + attn_s + elem_s) * 1e3 + overhead_ms_;
   // Stored activations (bytes); the MLP accounts for 19 of Korthikanti's 34 sbh.
-  const double linear = (mlp ? 34.0 : 15.0) * sq * b * h * scale + (self ? 0 : 2.0 * skv * b * h * scale);
-  const double scores = fused_ ? 0 : 5.0 * a * sq * skv * b * scale;
-  const double input = sq * b * h * B + (self ? 0 : skv * b * h * B);
-  const double transient = (fused_ ? 0 : 2.0 * b * a * sq * skv * B) + (mlp ? b * sq * f * B : b * sq * h * B);
+  const double linear = (mlp ? 34.0 : 15.0) * tq * h * scale + (self ? 0 : 2.0 * tkv * h * scale);
+  const double scores = fused_ ? 0 : 5.0 * a * cells * scale;
+  const double input = tq * h * B + (self ? 0 : tkv * h * B);
+  const double transient = (fused_ ? 0 : 2.0 * a * cells * B) + (mlp ? tq * f * B : tq * h * B);
   double stored = linear + scores;
   double peak = transient;
   switch (r) {
@@ -99,11 +99,11 @@ absl::StatusOr<LayerCost> AnalyticCostModel::Cost(LayerKind kind, const Shape& s
   }
   const double b = shape.mbs, s = shape.seq, sd = shape.dec_seq, h = h_, B = bytes_;
   switch (kind) {
-    case LayerKind::kEncoder: return Block(b, s, s, causal_, /*mlp=*/true, r);
+    case LayerKind::kEncoder: return Block(b * s, b * s, shape.work_cells(), causal_, /*mlp=*/true, r);
     case LayerKind::kDecoder: {
       if (shape.dec_seq <= 0) return absl::OutOfRangeError("analytic cost: decoder layer needs dec_seq > 0");
-      LayerCost self = Block(b, sd, sd, /*causal=*/true, /*mlp=*/true, r);
-      const LayerCost cross = Block(b, sd, s, /*causal=*/false, /*mlp=*/false, r);
+      LayerCost self = Block(b * sd, b * sd, b * sd * sd, /*causal=*/true, /*mlp=*/true, r);
+      const LayerCost cross = Block(b * sd, b * s, b * sd * s, /*causal=*/false, /*mlp=*/false, r);
       self.fw_ms += cross.fw_ms;
       self.bw_ms += cross.bw_ms;
       self.stored_mb += cross.stored_mb;

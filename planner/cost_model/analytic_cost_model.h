@@ -38,7 +38,9 @@ class AnalyticCostModel : public LayerCostModel {
   double AttentionSeconds(double flops) const;
   double MemorySeconds(double bytes) const;
   // One self- or cross-attention block plus (optionally) the MLP.
-  LayerCost Block(double b, double sq, double skv, bool causal, bool mlp, Recompute r) const;
+  // One attention block over `tq` query tokens and `tkv` key tokens with
+  // `cells` query x key pairs (b * sq * skv for a padded grid).
+  LayerCost Block(double tq, double tkv, double cells, bool causal, bool mlp, Recompute r) const;
 
   double h_ = 0, f_ = 0, a_ = 0, vocab_ = 0, positions_ = 0;
   bool causal_ = true;  // GPT: causal self-attention; T5 encoder: bidirectional

@@ -31,6 +31,25 @@ TEST_CASE("Analytic costs grow with size and length; attention makes length supe
   CHECK(cost(1, 2048).stored_mb == Approx((34.0 * 2048 * 4096 + 5.0 * 32 * 2048 * 2048) / 1e6));
 }
 
+TEST_CASE("Varlen attention is priced by the pairs inside each sample, the GEMMs by the padded grid") {
+  auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  REQUIRE(m.ok());
+  auto cost = [&](const Shape& s) { return *(*m)->Cost(LayerKind::kEncoder, s, Recompute::kNone); };
+  const Shape grid{4, 2048, 0};
+  // Four samples of 512 packed into each row: a quarter of the pairs.
+  const Shape packed = WorkShape(grid, 16LL * 512 * 512, WorkModel{.varlen_attention = true});
+  CHECK(packed.cells == 16LL * 512 * 512);
+  CHECK(cost(packed).fw_ms < 0.9 * cost(grid).fw_ms);
+  CHECK(cost(packed).stored_mb < cost(grid).stored_mb);
+  // Attention is the only difference: a packed row of one-token samples costs the GEMMs alone.
+  const Shape tiny = WorkShape(grid, 4LL * 2048, WorkModel{.varlen_attention = true});
+  CHECK(cost(tiny).fw_ms > 0.3 * cost(grid).fw_ms);
+  // Samples that fill their rows, or a kernel that masks after computing, price the grid.
+  CHECK(WorkShape(grid, 4LL * 2048 * 2048, WorkModel{.varlen_attention = true}).padded());
+  CHECK(WorkShape(grid, 16LL * 512 * 512, WorkModel{.varlen_attention = false}).padded());
+  CHECK(WorkShape(Shape{4, 256, 128}, 100, WorkModel{.varlen_attention = true}).padded());  // encoder-decoder
+}
+
 TEST_CASE("Recomputation trades memory for backward time") {
   auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
   REQUIRE(m.ok());

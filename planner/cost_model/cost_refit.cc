@@ -40,6 +40,16 @@ double Megabytes(const proto::CommOp& op) {
   return bytes / 1e6;
 }
 
+// A planned micro-batch's shape as executors compute it (WorkShape).
+Shape ShapeOf(const proto::MicroBatch& mb, const WorkModel& work) {
+  int64_t sum_sq = 0;
+  for (const proto::PlacedSample& s : mb.samples()) {
+    const int64_t len = std::clamp<int64_t>(s.input_len(), 0, mb.seq_len());
+    sum_sq += len * len;
+  }
+  return WorkShape({mb.rows(), mb.seq_len(), mb.dec_seq_len()}, sum_sq, work);
+}
+
 // A chunk's base costs and features for one micro-batch shape.
 struct ChunkSample {
   double base_fw = 0, base_bw = 0, tokens = 0, attention = 0;
@@ -118,7 +128,7 @@ absl::Status AddReplay(const PipelineModel& layout, const LayerCostModel& base,
       const Recompute r = RecomputeOf(plan.recompute());
       for (int m = 0; m < g.num_mb; ++m) {
         const proto::MicroBatch& mb = plan.micro_batches(m);
-        const Shape shape{mb.rows(), mb.seq_len(), mb.dec_seq_len()};
+        const Shape shape = ShapeOf(mb, layout.work());
         for (int c = 0; c < C; ++c) {
           absl::StatusOr<ChunkSample> cs = ChunkSampleOf(layout.chunks()[c], base, shape, r);
           if (!cs.ok()) return cs.status();
@@ -198,8 +208,8 @@ absl::StatusOr<IterationSamples> SamplesOf(const PipelineModel& layout, const La
           auto it = cache.find({ins.micro_batch(), chunk});
           if (it == cache.end()) {
             const proto::MicroBatch& mb = plan.micro_batches(ins.micro_batch());
-            absl::StatusOr<ChunkSample> cs = ChunkSampleOf(layout.chunks()[chunk], base,
-                                                           Shape{mb.rows(), mb.seq_len(), mb.dec_seq_len()}, r);
+            absl::StatusOr<ChunkSample> cs =
+                ChunkSampleOf(layout.chunks()[chunk], base, ShapeOf(mb, layout.work()), r);
             if (!cs.ok()) return cs.status();
             it = cache.emplace(std::make_pair(ins.micro_batch(), chunk), *cs).first;
           }

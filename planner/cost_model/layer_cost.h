@@ -4,6 +4,7 @@
 // ask "how long and how much memory", implemented from a measured profile or
 // from model dimensions and a device description.
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,13 +24,36 @@ const char* LayerKindName(LayerKind kind);
 const char* RecomputeName(Recompute r);
 
 // A padded micro-batch: `mbs` rows of `seq` tokens (and `dec_seq` decoder
-// tokens for encoder-decoder models).
+// tokens for encoder-decoder models). With a varlen attention kernel
+// (decoder-only models) attention computes only the query x key pairs inside
+// each sample: `cells`, the sum of the samples' squared lengths (0: the whole
+// grid, mbs * seq * seq, as a kernel that masks after computing pays).
 struct Shape {
   int mbs = 0;
   int seq = 0;
   int dec_seq = 0;
+  int64_t cells = 0;
   bool operator==(const Shape&) const = default;
+
+  // Attention covers the whole grid.
+  bool padded() const { return cells == 0; }
+  // Query x key pairs attention computes (encoder side).
+  double work_cells() const {
+    return cells > 0 ? static_cast<double>(cells) : static_cast<double>(mbs) * seq * seq;
+  }
 };
+
+// What an executor computes of a decoder-only micro-batch, and therefore
+// what the planner prices (Shape::cells).
+struct WorkModel {
+  // Attention only between tokens of one sample (model.attention varlen):
+  // neither padding nor the other samples of a packed row cost attention.
+  bool varlen_attention = false;
+};
+
+// The grid `padded` holding samples whose squared lengths sum to `sum_sq`,
+// as `work` computes it. Encoder-decoder shapes (dec_seq > 0) stay the grid.
+Shape WorkShape(Shape padded, int64_t sum_sq, const WorkModel& work);
 
 struct LayerCost {
   double fw_ms = 0;

@@ -11,7 +11,7 @@ namespace dynapipe::planner {
 absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& model, int num_devices,
                                                     std::span<const int> layer_to_device,
                                                     std::shared_ptr<const LayerCostModel> cost,
-                                                    MemoryOptions memory) {
+                                                    MemoryOptions memory, WorkModel work) {
   if (num_devices <= 0) return absl::InvalidArgumentError("parallelism.pp: must be positive");
   if (model.num_layers() <= 0) return absl::InvalidArgumentError("model.num_layers: must be positive");
   const bool t5 = model.kind() == proto::ModelKind::t5;
@@ -53,6 +53,7 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
   PipelineModel pm;
   pm.cost_ = std::move(cost);
   pm.memory_ = memory;
+  pm.work_ = work;
   pm.num_devices_ = num_devices;
   pm.encoder_decoder_ = t5;
   pm.num_encoder_layers_ = model.num_layers();

@@ -57,7 +57,8 @@ class PipelineModel {
   // state alone does not fit on a device.
   static absl::StatusOr<PipelineModel> Create(const proto::ModelSpec& model, int num_devices,
                                               std::span<const int> layer_to_device,
-                                              std::shared_ptr<const LayerCostModel> cost, MemoryOptions memory);
+                                              std::shared_ptr<const LayerCostModel> cost, MemoryOptions memory,
+                                              WorkModel work = {});
 
   int num_devices() const { return num_devices_; }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
@@ -69,6 +70,8 @@ class PipelineModel {
   const LayerCostModel& cost_model() const { return *cost_; }
   const std::shared_ptr<const LayerCostModel>& shared_cost_model() const { return cost_; }
   const MemoryOptions& memory() const { return memory_; }
+  // What executors compute of a micro-batch (see WorkShape).
+  const WorkModel& work() const { return work_; }
 
   // Per-chunk costs of one micro-batch; OUT_OF_RANGE passes through from the
   // layer cost model. `out` must hold num_chunks() entries.
@@ -89,6 +92,7 @@ class PipelineModel {
 
   std::shared_ptr<const LayerCostModel> cost_;
   MemoryOptions memory_;
+  WorkModel work_;
   std::vector<Chunk> chunks_;
   std::vector<double> static_mb_;
   std::vector<double> grad_mb_;

@@ -31,7 +31,7 @@ std::vector<int> Axis(const proto::LayerProfile& layer, int (proto::CostPoint::*
 
 // Index i and weight w such that x lies in [axis[i], axis[i+1]] with
 // x = (1-w)*axis[i] + w*axis[i+1]; false if x is outside the axis.
-bool Locate(const std::vector<int>& axis, int x, int* i, double* w) {
+bool Locate(const std::vector<int>& axis, double x, int* i, double* w) {
   if (axis.size() == 1) {
     *i = 0;
     *w = 0;
@@ -42,7 +42,7 @@ bool Locate(const std::vector<int>& axis, int x, int* i, double* w) {
   int hi = static_cast<int>(it - axis.begin());
   if (hi == static_cast<int>(axis.size())) hi = static_cast<int>(axis.size()) - 1;
   *i = hi - 1;
-  *w = static_cast<double>(x - axis[*i]) / (axis[hi] - axis[*i]);
+  *w = (x - axis[*i]) / (axis[hi] - axis[*i]);
   return true;
 }
 
@@ -126,9 +126,20 @@ absl::StatusOr<LayerCost> ProfileCostModel::Cost(LayerKind kind, const Shape& sh
   int mi, si, di;
   double mw, sw, dw;
   const int dec = g.dec.size() == 1 && g.dec[0] == 0 ? 0 : shape.dec_seq;
-  if (!Locate(g.mbs, shape.mbs, &mi, &mw) || !Locate(g.seq, shape.seq, &si, &sw) || !Locate(g.dec, dec, &di, &dw)) {
+  // A varlen micro-batch, whose attention computes fewer pairs than its
+  // grid, is priced as the grid with the same tokens T and attention cells
+  // A: T^2 / A rows of A / T tokens (decoder-only shapes). Samples shorter
+  // than the shortest profiled length are priced at it (slightly more
+  // attention than they compute).
+  double mbs = shape.mbs, seq = shape.seq;
+  if (!shape.padded() && shape.dec_seq == 0) {
+    const double t = static_cast<double>(shape.mbs) * shape.seq, cells = shape.work_cells();
+    seq = std::max<double>(cells / t, g.seq.front());
+    mbs = std::max<double>(t / seq, g.mbs.front());
+  }
+  if (!Locate(g.mbs, mbs, &mi, &mw) || !Locate(g.seq, seq, &si, &sw) || !Locate(g.dec, dec, &di, &dw)) {
     return absl::OutOfRangeError(absl::StrCat(
-        "out of profile: ", LayerKindName(kind), " layer at mbs ", shape.mbs, ", seq ", shape.seq,
+        "out of profile: ", LayerKindName(kind), " layer at mbs ", mbs, ", seq ", seq,
         dec ? absl::StrCat(", dec_seq ", dec) : "", "; profiled mbs ", Range(g.mbs), ", seq ", Range(g.seq),
         g.dec.size() > 1 ? absl::StrCat(", dec_seq ", Range(g.dec)) : ""));
   }
@@ -146,7 +157,7 @@ absl::StatusOr<LayerCost> ProfileCostModel::Cost(LayerKind kind, const Shape& sh
         const size_t cell = ((mi + a) * ns + (si + b)) * nd + (di + c);
         if (!g.measured[cell]) {
           return absl::OutOfRangeError(absl::StrCat(
-              "out of profile: ", LayerKindName(kind), " layer at mbs ", shape.mbs, ", seq ", shape.seq,
+              "out of profile: ", LayerKindName(kind), " layer at mbs ", mbs, ", seq ", seq,
               " needs the point at mbs ", g.mbs[mi + a], ", seq ", g.seq[si + b],
               ", above the profile's max_tokens ", max_tokens_));
         }

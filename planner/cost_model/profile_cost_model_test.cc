@@ -36,6 +36,21 @@ TEST_CASE("Profile interpolation is exact at grid points and bilinear between th
   CHECK((*m)->ParamsMillions(LayerKind::kEncoder) == Approx(12));
 }
 
+TEST_CASE("A varlen micro-batch is priced as the profiled grid with its tokens and attention pairs") {
+  auto m = ProfileCostModel::Create(Grid());
+  REQUIRE(m.ok());
+  // Two rows of 1024 holding four samples of 512: 2048 tokens, 4 * 512^2
+  // pairs, the work of the profiled point 4 x 512.
+  Shape packed{2, 1024, 0};
+  packed.cells = 4LL * 512 * 512;
+  CHECK((*m)->Cost(LayerKind::kEncoder, packed, Recompute::kNone)->fw_ms == Approx(20.48));
+  CHECK((*m)->Cost(LayerKind::kEncoder, packed, Recompute::kNone)->stored_mb == Approx(40));
+  // Samples shorter than the shortest profiled length are priced at it.
+  Shape shorts{1, 1024, 0};
+  shorts.cells = 8LL * 128 * 128;
+  CHECK((*m)->Cost(LayerKind::kEncoder, shorts, Recompute::kNone)->fw_ms == Approx(10.24));
+}
+
 TEST_CASE("A query outside the profile is OUT_OF_RANGE with the profiled range, never extrapolated") {
   auto m = ProfileCostModel::Create(Grid());
   REQUIRE(m.ok());

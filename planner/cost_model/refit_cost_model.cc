@@ -8,7 +8,7 @@ namespace dynapipe::planner {
 LayerFeatures FeaturesOf(LayerKind kind, const Shape& shape) {
   const double b = shape.mbs, s = shape.seq, sd = shape.dec_seq;
   switch (kind) {
-    case LayerKind::kEncoder: return {b * s, b * s * s};
+    case LayerKind::kEncoder: return {b * s, shape.work_cells()};
     // Self-attention over the decoder length plus cross-attention to the encoder.
     case LayerKind::kDecoder: return {b * sd, b * sd * (sd + s)};
     case LayerKind::kEmbedding:

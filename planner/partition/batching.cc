@@ -111,12 +111,24 @@ std::vector<MicroBatch> FromSplit(std::span<const Sample> samples, std::span<con
   return out;
 }
 
+void ApplyWork(std::span<const Sample> samples, const WorkModel& work, std::span<MicroBatch> mbs) {
+  for (MicroBatch& mb : mbs) {
+    int64_t sum_sq = 0;
+    for (const Placement& p : mb.samples) {
+      const int64_t len = std::min(EncLen(samples[p.sample]), mb.shape.seq);  // packing truncates to the row
+      sum_sq += len * len;
+    }
+    mb.shape = WorkShape(mb.shape, sum_sq, work);
+  }
+}
+
 absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<const Sample> samples, std::span<const int> order,
                                                        ShapeCosts& costs, Recompute r, const DpOptions& dp,
                                                        const DynamicOptions& options, DynamicStats* stats) {
   const int n = static_cast<int>(order.size());
   const bool ed = costs.model().encoder_decoder();
   const int kcap = options.max_mbs > 0 ? options.max_mbs : n;
+  const WorkModel& work = costs.model().work();
   // Upper bound on the objective from a simple split (about 2 micro-batches
   // per stage, equal tokens). A micro-batch whose bubble term alone exceeds it
   // cannot be part of an optimal split, so rows stop there; this keeps the
@@ -126,7 +138,8 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
     int64_t total = 0;
     for (int i : order) total += EncLen(samples[i]) + DecLen(samples[i], ed);
     const int64_t budget = std::max<int64_t>(1, total / std::max(1, 2 * dp.stages));
-    const auto simple = TokenBasedBatches(samples, order, budget, options.round_multiple, ed);
+    auto simple = TokenBasedBatches(samples, order, budget, options.round_multiple, ed);
+    ApplyWork(samples, costs.model().work(), std::span<MicroBatch>(simple));
     double mx = 0, sum = 0;
     bool feasible = true;
     for (const MicroBatch& mb : simple) {
@@ -148,11 +161,15 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
     bool all_fit = true, memory_bound = false;
     for (int j = 1; j <= n; ++j) {
       int enc = 0, dec = 0;
+      int64_t sum_sq = 0;
       for (int k = 1; k <= std::min(j, kcap); ++k) {
         const Sample& s = samples[order[j - k]];
         enc = std::max(enc, EncLen(s));
         dec = std::max(dec, DecLen(s, ed));
-        const Shape shape{k, RoundUp(enc, options.round_multiple), dec > 0 ? RoundUp(dec, options.round_multiple) : 0};
+        sum_sq += static_cast<int64_t>(EncLen(s)) * EncLen(s);
+        const Shape shape = WorkShape(
+            {k, RoundUp(enc, options.round_multiple), dec > 0 ? RoundUp(dec, options.round_multiple) : 0}, sum_sq,
+            work);
         auto c = costs.Get(shape, r);
         if (!c.ok()) {
           memory_bound = true;  // out of profile: treat like a memory limit (no prune)
@@ -195,6 +212,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
     std::vector<std::vector<MicroBatch>> out;
     for (const auto& split : result->alternatives) {
       out.push_back(FromSplit(samples, order, split.ends, options.round_multiple, ed));
+      ApplyWork(samples, work, std::span<MicroBatch>(out.back()));
     }
     return out;
   }

@@ -121,5 +121,23 @@ TEST_CASE("Truncation caps lengths near INT64_MAX without overflowing") {
   CHECK(e.target == 2048);
 }
 
+
+TEST_CASE("ApplyWork prices varlen attention by the samples' own lengths; other kernels keep the grid") {
+  std::vector<Sample> s = {{1, 100, 0}, {2, 300, 0}, {3, 50, 0}, {4, 600, 0}};
+  std::vector<MicroBatch> packed = PackingBatches(s, 1, 512, 8, false);
+  std::vector<MicroBatch> grid = packed;
+  ApplyWork(s, WorkModel{.varlen_attention = true}, std::span<MicroBatch>(packed));
+  ApplyWork(s, WorkModel{.varlen_attention = false}, std::span<MicroBatch>(grid));
+  int64_t cells = 0;
+  for (size_t i = 0; i < packed.size(); ++i) {
+    CHECK(grid[i].shape.padded());
+    CHECK(packed[i].shape.mbs == grid[i].shape.mbs);
+    CHECK(packed[i].shape.seq == grid[i].shape.seq);
+    cells += packed[i].shape.work_cells();
+  }
+  // The 600-token sample is truncated to its 512-token row.
+  CHECK(cells == 100 * 100 + 300 * 300 + 50 * 50 + 512 * 512);
+}
+
 }  // namespace
 }  // namespace dynapipe::planner

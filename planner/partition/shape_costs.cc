@@ -2,30 +2,15 @@
 
 #include <algorithm>
 
+#include "src/common/status_macros.h"
+
 namespace dynapipe::planner {
 
-absl::StatusOr<const ShapeCost*> ShapeCosts::Get(const Shape& shape, Recompute r) {
-  const int row = DenseRowIndex(shape, r);
-  if (row >= 0) {
-    if (const DenseRow* dense = dense_[row].load(std::memory_order_acquire)) {
-      if (const ShapeCost* c = dense->slot[shape.mbs].load(std::memory_order_acquire)) return c;
-    }
-  }
-  const uint64_t key = Key(shape, r);
-  {
-    MutexLock lock(&mu_);
-    if (auto it = cache_.find(key); it != cache_.end()) return it->second.get();
-    if (auto it = errors_.find(key); it != errors_.end()) return it->second;
-  }
+absl::StatusOr<std::unique_ptr<ShapeCost>> ShapeCosts::Compute(const Shape& shape, Recompute r) const {
   const PipelineModel& pm = *model_;
   auto cost = std::make_unique<ShapeCost>();
   cost->chunks.resize(pm.num_chunks());
-  const absl::Status s = pm.ChunkCosts(shape, r, std::span<ChunkCost>(cost->chunks));
-  MutexLock lock(&mu_);
-  if (!s.ok()) {
-    errors_.emplace(key, s);
-    return s;
-  }
+  RETURN_IF_ERROR(pm.ChunkCosts(shape, r, std::span<ChunkCost>(cost->chunks)));
   const int D = pm.num_devices();
   std::vector<double> time(D, 0);
   cost->stored_mb.assign(D, 0);
@@ -40,7 +25,33 @@ absl::StatusOr<const ShapeCost*> ShapeCosts::Get(const Shape& shape, Recompute r
   cost->time_ms = *std::max_element(time.begin(), time.end());
   cost->fits[0] = ComputeFits(*cost, false);
   cost->fits[1] = ComputeFits(*cost, true);
-  auto [it, inserted] = cache_.emplace(key, std::move(cost));
+  return cost;
+}
+
+absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& shape, Recompute r) {
+  if (!shape.padded()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ShapeCost> cost, Compute(shape, r));
+    return std::shared_ptr<const ShapeCost>(std::move(cost));
+  }
+  const int row = DenseRowIndex(shape, r);
+  if (row >= 0) {
+    if (const DenseRow* dense = dense_[row].load(std::memory_order_acquire)) {
+      if (const ShapeCost* c = dense->slot[shape.mbs].load(std::memory_order_acquire)) return Borrowed(c);
+    }
+  }
+  const uint64_t key = Key(shape, r);
+  {
+    MutexLock lock(&mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) return Borrowed(it->second.get());
+    if (auto it = errors_.find(key); it != errors_.end()) return it->second;
+  }
+  absl::StatusOr<std::unique_ptr<ShapeCost>> cost = Compute(shape, r);
+  MutexLock lock(&mu_);
+  if (!cost.ok()) {
+    errors_.emplace(key, cost.status());
+    return cost.status();
+  }
+  auto [it, inserted] = cache_.emplace(key, std::move(*cost));
   const ShapeCost* result = it->second.get();
   if (row >= 0) {
     DenseRow* dense = dense_[row].load(std::memory_order_relaxed);
@@ -52,7 +63,7 @@ absl::StatusOr<const ShapeCost*> ShapeCosts::Get(const Shape& shape, Recompute r
     }
     dense->slot[shape.mbs].store(result, std::memory_order_release);
   }
-  return result;
+  return Borrowed(result);
 }
 
 bool ShapeCosts::ComputeFits(const ShapeCost& c, bool preferred) const {

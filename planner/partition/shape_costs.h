@@ -30,10 +30,13 @@ class ShapeCosts {
  public:
   explicit ShapeCosts(std::shared_ptr<const PipelineModel> model) : model_(std::move(model)) {}
 
-  // The cost of `shape` under recomputation `r` (computed once, then cached).
-  // OUT_OF_RANGE passes through from the cost model. The pointer stays valid
-  // for the lifetime of this object.
-  absl::StatusOr<const ShapeCost*> Get(const Shape& shape, Recompute r);
+  // The cost of `shape` under recomputation `r`. Padded shapes are computed
+  // once, then cached (the pointer does not own them; they live as long as
+  // this object); shapes that compute less than their grid (Shape::padded()
+  // false) differ for nearly every run of samples, so they are computed on
+  // each call and owned by the pointer. OUT_OF_RANGE passes through from the
+  // cost model.
+  absl::StatusOr<std::shared_ptr<const ShapeCost>> Get(const Shape& shape, Recompute r);
 
   // Whether one micro-batch of this cost fits on every device when each keeps
   // `in_flight(d)` such micro-batches: model state + in_flight * stored + the
@@ -44,6 +47,9 @@ class ShapeCosts {
 
  private:
   bool ComputeFits(const ShapeCost& c, bool preferred) const;
+  absl::StatusOr<std::unique_ptr<ShapeCost>> Compute(const Shape& shape, Recompute r) const;
+  // A pointer to a cached entry that does not own it.
+  static std::shared_ptr<const ShapeCost> Borrowed(const ShapeCost* c) { return {std::shared_ptr<void>(), c}; }
   // Lock-free fast path for decoder-only shapes: rows per (recompute,
   // seq / 8), each holding kDenseMbs atomic pointers, allocated on first use.
   static constexpr int kDenseSeqRows = 2048;  // seq up to 16384

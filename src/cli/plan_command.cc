@@ -112,6 +112,8 @@ std::string PlanUsage() {
   --dump-plans DIR          write every rank's execution plan as JSON
   --trace FILE              Chrome trace of the first iteration's simulated schedule
   --zero1                   shard optimizer state over data-parallel ranks
+  --attention K             varlen|materialized: what attention costs (default: the model's, else varlen);
+                            materialized prices every pair of a row, as Megatron-LM with a mask
   --seed N                  seed for orderings and permutations (default 1)
 )";
 }
@@ -121,7 +123,7 @@ int RunPlanCommand(const std::vector<std::string>& argv, std::ostream& out, std:
                                         "max-seqlen", "global-batch-tokens", "mem-limit-mb", "cluster", "profile",
                                         "device", "batching", "micro-batch-size", "micro-batch-tokens", "schedule",
                                         "recompute", "permutations", "tolerance", "iters", "threads", "dump-plans",
-                                        "trace", "seed", "round"};
+                                        "trace", "seed", "round", "attention"};
   const std::set<std::string> switches = {"json", "compare", "zero1", "help"};
   auto fail = [&err](const absl::Status& s) {
     err << "dynapipe plan: " << s.message() << "\n";

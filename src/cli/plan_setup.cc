@@ -156,6 +156,16 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
   ASSIGN_OR_RETURN(c.micro_batch_tokens, args.Int("micro-batch-tokens", 0));
   if (c.micro_batch_tokens < 0) return absl::InvalidArgumentError("--micro-batch-tokens: must be positive");
   c.zero1 = args.Has("zero1");
+  // The attention kernel: --attention, else the model file's, else the job default.
+  proto::AttentionKernel::Value attention = c.model.attention();
+  if (args.Has("attention") && (!proto::AttentionKernel::Value_Parse(args.Str("attention"), &attention) ||
+                                attention == proto::AttentionKernel::unspecified)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--attention: unknown kernel \"", args.Str("attention"), "\" (varlen, materialized)"));
+  }
+  if (attention == proto::AttentionKernel::unspecified) attention = spec::kDefaultAttention;
+  c.model.set_attention(attention);
+  c.work.varlen_attention = attention == proto::AttentionKernel::varlen;
 
   const std::string batching = args.Str("batching", "dynamic");
   bool found = false;

@@ -122,7 +122,7 @@ absl::Status NormalizeModel(proto::ModelSpec* m) {
   if (dtype == proto::DType::int32) return Bad("model.dtype", "int32 is not a compute type (fp32, bf16, fp16)");
   // unspecified stays: the executing backend's own type.
   proto::AttentionKernel::Value attention{};
-  RETURN_IF_ERROR(Enum("model.attention", m->attention(), proto::AttentionKernel::varlen,
+  RETURN_IF_ERROR(Enum("model.attention", m->attention(), kDefaultAttention,
                        proto::AttentionKernel::Value_IsValid, &attention));
   m->set_attention(attention);
   return absl::OkStatus();

@@ -22,6 +22,7 @@ inline constexpr int kDefaultDp = 1;
 inline constexpr int64_t kDefaultGlobalBatchTokens = 65536;
 inline constexpr int kDefaultMaxSeqLen = 2048;  // or model.max_positions when smaller
 inline constexpr int kDefaultRoundMultiple = 8;
+inline constexpr proto::AttentionKernel::Value kDefaultAttention = proto::AttentionKernel::varlen;
 inline constexpr double kDefaultCapTolerance = 0.02;
 inline constexpr int kDefaultDpCandidates = 3;
 inline constexpr int kDefaultPermutations = 4;
