@@ -22,12 +22,12 @@ absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
   ASSIGN_OR_RETURN(std::unique_ptr<GptStage> stage, GptStage::Create(config, o, &pool));
   // Start from the dumped parameters (what the other side loads too).
   runtime::model::StageState state;
-  if (dump.params.size() != stage->params().size()) {
+  if (dump.params.size() != stage->layout().params().size()) {
     return absl::InvalidArgumentError(absl::StrCat("dump holds ", dump.params.size(), " parameters, the model ",
-                                                   stage->params().size()));
+                                                   stage->layout().params().size()));
   }
   for (size_t k = 0; k < dump.params.size(); ++k) {
-    const runtime::model::ParamInfo& p = stage->params()[k];
+    const runtime::model::ParamInfo& p = stage->layout().params()[k];
     const DumpParam& d = dump.params[k];
     if (d.name != p.name || d.values.size() != p.size) {
       return absl::InvalidArgumentError(

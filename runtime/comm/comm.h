@@ -33,6 +33,11 @@ namespace dynapipe::runtime::comm {
 absl::Status WithLostPeer(absl::Status status, int peer);
 std::optional<int> LostPeer(const absl::Status& status);  // nullopt if none
 
+// Even shards of n elements over `members`: member `index` (0-based) gets
+// [ShardBegin(n, members, index), ShardBegin(n, members, index + 1)), the
+// first n % members shards one element longer.
+size_t ShardBegin(size_t n, int members, int index);
+
 // Rendezvous: where ranks publish and look up each other's addresses.
 class KeyValueStore {
  public:
@@ -103,6 +108,34 @@ class Communicator {
                                     absl::Time deadline) = 0;
   virtual absl::Status AllReduceSum(absl::Span<const int> group, double* data, size_t n,
                                     absl::Time deadline) = 0;
+
+  // Collectives that return at once. Each Start* returns a Request that
+  // completes when the collective has; `data` must stay alive until then and
+  // is not to be touched meanwhile. A rank's collectives run one at a time,
+  // in the order it started them (blocking AllReduceSum included), so members
+  // must start a group's collectives in the same order. `deadline` bounds the
+  // collective's own transfers; Wait's deadline bounds the wait.
+  //
+  // StartAllReduceSum: as AllReduceSum. The other two cut data into
+  // consecutive shards, counts[i] elements for member i (its position in the
+  // sorted group; counts sum to the data's length and may be 0).
+  // StartReduceScatterSum: afterwards member i holds the sum over the group
+  // of its shard; the rest of data is unspecified. StartAllGather:
+  // afterwards every member holds each member's shard as that member had it.
+  // Every element of a sum adds the members' values in member order, so an
+  // all-reduce, and a reduce-scatter followed by an all-gather, give the
+  // same bits whatever the split into calls and shards. The defaults run the
+  // blocking AllReduceSum before returning (a reduce-scatter then leaves
+  // every shard's sum everywhere) and have no all-gather (UNIMPLEMENTED);
+  // backends that can overlap override them.
+  virtual absl::StatusOr<std::unique_ptr<Request>> StartAllReduceSum(absl::Span<const int> group, float* data,
+                                                                     size_t n, absl::Time deadline);
+  virtual absl::StatusOr<std::unique_ptr<Request>> StartReduceScatterSum(absl::Span<const int> group, float* data,
+                                                                         absl::Span<const size_t> counts,
+                                                                         absl::Time deadline);
+  virtual absl::StatusOr<std::unique_ptr<Request>> StartAllGather(absl::Span<const int> group, float* data,
+                                                                  absl::Span<const size_t> counts,
+                                                                  absl::Time deadline);
 
   // Thread-safe, from any thread: pending and future waits and collectives
   // return ABORTED promptly, and connections are closed so that peers' waits

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -36,6 +39,7 @@ using gloo_support::TimeoutUntil;
 using Millis = std::chrono::milliseconds;
 
 class Core;
+struct CollectiveTask;
 enum class Direction { kSend, kRecv };
 
 // One transfer on one of the communicator's meshes; Send/Recv return it.
@@ -73,6 +77,33 @@ class Transfer final : public Request {
   std::optional<absl::Status> result_;  // owned by the waiting thread
 };
 
+// One collective queued for the collective thread.
+struct CollectiveTask {
+  std::string what;  // "all-reduce of 10 floats over ranks {0,2}"
+  std::function<absl::Status()> run;
+  Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status result ABSL_GUARDED_BY(mu);
+};
+
+// A started collective; Start* return it.
+class CollectiveRequest final : public Request {
+ public:
+  CollectiveRequest(std::shared_ptr<Core> core, std::shared_ptr<CollectiveTask> task)
+      : core_(std::move(core)), task_(std::move(task)) {}
+  ~CollectiveRequest() override;
+  absl::Status Wait(absl::Time deadline) override;
+
+ private:
+  // Waits for the task to finish after an abort made its transfers fail;
+  // false if it still runs after a grace period (a bug: it would still touch the data).
+  bool AwaitAfterAbort();
+
+  const std::shared_ptr<Core> core_;
+  const std::shared_ptr<CollectiveTask> task_;
+  std::optional<absl::Status> result_;  // owned by the waiting thread
+};
+
 // Everything a communicator owns, shared with its transfers so that they may
 // outlive it.
 class Core : public std::enable_shared_from_this<Core> {
@@ -94,8 +125,18 @@ class Core : public std::enable_shared_from_this<Core> {
 
   absl::StatusOr<std::unique_ptr<Request>> StartP2P(Direction direction, int peer, uint64_t tag,
                                                     void* data, size_t bytes);
+  // Collectives: checked here, then run one at a time on the collective
+  // thread, in start order.
+  enum class Op { kAllReduce, kReduceScatter, kAllGather };
+  // `counts`: each member's shard (empty: even shards of n).
   template <typename T>
-  absl::Status AllReduceSum(absl::Span<const int> group, T* data, size_t n, absl::Time deadline);
+  absl::StatusOr<std::unique_ptr<Request>> StartCollective(Op op, absl::Span<const int> group, T* data, size_t n,
+                                                           absl::Span<const size_t> counts, absl::Time deadline);
+  template <typename T>
+  absl::Status AllReduceSum(absl::Span<const int> group, T* data, size_t n, absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Request> request, StartCollective(Op::kAllReduce, group, data, n, {}, deadline));
+    return request->Wait(deadline);
+  }
 
   // Closes every connection (resetting them, so peers notice at once), then
   // interrupts the registered transfers. Idempotent; returns once closed.
@@ -146,9 +187,13 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<Group> FindGroup(const std::vector<int>& ranks);
   absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(Group& group, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(group.mu);
+  // `starts`: where each member's shard begins, then the end (members + 1 entries).
   template <typename T>
-  absl::Status Ring(const Group& group, const std::shared_ptr<gloo::Context>& context,
-                    uint64_t call, T* data, size_t n, absl::Time deadline);
+  absl::Status Direct(Op op, const Group& group, const std::shared_ptr<gloo::Context>& context, uint64_t call,
+                      T* data, const std::vector<size_t>& starts, absl::Time deadline);
+  // Runs queued collectives until Shutdown.
+  void CollectiveLoop();
+  void Enqueue(std::shared_ptr<CollectiveTask> task);
 
   const int rank_;
   const int size_;
@@ -168,6 +213,12 @@ class Core : public std::enable_shared_from_this<Core> {
   std::map<std::vector<int>, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   // Started transfers that have not completed.
   absl::flat_hash_set<Transfer*> live_ ABSL_GUARDED_BY(mu_);
+
+  // The collective thread (started with the first collective) and its queue.
+  Mutex queue_mu_;
+  std::deque<std::shared_ptr<CollectiveTask>> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool stop_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::thread collective_thread_;  // started and joined under queue_mu_ ordering (Enqueue, Shutdown)
 };
 
 Transfer::~Transfer() {
@@ -332,6 +383,14 @@ void Core::Shutdown() {
     groups.swap(groups_);
   }
   world_.reset();
+  // Queued collectives fail at once (aborted); the thread ends with the queue.
+  std::thread thread;
+  {
+    MutexLock lock(&queue_mu_);
+    stop_ = true;
+    thread = std::move(collective_thread_);
+  }
+  if (thread.joinable()) thread.join();
   // Destroying the last references closes the sockets (after unlocking mu_:
   // closing waits for Gloo's I/O thread).
 }
@@ -394,69 +453,179 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Core::Connect(Group& group, absl:
   return AbortedError(absl::StrCat("connecting group ", members));
 }
 
+// A run of the collective thread: the group's mesh connected on first use,
+// calls numbered per group (so every member uses the same slots).
 template <typename T>
-absl::Status Core::AllReduceSum(absl::Span<const int> group_ranks, T* data, size_t n,
-                                absl::Time deadline) {
+absl::StatusOr<std::unique_ptr<Request>> Core::StartCollective(Op op, absl::Span<const int> group_ranks, T* data,
+                                                               size_t n, absl::Span<const size_t> counts,
+                                                               absl::Time deadline) {
   std::vector<int> ranks(group_ranks.begin(), group_ranks.end());
   std::sort(ranks.begin(), ranks.end());
   RETURN_IF_ERROR(CheckGroup(ranks));
+  const int m = static_cast<int>(ranks.size());
+  std::vector<size_t> starts(m + 1, 0);
+  if (counts.empty()) {
+    for (int i = 0; i <= m; ++i) starts[i] = ShardBegin(n, m, i);
+  } else {
+    if (static_cast<int>(counts.size()) != m) {
+      return absl::InvalidArgumentError(absl::StrCat("counts: ", counts.size(), " shards for ", m, " members"));
+    }
+    for (int i = 0; i < m; ++i) starts[i + 1] = starts[i] + counts[i];
+    n = starts[m];
+  }
   if (data == nullptr && n > 0) {
     return absl::InvalidArgumentError(absl::StrCat("data: null for n = ", n));
   }
-  const std::string what =
-      absl::StrCat("all-reduce of ", n, std::is_same_v<T, float> ? " floats" : " doubles",
-                   " over ranks {", absl::StrJoin(ranks, ","), "}");
-  if (aborted()) return AbortedError(what);
-  if (ranks.size() == 1 || n == 0) return absl::OkStatus();
-  const std::shared_ptr<Group> group = FindGroup(ranks);
-  MutexLock lock(&group->mu);
-  ASSIGN_OR_RETURN(const std::shared_ptr<gloo::Context> context, Connect(*group, deadline));
-  return Annotate(Ring(*group, context, group->calls++, data, n, deadline), what);
+  const char* name = op == Op::kAllReduce ? "all-reduce" : op == Op::kReduceScatter ? "reduce-scatter" : "all-gather";
+  auto task = std::make_shared<CollectiveTask>();
+  task->what = absl::StrCat(name, " of ", n, std::is_same_v<T, float> ? " floats" : " doubles", " over ranks {",
+                            absl::StrJoin(ranks, ","), "}");
+  if (aborted()) return AbortedError(task->what);
+  if (ranks.size() > 1 && n > 0) {
+    const std::shared_ptr<Group> group = FindGroup(ranks);
+    task->run = [this, op, group, data, starts = std::move(starts), deadline, what = task->what]() -> absl::Status {
+      if (aborted()) return AbortedError(what);
+      MutexLock lock(&group->mu);
+      ASSIGN_OR_RETURN(const std::shared_ptr<gloo::Context> context, Connect(*group, deadline));
+      return Annotate(Direct(op, *group, context, group->calls++, data, starts, deadline), what);
+    };
+  } else {
+    task->run = [] { return absl::OkStatus(); };
+  }
+  Enqueue(task);
+  return std::unique_ptr<Request>(new CollectiveRequest(shared_from_this(), std::move(task)));
 }
 
-// Ring all-reduce: m-1 reduce-scatter steps leave this rank with the complete
-// sum of chunk (index+1) % m, then m-1 all-gather steps pass the complete
-// chunks around. Every element is summed on exactly one rank and copied to
-// the others, so all members end with the same bits.
+// Direct exchange over the group's full mesh. Reduce-scatter: every member
+// sends each other member that member's shard and adds what it receives for
+// its own in member order; all-gather: every member sends its shard to all.
+// Every element is thus summed on one member, in member order, and copied to
+// the others: all members end with the same bits, and an all-reduce equals a
+// reduce-scatter followed by an all-gather bit for bit.
 template <typename T>
-absl::Status Core::Ring(const Group& group, const std::shared_ptr<gloo::Context>& context,
-                        uint64_t call, T* data, size_t n, absl::Time deadline) {
-  const int m = group.ranks.size();
+absl::Status Core::Direct(Op op, const Group& group, const std::shared_ptr<gloo::Context>& context, uint64_t call,
+                          T* data, const std::vector<size_t>& starts, absl::Time deadline) {
+  const int m = static_cast<int>(group.ranks.size());
   const int me = group.index;
-  const int left = (me + m - 1) % m;
-  const int right = (me + 1) % m;
-  auto begin = [&](int chunk) { return (n / m) * chunk + std::min<size_t>(chunk, n % m); };
-  auto length = [&](int chunk) { return begin(chunk + 1) - begin(chunk); };
-  std::vector<T> incoming(length(0));  // chunk 0 is a largest one
-
-  // Starts a transfer of `count` elements; none (null) for an empty chunk, which
-  // the peer skips too (it computes the same chunk).
-  auto start = [&](Direction direction, int peer, int step, T* ptr,
+  auto begin = [&](int member) { return starts[member]; };
+  auto length = [&](int member) { return starts[member + 1] - starts[member]; };
+  // Slots: one per phase of each call, in a mesh no Send/Recv uses; pairs
+  // tell the members' messages apart.
+  auto start = [&](Direction direction, int member, int phase, T* ptr,
                    size_t count) -> absl::StatusOr<std::unique_ptr<Transfer>> {
-    if (count == 0) return nullptr;
-    // Slots: one per step of each call, in a mesh no Send/Recv uses.
-    return Start(context, direction, peer, group.ranks[peer], (call << 16) | step,
-                 absl::StrCat("all-reduce step ", step), ptr, count * sizeof(T));
+    return Start(context, direction, member, group.ranks[member], (call << 16) | phase,
+                 phase == 0 ? "reduce-scatter" : "all-gather", ptr, count * sizeof(T));
   };
-  for (int step = 0; step < 2 * (m - 1); ++step) {
-    const bool gather = step >= m - 1;
-    const int s = gather ? step - (m - 1) : step;
-    const int send_chunk = ((gather ? me + 1 : me) - s + 2 * m) % m;
-    const int recv_chunk = ((gather ? me : me - 1) - s + 2 * m) % m;
-    T* const recv_into = gather ? data + begin(recv_chunk) : incoming.data();
-    ASSIGN_OR_RETURN(std::unique_ptr<Transfer> recv,
-                     start(Direction::kRecv, left, step, recv_into, length(recv_chunk)));
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<Transfer> send,
-        start(Direction::kSend, right, step, data + begin(send_chunk), length(send_chunk)));
-    if (recv != nullptr) RETURN_IF_ERROR(recv->Wait(deadline));
-    if (send != nullptr) RETURN_IF_ERROR(send->Wait(deadline));
-    if (!gather) {
-      T* const out = data + begin(recv_chunk);
-      for (size_t i = 0; i < length(recv_chunk); ++i) out[i] += incoming[i];
+  auto wait_all = [&](std::vector<std::unique_ptr<Transfer>>& transfers) -> absl::Status {
+    for (auto& t : transfers) RETURN_IF_ERROR(t->Wait(deadline));
+    return absl::OkStatus();
+  };
+  if (op != Op::kAllGather) {
+    const size_t mine = length(me);
+    std::vector<std::vector<T>> incoming(m);
+    std::vector<std::unique_ptr<Transfer>> transfers;
+    for (int k = 0; k < m; ++k) {  // receives first: a Gloo send completes once its receive is posted
+      if (k == me || mine == 0) continue;
+      incoming[k].resize(mine);
+      ASSIGN_OR_RETURN(auto t, start(Direction::kRecv, k, 0, incoming[k].data(), mine));
+      transfers.push_back(std::move(t));
     }
+    for (int k = 0; k < m; ++k) {
+      if (k == me || length(k) == 0) continue;
+      ASSIGN_OR_RETURN(auto t, start(Direction::kSend, k, 0, data + begin(k), length(k)));
+      transfers.push_back(std::move(t));
+    }
+    RETURN_IF_ERROR(wait_all(transfers));
+    T* const own = data + begin(me);
+    std::vector<T> sum(own, own + mine);
+    if (me > 0) std::copy(incoming[0].begin(), incoming[0].end(), sum.begin());
+    for (int k = 1; k < m; ++k) {
+      const T* add = k == me ? own : incoming[k].data();
+      for (size_t i = 0; i < mine; ++i) sum[i] += add[i];
+    }
+    std::copy(sum.begin(), sum.end(), own);
+  }
+  if (op != Op::kReduceScatter) {
+    std::vector<std::unique_ptr<Transfer>> transfers;
+    for (int k = 0; k < m; ++k) {
+      if (k == me || length(k) == 0) continue;
+      ASSIGN_OR_RETURN(auto t, start(Direction::kRecv, k, 1, data + begin(k), length(k)));
+      transfers.push_back(std::move(t));
+    }
+    for (int k = 0; k < m && length(me) > 0; ++k) {
+      if (k == me) continue;
+      ASSIGN_OR_RETURN(auto t, start(Direction::kSend, k, 1, data + begin(me), length(me)));
+      transfers.push_back(std::move(t));
+    }
+    RETURN_IF_ERROR(wait_all(transfers));
   }
   return absl::OkStatus();
+}
+
+void Core::Enqueue(std::shared_ptr<CollectiveTask> task) {
+  MutexLock lock(&queue_mu_);
+  queue_.push_back(std::move(task));
+  if (!collective_thread_.joinable() && !stop_) collective_thread_ = std::thread([this] { CollectiveLoop(); });
+  if (stop_) {  // after Shutdown: nothing runs any more
+    std::shared_ptr<CollectiveTask> t = std::move(queue_.back());
+    queue_.pop_back();
+    MutexLock done(&t->mu);
+    t->result = absl::AbortedError(absl::StrCat(t->what, ": communicator destroyed"));
+    t->done = true;
+  }
+}
+
+void Core::CollectiveLoop() {
+  for (;;) {
+    std::shared_ptr<CollectiveTask> task;
+    {
+      MutexLock lock(&queue_mu_);
+      queue_mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status status = task->run();
+    if (!status.ok() && !absl::IsAborted(status)) Abort(status);  // peers fail fast instead of at their deadlines
+    MutexLock lock(&task->mu);
+    task->result = std::move(status);
+    task->done = true;
+  }
+}
+
+CollectiveRequest::~CollectiveRequest() {
+  {
+    MutexLock lock(&task_->mu);
+    if (task_->done) return;
+  }
+  // Still running (or queued) on data the caller is about to release.
+  core_->Abort(absl::StrCat(task_->what, " was destroyed before it completed"));
+  if (!AwaitAfterAbort()) spdlog::error("{} still runs after the communicator was aborted", task_->what);
+}
+
+bool CollectiveRequest::AwaitAfterAbort() {
+  MutexLock lock(&task_->mu);
+  return task_->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(task_->mu) { return task_->done; },
+                                     absl::Now() + absl::Seconds(30));
+}
+
+absl::Status CollectiveRequest::Wait(absl::Time deadline) {
+  if (result_.has_value()) return *result_;
+  const absl::Time start = absl::Now();
+  {
+    MutexLock lock(&task_->mu);
+    if (task_->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(task_->mu) { return task_->done; },
+                                    deadline)) {
+      return *(result_ = task_->result);
+    }
+  }
+  const absl::Status late = absl::DeadlineExceededError(
+      absl::StrCat(task_->what, " did not complete within ", absl::FormatDuration(absl::Now() - start)));
+  core_->Abort(late);
+  if (!AwaitAfterAbort()) {
+    return *(result_ = absl::InternalError(absl::StrCat(task_->what, " still runs after the communicator was aborted")));
+  }
+  return *(result_ = late);
 }
 
 class GlooCommunicator final : public Communicator {
@@ -482,6 +651,20 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllReduceSum(absl::Span<const int> group, double* data, size_t n,
                             absl::Time deadline) override {
     return core_->AllReduceSum(group, data, n, deadline);
+  }
+  absl::StatusOr<std::unique_ptr<Request>> StartAllReduceSum(absl::Span<const int> group, float* data, size_t n,
+                                                             absl::Time deadline) override {
+    return core_->StartCollective(Core::Op::kAllReduce, group, data, n, {}, deadline);
+  }
+  absl::StatusOr<std::unique_ptr<Request>> StartReduceScatterSum(absl::Span<const int> group, float* data,
+                                                                 absl::Span<const size_t> counts,
+                                                                 absl::Time deadline) override {
+    return core_->StartCollective(Core::Op::kReduceScatter, group, data, 0, counts, deadline);
+  }
+  absl::StatusOr<std::unique_ptr<Request>> StartAllGather(absl::Span<const int> group, float* data,
+                                                          absl::Span<const size_t> counts,
+                                                          absl::Time deadline) override {
+    return core_->StartCollective(Core::Op::kAllGather, group, data, 0, counts, deadline);
   }
   void Abort() override { core_->Abort("Abort() called"); }
 

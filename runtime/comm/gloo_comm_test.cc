@@ -483,3 +483,133 @@ TEST_CASE("Destroying an unfinished Request aborts the communicator, naming the 
 
 }  // namespace
 }  // namespace dynapipe::runtime::comm
+
+namespace dynapipe::runtime::comm {
+namespace {
+
+// Values whose float sums round differently in different orders.
+std::vector<float> Noisy(size_t n, int rank) {
+  std::vector<float> v(n);
+  uint32_t x = 2654435761u * static_cast<uint32_t>(rank + 1);
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(static_cast<int32_t>(x)) * 1e-9f * (1 + rank);
+  }
+  return v;
+}
+
+TEST_CASE("Started collectives: reduce-scatter then all-gather equals the all-reduce bit for bit, in any buckets") {
+  MemoryKeyValueStore store;
+  const int n = 3;  // three members: the order of a sum shows in its bits
+  Comms comms = Connect(n, &store);
+  const size_t kLen = 1000;  // not a multiple of 3
+  const size_t kBuckets[] = {0, 17, 500, 999, 1000};
+  struct Result {
+    std::vector<absl::Status> statuses;
+    std::vector<float> whole, bucketed, scattered;
+  };
+  std::vector<Result> results(n);
+  OnRanks(n, [&](int r) {
+    Result& out = results[r];
+    Communicator& comm = *comms[r];
+    const std::vector<int> world = {0, 1, 2};
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    out.whole = out.bucketed = out.scattered = Noisy(kLen, r);
+    out.statuses.push_back(comm.AllReduceSum(world, out.whole.data(), kLen, deadline));
+    // Buckets of uneven sizes, all started before any is waited on.
+    std::vector<std::unique_ptr<Request>> pending;
+    for (size_t b = 0; b + 1 < std::size(kBuckets); ++b) {
+      auto req = comm.StartAllReduceSum(world, out.bucketed.data() + kBuckets[b], kBuckets[b + 1] - kBuckets[b],
+                                        deadline);
+      out.statuses.push_back(req.status());
+      if (req.ok()) pending.push_back(*std::move(req));
+    }
+    for (auto& req : pending) out.statuses.push_back(req->Wait(deadline));
+    // Uneven shards, one of them empty: member 0 owns [0, 600), 1 none, 2 [600, 1000).
+    const std::vector<size_t> counts = {600, 0, 400};
+    const size_t starts[] = {0, 600, 600, 1000};
+    auto rs = comm.StartReduceScatterSum(world, out.scattered.data(), counts, deadline);
+    out.statuses.push_back(rs.status());
+    if (rs.ok()) out.statuses.push_back((*rs)->Wait(deadline));
+    // Only this member's shard is the sum: overwrite the rest, the gather restores it.
+    for (size_t i = 0; i < kLen; ++i) {
+      if (i < starts[r] || i >= starts[r + 1]) out.scattered[i] = -1.0f;
+    }
+    auto ag = comm.StartAllGather(world, out.scattered.data(), counts, deadline);
+    out.statuses.push_back(ag.status());
+    if (ag.ok()) out.statuses.push_back((*ag)->Wait(deadline));
+    // Counts that do not name every member are refused.
+    out.statuses.push_back(absl::IsInvalidArgument(
+                               comm.StartAllGather(world, out.scattered.data(), std::vector<size_t>{1, 2}, deadline)
+                                   .status())
+                               ? absl::OkStatus()
+                               : absl::InternalError("two counts for three members were accepted"));
+  });
+  std::vector<float> expected(kLen, 0.0f);
+  for (int k = 0; k < n; ++k) {
+    const std::vector<float> v = Noisy(kLen, k);
+    for (size_t i = 0; i < kLen; ++i) expected[i] = k == 0 ? v[i] : expected[i] + v[i];  // member order
+  }
+  CHECK(ShardBegin(kLen, n, 1) == 334);
+  CHECK(ShardBegin(kLen, n, 3) == kLen);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    for (const absl::Status& s : results[r].statuses) {
+      INFO(s);
+      CHECK(s.ok());
+    }
+    CHECK(results[r].whole == expected);
+    CHECK(results[r].bucketed == expected);
+    CHECK(results[r].scattered == expected);
+  }
+}
+
+TEST_CASE("A started collective runs while its rank computes, and one whose member never starts times out") {
+  MemoryKeyValueStore store;
+  Comms comms = Connect(2, &store);
+  const std::vector<int> both = {0, 1};
+  std::vector<float> a(1 << 16, 1.0f), b(1 << 16, 2.0f);
+  // Rank 1 joins late; rank 0's Start returns at once and its wait ends once rank 1 has joined.
+  const absl::Time start = absl::Now();
+  auto req = comms[0]->StartAllReduceSum(both, a.data(), a.size(), start + absl::Seconds(10));
+  REQUIRE(req.ok());
+  CHECK(absl::Now() - start < absl::Milliseconds(100));
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    CHECK(comms[1]->AllReduceSum(both, b.data(), b.size(), absl::Now() + absl::Seconds(10)).ok());
+  });
+  CHECK((*req)->Wait(absl::Now() + absl::Seconds(10)).ok());
+  late.join();
+  CHECK(absl::Now() - start >= absl::Milliseconds(300));
+  CHECK(a[12345] == 3.0f);
+  CHECK(b[12345] == 3.0f);
+
+  // Nobody joins this one: the wait ends at its deadline, names the
+  // collective, and aborts the communicator.
+  auto lonely = comms[0]->StartAllReduceSum(both, a.data(), a.size(), absl::Now() + absl::Seconds(30));
+  REQUIRE(lonely.ok());
+  const absl::Time wait_start = absl::Now();
+  const absl::Status status = (*lonely)->Wait(wait_start + absl::Milliseconds(300));
+  INFO(status);
+  CHECK(absl::IsDeadlineExceeded(status));
+  CHECK(Contains(status, "all-reduce of 65536 floats over ranks {0,1}"));
+  CHECK(absl::Now() - wait_start < absl::Seconds(5));
+  CHECK(absl::IsAborted(comms[0]->Send(1, 1, a.data(), 4).status()));
+}
+
+TEST_CASE("A send travels from its start: the receiver completes while the sender has not waited") {
+  MemoryKeyValueStore store;
+  Comms comms = Connect(2, &store);
+  std::vector<uint8_t> out = Pattern(1 << 20, 7), in(1 << 20);
+  auto send = comms[0]->Send(1, 3, out.data(), out.size());
+  REQUIRE(send.ok());
+  auto recv = comms[1]->Recv(0, 3, in.data(), in.size());
+  REQUIRE(recv.ok());
+  // The sender computes meanwhile (does not wait); the bytes arrive anyway.
+  CHECK((*recv)->Wait(absl::Now() + absl::Seconds(5)).ok());
+  CHECK(in == out);
+  CHECK((*send)->Wait(absl::Now() + absl::Seconds(5)).ok());
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::comm

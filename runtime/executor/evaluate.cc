@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<model::GptStage>> LoadWholeModel(const proto::Job
       filled[t.name] = true;
     }
   }
-  for (const model::ParamInfo& p : whole->params()) {
+  for (const model::ParamInfo& p : whole->layout().params()) {
     if (!filled.contains(p.name)) {
       return absl::DataLossError(absl::StrCat("checkpoint ", dir, " iteration ", iteration, " lacks tensor ", p.name));
     }

@@ -2,10 +2,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "planner/plan/validate.h"
 #include "runtime/model/batch.h"
 #include "runtime/optim/adamw.h"
@@ -91,6 +93,8 @@ struct Worker::Iter {
   std::vector<Buffer> slots;
   std::map<int, std::unique_ptr<comm::Request>> pending;  // by slot
   std::map<int, uint64_t> sent, received;                  // transfers per peer
+  std::map<int, int> last_backward;                        // chunk -> its last Backward instruction
+  std::unique_ptr<GradReducer> reducer;                    // data-parallel groups only
   IterationResult result;
 };
 
@@ -134,6 +138,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const proto::JobSpec& spe
     w->chunks_.push_back(std::move(stage));
     i = j;
   }
+  // Ranks are dp_rank * pp + pp_rank.
+  w->dp_rank_ = rank / pp_size;
+  for (int g = 0; g < dp_size; ++g) w->dp_group_.push_back(g * pp_size + rank % pp_size);
+  w->zero1_ = spec.optimizer().zero1();
+  const size_t bucket_elements =
+      std::max<size_t>(1, static_cast<size_t>(spec.parallelism().grad_bucket_mb() * 1e6 / sizeof(float)));
+  for (const auto& c : w->chunks_) {
+    w->buckets_.push_back(MakeBuckets(c->layout(), bucket_elements));
+    w->regions_.push_back(OwnershipRegions(c->layout()));
+    if (w->sharded()) RETURN_IF_ERROR(c->ShardOptimizer(OwnedRuns(w->regions_.back(), dp_size, w->dp_rank_)));
+  }
   return w;
 }
 
@@ -153,6 +168,16 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
                                                    plan.num_buffer_slots(), " buffer slots"));
   }
   it.slots.resize(static_cast<size_t>(plan.num_buffer_slots()));
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    if (plan.instructions(i).has_backward()) it.last_backward[plan.instructions(i).chunk()] = i;
+  }
+  if (dp_ > 1) {
+    std::vector<float*> grads;
+    for (const auto& c : chunks_) grads.push_back(c->grads());
+    it.reducer = std::make_unique<GradReducer>(
+        comm_, dp_group_, sharded() ? GradReducer::Mode::kReduceScatter : GradReducer::Mode::kAllReduce,
+        std::move(grads), &buckets_, &regions_, options_.comm_timeout);
+  }
   BufferPool& pool = backend_->pool();
   pool.ResetPeak();
   std::unique_ptr<InstructionTimer> timer = backend_->NewTimer();
@@ -317,7 +342,14 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
         ASSIGN_OR_RETURN(Buffer * dst, fresh(ins.backward().grad_output_buffers(0), hidden_bytes));
         din = dst->data();
       }
-      return st->Backward(ins.micro_batch(), dout, din);
+      // The chunk's last backward: its gradients' reduction starts bucket by bucket.
+      model::Stage::GradsReady ready;
+      if (it->reducer != nullptr && it->last_backward[ins.chunk()] == index) {
+        ready = [reducer = it->reducer.get(), chunk = ins.chunk()](size_t offset, size_t size) {
+          return reducer->Ready(chunk, offset, size);
+        };
+      }
+      return st->Backward(ins.micro_batch(), dout, din, ready);
     }
     case proto::Instruction::kSendActivationStart: return start(ins.send_activation_start(), true);
     case proto::Instruction::kSendGradStart: return start(ins.send_grad_start(), true);
@@ -338,10 +370,16 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
     case proto::Instruction::kAllReduceGrads: {
       const auto& peers = ins.all_reduce_grads().dp_peers();
       std::vector<int> group(peers.begin(), peers.end());
-      if (group.size() <= 1) return absl::OkStatus();
-      for (auto& c : chunks_) {
-        RETURN_IF_ERROR(comm_->AllReduceSum(group, c->grads(), c->layout().num_params(), Deadline()));
+      std::sort(group.begin(), group.end());
+      if (group != dp_group_ && !(group.size() <= 1 && dp_ == 1)) {
+        return absl::InvalidArgumentError(absl::StrCat("all-reduce over {", absl::StrJoin(group, ","),
+                                                       "}, but this rank's data-parallel group is {",
+                                                       absl::StrJoin(dp_group_, ","), "}"));
       }
+      if (it->reducer == nullptr) return absl::OkStatus();
+      RETURN_IF_ERROR(it->reducer->Finish());
+      it->result.buckets_started_early = it->reducer->started_early();
+      it->reducer.reset();
       return absl::OkStatus();
     }
     case proto::Instruction::kOptimizerStep: return OptimizerStep(plan, it);
@@ -357,10 +395,16 @@ absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan) {
     if (!c->layout().HasSharedEmbedding()) continue;
     (c->options().first ? first : last) = c.get();
   }
-  auto wte = [](model::Stage* s) { return s->layout().FindParam("wte"); };
+  // Under ZeRO-1 only this rank's shard of the embedding's bucket (a bucket
+  // of its own on both ends, so both ends cut it alike) is reduced.
+  auto part = [&](model::Stage* s) {
+    const model::ParamInfo* p = s->layout().FindParam("wte");
+    const GradBucket whole{p->offset, p->size};
+    return sharded() ? ShardOf(whole, dp_, dp_rank_) : whole;
+  };
   if (first != nullptr && last != nullptr) {  // both copies on this device
-    return backend_->SumPair(first->grads() + wte(first)->offset, last->grads() + wte(last)->offset,
-                             wte(first)->size);
+    return backend_->SumPair(first->grads() + part(first).offset, last->grads() + part(last).offset,
+                             part(first).size);
   }
   model::Stage* mine = first != nullptr ? first : last;
   if (mine == nullptr) return absl::OkStatus();
@@ -368,7 +412,7 @@ absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan) {
   // sum their copies (one addition per element, so both get the same bits).
   const int base = plan.dp_rank() * pp_;
   const int pair[2] = {base, base + pp_ - 1};
-  return comm_->AllReduceSum(pair, mine->grads() + wte(mine)->offset, wte(mine)->size, Deadline());
+  return comm_->AllReduceSum(pair, mine->grads() + part(mine).offset, part(mine).size, Deadline());
 }
 
 absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
@@ -377,8 +421,8 @@ absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
   // counted once: data-parallel group 0 only, each stage's norm group) and
   // the global loss (every group's last stage).
   double sums[2] = {0, 0};
+  ASSIGN_OR_RETURN(sums[0], GradSumOfSquares());
   for (auto& c : chunks_) {
-    if (plan.dp_rank() == 0) RETURN_IF_ERROR(c->AddGradSumOfSquares(&sums[0]));
     if (c->options().last) sums[1] += it->loss_sum;
   }
   if (comm_->size() > 1) {
@@ -406,6 +450,53 @@ absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
     RETURN_IF_ERROR(c->OptimizerStep(args));
     RETURN_IF_ERROR(c->ZeroGrads());
   }
+  return sharded() ? GatherParams() : absl::OkStatus();
+}
+
+absl::StatusOr<double> Worker::GradSumOfSquares() {
+  double total = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    // Regions in layout order, each member's shard in member order: offset order.
+    std::vector<model::ParamRun> pieces, mine;
+    std::vector<bool> summed_here;
+    for (const GradBucket& region : regions_[c]) {
+      for (int k = 0; k < dp_; ++k) {
+        pieces.push_back(ShardOf(region, dp_, k));
+        summed_here.push_back(sharded() ? k == dp_rank_ : dp_rank_ == 0);
+        if (summed_here.back()) mine.push_back(pieces.back());
+      }
+    }
+    std::vector<double> sums(mine.size());
+    RETURN_IF_ERROR(chunks_[c]->GradSumsOfSquares(mine, sums));
+    std::vector<double> by_piece(pieces.size(), 0.0);
+    for (size_t i = 0, j = 0; i < pieces.size(); ++i) {
+      if (summed_here[i]) by_piece[i] = sums[j++];
+    }
+    if (sharded()) {
+      // Each piece is non-zero on its owner only: the sum is exact, whatever its order.
+      ASSIGN_OR_RETURN(Buffer scratch, backend_->pool().Get(by_piece.size() * sizeof(double), backend_->stream()));
+      RETURN_IF_ERROR(backend_->CopyFromHost(scratch.data(), by_piece.data(), by_piece.size() * sizeof(double)));
+      RETURN_IF_ERROR(comm_->AllReduceSum(dp_group_, scratch.as<double>(), by_piece.size(), Deadline()));
+      RETURN_IF_ERROR(backend_->CopyToHost(by_piece.data(), scratch.data(), by_piece.size() * sizeof(double)));
+    }
+    if (dp_rank_ != 0) continue;
+    double chunk = 0;
+    for (double s : by_piece) chunk += s;
+    total += chunk;
+  }
+  return total;
+}
+
+absl::Status Worker::GatherParams() {
+  std::vector<std::unique_ptr<comm::Request>> pending;
+  for (size_t c = chunks_.size(); c-- > 0;) {  // the reducer's canonical order
+    for (const GradBucket& b : buckets_[c]) {
+      ASSIGN_OR_RETURN(auto request, comm_->StartAllGather(dp_group_, chunks_[c]->params() + b.offset,
+                                                           ShardCounts(b, regions_[c], dp_), Deadline()));
+      pending.push_back(std::move(request));
+    }
+  }
+  for (auto& request : pending) RETURN_IF_ERROR(request->Wait(Deadline()));
   return absl::OkStatus();
 }
 

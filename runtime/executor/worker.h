@@ -26,6 +26,7 @@
 #include "runtime/backend/backend.h"
 #include "runtime/comm/comm.h"
 #include "runtime/data/dataset.h"
+#include "runtime/executor/grad_reducer.h"
 #include "runtime/model/stage.h"
 
 namespace dynapipe::runtime::executor {
@@ -45,6 +46,7 @@ struct IterationResult {
   double peak_reserved_mb = 0;    // the same, with the pool's reservation instead of its requests
   double memory_fragmentation = 0;  // of the pool's peak reservation (PoolStats::Fragmentation)
   std::vector<proto::InstructionTiming> timings;  // on the backend's clock (device time on CUDA)
+  int buckets_started_early = 0;  // gradient buckets whose reduction started during backward
 };
 
 class Worker {
@@ -75,8 +77,17 @@ class Worker {
   struct Iter;  // per-iteration interpreter state
   absl::Status Execute(const proto::ExecutionPlan& plan, int index, Iter* it);
   absl::Status OptimizerStep(const proto::ExecutionPlan& plan, Iter* it);
-  // Sums the two copies of a tied embedding's gradient (first and last stage).
+  // Sums the two copies of a tied embedding's gradient (first and last
+  // stage); under ZeRO-1 only the part this rank owns.
   absl::Status ExchangeTiedEmbedding(const proto::ExecutionPlan& plan);
+  // The squared gradient norm of this rank's chunks, on data-parallel rank 0
+  // (0 elsewhere): per chunk, a sum over every member's shard of every
+  // ownership region in offset order, so that sharded and whole optimizers,
+  // and any bucket size, agree bit for bit.
+  absl::StatusOr<double> GradSumOfSquares();
+  // ZeRO-1: every member's updated shards to every member.
+  absl::Status GatherParams();
+  bool sharded() const { return zero1_ && dp_ > 1; }
   absl::Time Deadline() const { return absl::Now() + options_.comm_timeout; }
 
   proto::JobSpec spec_;
@@ -86,6 +97,11 @@ class Worker {
   Backend* backend_;
   WorkerOptions options_;
   std::vector<std::unique_ptr<model::Stage>> chunks_;
+  std::vector<std::vector<GradBucket>> buckets_;  // per chunk (grad_reducer.h)
+  std::vector<std::vector<GradBucket>> regions_;  // per chunk: ZeRO-1 ownership regions
+  std::vector<int> dp_group_;                     // this rank's data-parallel peers, itself included
+  int dp_rank_ = 0;
+  bool zero1_ = false;
   int64_t step_ = 0;
 };
 

@@ -54,6 +54,7 @@ GptStage::GptStage(GptLayout layout, BufferPool* pool) : layout_(std::move(layou
   const size_t n = layout_.num_params();
   params_data_.assign(n, 0.0f);
   grads_data_.assign(n, 0.0f);
+  owned_ = {ParamRun{0, n}};
   m_.assign(n, 0.0f);
   v_.assign(n, 0.0f);
   layout_.Initialize(params_data_);
@@ -77,24 +78,70 @@ absl::Status GptStage::AddGradSumOfSquares(double* sum) {
   return absl::OkStatus();
 }
 
+absl::Status GptStage::GradSumsOfSquares(std::span<const ParamRun> pieces, std::span<double> out) {
+  if (out.size() != pieces.size()) return absl::InvalidArgumentError("GradSumsOfSquares: one sum per piece");
+  const std::vector<ParamRun> norm = layout_.NormRuns();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    double sum = 0;
+    for (const ParamRun& r : norm) {
+      const size_t lo = std::max(r.offset, pieces[i].offset);
+      const size_t hi = std::min(r.offset + r.size, pieces[i].offset + pieces[i].size);
+      for (size_t k = lo; k < hi; ++k) sum += static_cast<double>(grads_data_[k]) * grads_data_[k];
+    }
+    out[i] = sum;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptStage::ShardOptimizer(std::span<const ParamRun> owned) {
+  size_t total = 0, end = 0;
+  for (const ParamRun& r : owned) {
+    if (r.offset < end || r.offset + r.size > layout_.num_params()) {
+      return absl::InvalidArgumentError(absl::StrCat("ShardOptimizer: run [", r.offset, ", ", r.offset + r.size,
+                                                     ") overlaps or lies outside the stage's ",
+                                                     layout_.num_params(), " parameters"));
+    }
+    end = r.offset + r.size;
+    total += r.size;
+  }
+  owned_.assign(owned.begin(), owned.end());
+  m_.assign(total, 0.0f);
+  v_.assign(total, 0.0f);
+  return absl::OkStatus();
+}
+
 absl::Status GptStage::OptimizerStep(const OptimizerStepArgs& args) {
   if (args.grad_scale != 1.0) {
     for (float& x : grads_data_) x = static_cast<float>(x * args.grad_scale);
   }
   optim::AdamWConfig no_decay = args.adamw;
   no_decay.weight_decay = 0;
-  for (const ParamInfo& p : layout_.params()) {
-    auto span = [&](std::vector<float>& v) { return std::span<float>(v).subspan(p.offset, p.size); };
-    optim::AdamWStep(span(params_data_), span(grads_data_), span(m_), span(v_), p.decay ? args.adamw : no_decay,
-                     args.lr, args.step);
+  // Each parameter's owned part; moments are packed in owned order.
+  size_t moment = 0;
+  for (const ParamRun& r : owned_) {
+    for (const ParamInfo& p : layout_.params()) {
+      const size_t lo = std::max(r.offset, p.offset), hi = std::min(r.offset + r.size, p.offset + p.size);
+      if (lo >= hi) continue;
+      const size_t at = moment + (lo - r.offset), n = hi - lo;
+      optim::AdamWStep(std::span<float>(params_data_).subspan(lo, n), std::span<float>(grads_data_).subspan(lo, n),
+                       std::span<float>(m_).subspan(at, n), std::span<float>(v_).subspan(at, n),
+                       p.decay ? args.adamw : no_decay, args.lr, args.step);
+    }
+    moment += r.size;
   }
   return absl::OkStatus();
 }
 
 absl::Status GptStage::ExportState(StageState* out) {
   out->params = params_data_;
-  out->adam_m = m_;
-  out->adam_v = v_;
+  out->adam_m.assign(layout_.num_params(), 0.0f);
+  out->adam_v.assign(layout_.num_params(), 0.0f);
+  size_t moment = 0;
+  for (const ParamRun& r : owned_) {
+    std::copy_n(m_.begin() + moment, r.size, out->adam_m.begin() + r.offset);
+    std::copy_n(v_.begin() + moment, r.size, out->adam_v.begin() + r.offset);
+    moment += r.size;
+  }
   return absl::OkStatus();
 }
 
@@ -105,8 +152,12 @@ absl::Status GptStage::ImportState(const StageState& in) {
                                                    in.adam_v.size(), " values for a stage of ", n, " parameters"));
   }
   params_data_ = in.params;
-  m_ = in.adam_m;
-  v_ = in.adam_v;
+  size_t moment = 0;
+  for (const ParamRun& r : owned_) {
+    std::copy_n(in.adam_m.begin() + r.offset, r.size, m_.begin() + moment);
+    std::copy_n(in.adam_v.begin() + r.offset, r.size, v_.begin() + moment);
+    moment += r.size;
+  }
   return absl::OkStatus();
 }
 
@@ -290,11 +341,11 @@ absl::StatusOr<double> GptStage::ForwardDense(int mb, const TokenBatch& batch, c
   return loss;
 }
 
-absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden_in_v) {
+absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden_in_v, const GradsReady& ready) {
   const auto* dhidden_out = static_cast<const float*>(dhidden_out_v);
   auto* dhidden_in = static_cast<float*>(dhidden_in_v);
   auto it = stash_.find(mb);
-  if (it == stash_.end() || it->second->kept.empty()) return BackwardDense(mb, dhidden_out, dhidden_in);
+  if (it == stash_.end() || it->second->kept.empty()) return BackwardDense(mb, dhidden_out, dhidden_in, ready);
   const StageOptions& o = options();
   if (!o.last && dhidden_out == nullptr) return absl::InvalidArgumentError("output gradient: missing");
   if (!o.first && dhidden_in == nullptr) return absl::InvalidArgumentError("input gradient: missing");
@@ -308,7 +359,7 @@ absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden
   if (!o.first) {
     ASSIGN_OR_RETURN(din, Get(n * C));
   }
-  RETURN_IF_ERROR(BackwardDense(mb, dout.as<float>(), din.as<float>()));
+  RETURN_IF_ERROR(BackwardDense(mb, dout.as<float>(), din.as<float>(), ready));
   if (!o.first) {
     std::memset(dhidden_in, 0, cells * C * sizeof(float));
     for (int64_t r = 0; r < n; ++r) std::memcpy(dhidden_in + kept[r] * C, din.as<float>() + r * C, C * sizeof(float));
@@ -316,7 +367,8 @@ absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden
   return absl::OkStatus();
 }
 
-absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dhidden_in) {
+absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dhidden_in, const GradsReady& ready) {
+  auto report = [&](size_t offset, size_t size) { return ready ? ready(offset, size) : absl::OkStatus(); };
   const StageOptions& o = options();
   auto it = stash_.find(mb);
   if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " was not forwarded"));
@@ -351,6 +403,11 @@ absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dh
         std::memcpy(dres.as<float>() + s->scored[r] * C, dxs.as<float>() + r * C, C * sizeof(float));
       }
     }
+    // The head's parameters are final: the final LayerNorm and an untied head
+    // (the end of the layout), and a tied embedding unless the embedding
+    // backward of this same stage still adds to it.
+    RETURN_IF_ERROR(report(layout_.lnf_w(), layout_.num_params() - layout_.lnf_w()));
+    if (config().tie_embeddings && !o.first) RETURN_IF_ERROR(report(layout_.wte(), static_cast<size_t>(V) * C));
   } else {
     std::memcpy(dres.data(), dhidden_out, N * C * sizeof(float));
   }
@@ -398,9 +455,14 @@ absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dh
     cpu::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), dln.as<const float>(), a.x.as<const float>(), P(l.ln1_w),
                            a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N, C);
     a = LayerActs{};  // release this layer's activations early
+    const size_t end = i + 1 < layers.size() ? layers[i + 1].ln1_w : (o.last ? layout_.lnf_w() : layout_.num_params());
+    RETURN_IF_ERROR(report(l.ln1_w, end - l.ln1_w));
   }
   if (o.first) {
     cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dr, s->tokens.data(), s->positions.data(), N, C);
+    RETURN_IF_ERROR(report(layout_.wte(), layout_.wpe() - layout_.wte()));
+    const size_t after = layers.empty() ? (o.last ? layout_.lnf_w() : layout_.num_params()) : layers[0].ln1_w;
+    RETURN_IF_ERROR(report(layout_.wpe(), after - layout_.wpe()));
   } else {
     std::memcpy(dhidden_in, dr, N * C * sizeof(float));
   }

@@ -40,16 +40,20 @@ class GptStage final : public Stage {
   // Stage.
   const GptLayout& layout() const override { return layout_; }
   DType activation_dtype() const override { return DType::kF32; }
-  size_t state_bytes() const override { return layout_.num_params() * 4 * sizeof(float); }
+  size_t state_bytes() const override { return (2 * layout_.num_params() + m_.size() + v_.size()) * sizeof(float); }
   absl::StatusOr<double> Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
                                  float loss_scale, Recompute recompute) override;
-  absl::Status Backward(int mb, const void* dhidden_out, void* dhidden_in) override;
+  using Stage::Backward;
+  absl::Status Backward(int mb, const void* dhidden_out, void* dhidden_in, const GradsReady& ready) override;
   absl::Status Infer(const TokenBatch& batch, const void* hidden_in, void* out) override;
   size_t in_flight() const override { return stash_.size(); }
   float* grads() override { return grads_data_.data(); }
   absl::Status ZeroGrads() override;
   absl::Status AddGradSumOfSquares(double* sum) override;
+  absl::Status GradSumsOfSquares(std::span<const ParamRun> pieces, std::span<double> out) override;
   absl::Status OptimizerStep(const OptimizerStepArgs& args) override;
+  absl::Status ShardOptimizer(std::span<const ParamRun> owned) override;
+  float* params() override { return params_data_.data(); }
   absl::Status ExportState(StageState* out) override;
   absl::Status ImportState(const StageState& in) override;
 
@@ -60,7 +64,6 @@ class GptStage final : public Stage {
   }
 
   // Host views for CPU-only code (evaluation, reference tests).
-  const std::vector<ParamInfo>& params() const { return layout_.params(); }
   const ParamInfo* FindParam(const std::string& name) const { return layout_.FindParam(name); }
   std::span<float> param_data() { return params_data_; }
   std::span<float> grad_data() { return grads_data_; }
@@ -80,7 +83,7 @@ class GptStage final : public Stage {
   // (see Forward in gpt.cc).
   absl::StatusOr<double> ForwardDense(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
                                       float loss_scale, Recompute recompute);
-  absl::Status BackwardDense(int mb, const float* dhidden_out, float* dhidden_in);
+  absl::Status BackwardDense(int mb, const float* dhidden_out, float* dhidden_in, const GradsReady& ready);
   // Fills every activation of layer `l` from a.x; writes the layer's output
   // (N, C) to `out` unless it is null (recomputation needs no output).
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B, int64_t T,
@@ -91,7 +94,11 @@ class GptStage final : public Stage {
 
   GptLayout layout_;
   BufferPool* pool_;
-  std::vector<float> params_data_, grads_data_, m_, v_;
+  std::vector<float> params_data_, grads_data_;
+  // AdamW moments of the owned runs (all parameters unless sharded), packed
+  // in their order.
+  std::vector<ParamRun> owned_;
+  std::vector<float> m_, v_;
   std::map<int, std::unique_ptr<Stash>> stash_;
   static constexpr int kInferKey = -1;  // Infer's private stash key
 };

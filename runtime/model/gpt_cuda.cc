@@ -153,6 +153,30 @@ absl::Status CudaGptStage::AddGradSumOfSquares(double* sum) {
   return absl::OkStatus();
 }
 
+absl::Status CudaGptStage::GradSumsOfSquares(std::span<const ParamRun> pieces, std::span<double> out) {
+  if (out.size() != pieces.size()) return absl::InvalidArgumentError("GradSumsOfSquares: one sum per piece");
+  if (pieces.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Buffer acc, Get(pieces.size() * sizeof(double)));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc.data(), 0, pieces.size() * sizeof(double), stream_));
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    for (const ParamRun& r : norm_runs_) {
+      const size_t lo = std::max(r.offset, pieces[i].offset);
+      const size_t hi = std::min(r.offset + r.size, pieces[i].offset + pieces[i].size);
+      if (lo >= hi) continue;
+      RETURN_IF_ERROR(cuda::SumOfSquares(G(lo), static_cast<int64_t>(hi - lo), acc.as<double>() + i, stream_));
+    }
+  }
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(out.data(), acc.data(), pieces.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  return WaitStream("CudaGptStage::GradSumsOfSquares");
+}
+
+absl::Status CudaGptStage::ShardOptimizer(std::span<const ParamRun>) {
+  return absl::UnimplementedError(
+      "optimizer.zero1: the cuda backend keeps its fp32 master weights and AdamW moments whole on every rank "
+      "(ZeRO-1 runs on the cpu backend)");
+}
+
 absl::Status CudaGptStage::OptimizerStep(const OptimizerStepArgs& args) {
   cuda::AdamWParams p{static_cast<float>(args.lr),
                       static_cast<float>(args.adamw.beta1),

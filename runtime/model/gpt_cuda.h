@@ -90,9 +90,13 @@ class CudaGptStage final : public Stage {
                                  const void* hidden_in,  // (B, T, C) bf16, or null on the first stage
                                  void* hidden_out,       // (B, T, C) bf16, or null on the last stage
                                  float loss_scale, Recompute recompute) override;
+  // `ready` hears of every gradient at once, once the whole backward is
+  // queued (the kernels run layer by layer, but the stream orders them).
+  using Stage::Backward;
   absl::Status Backward(int mb,
                         const void* dhidden_out,  // (B, T, C) bf16, or null on the last stage
-                        void* dhidden_in) override;  // (B, T, C) bf16, or null on the first stage
+                        void* dhidden_in,         // (B, T, C) bf16, or null on the first stage
+                        const GradsReady& ready) override;
   // Enqueued; the stash it builds is dropped before it returns (stream-ordered).
   absl::Status Infer(const TokenBatch& batch,
                      const void* hidden_in,  // (B, T, C) bf16, or null on the first stage
@@ -103,6 +107,12 @@ class CudaGptStage final : public Stage {
   absl::Status ZeroGrads() override;
   // Sums over the layout's norm runs on the device (double), one copy back.
   absl::Status AddGradSumOfSquares(double* sum) override;
+  // One device sum per piece (double), one copy back; waits for the stream.
+  absl::Status GradSumsOfSquares(std::span<const ParamRun> pieces, std::span<double> out) override;
+  // ZeRO-1 is not implemented here (UNIMPLEMENTED): the fp32 master weights
+  // and moments stay whole on every rank.
+  absl::Status ShardOptimizer(std::span<const ParamRun> owned) override;
+  float* params() override { return nullptr; }
   // One AdamW launch per run of the decay group (args.adamw.weight_decay)
   // and per run of the rest (no decay); rewrites the bf16 copy. Enqueued.
   absl::Status OptimizerStep(const OptimizerStepArgs& args) override;
@@ -114,7 +124,6 @@ class CudaGptStage final : public Stage {
 
   // CUDA-specific views (tests, the profiler).
   cudaStream_t stream() const { return stream_; }
-  const std::vector<ParamInfo>& params() const { return layout_.params(); }
   const ParamInfo* FindParam(const std::string& name) const { return layout_.FindParam(name); }
   size_t num_params() const { return layout_.num_params(); }
   bool HasSharedEmbedding() const { return layout_.HasSharedEmbedding(); }

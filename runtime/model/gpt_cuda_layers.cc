@@ -224,7 +224,7 @@ absl::Status CudaGptStage::Infer(const TokenBatch& batch, const void* hidden_in,
   return matmul_->Forward(out, s->lnf.as<const bf16>(), W(layout_.head()), nullptr, N, C, V, stream_);
 }
 
-absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden_in_v) {
+absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden_in_v, const GradsReady& ready) {
   const auto* dhidden_out = static_cast<const bf16*>(dhidden_out_v);
   auto* dhidden_in = static_cast<bf16*>(dhidden_in_v);
   const StageOptions& o = options();
@@ -322,6 +322,7 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
   } else {
     RETURN_IF_ERROR(CopyD2D(dhidden_in, dres.data(), static_cast<size_t>(N * C) * kBf16, st));
   }
+  if (ready) RETURN_IF_ERROR(ready(0, layout_.num_params()));
   return absl::OkStatus();
 }
 

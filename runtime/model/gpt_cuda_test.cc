@@ -192,7 +192,7 @@ void CheckOneStep(const GptConfig& config, const TokenBatch& batch) {
   CHECK(std::abs(*loss - *cpu_loss) <= 1e-2 * *cpu_loss);
 
   const std::vector<float> grads = gpu.Grads(*stage);
-  for (const ParamInfo& p : cpu->params()) {
+  for (const ParamInfo& p : cpu->layout().params()) {
     INFO(p.name);
     CHECK(RelativeError(Slice(grads, p), Slice(cpu->grad_data(), p)) <= 1e-2);
   }
@@ -275,7 +275,7 @@ TEST_CASE("CUDA stages chained through device buffers give the whole stage's los
   std::vector<float> wte_sum;
   for (CudaGptStage* st : {s0.get(), s1.get()}) {
     const std::vector<float> grads = gpu.Grads(*st);
-    for (const ParamInfo& p : st->params()) {
+    for (const ParamInfo& p : st->layout().params()) {
       const ParamInfo* q = cpu->FindParam(p.name);
       REQUIRE(q != nullptr);
       std::vector<float> g = Slice(grads, p);
@@ -382,7 +382,7 @@ TEST_CASE("weight decay shrinks matrices only: biases and LayerNorm gains stay p
   REQUIRE_OK(stage->OptimizerStep(args));
   const std::vector<float> after_cpu = Params(*cpu), after_gpu = Params(*stage);
   int decayed = 0, kept = 0;
-  for (const ParamInfo& p : cpu->params()) {
+  for (const ParamInfo& p : cpu->layout().params()) {
     INFO(p.name);
     const std::vector<float> before = Slice(start, p), c = Slice(after_cpu, p), g = Slice(after_gpu, p);
     if (p.decay) {
@@ -436,7 +436,7 @@ TEST_CASE("Recompute::kFull and kSelective give kNone's loss and gradients, kFul
   CHECK(loss_selective == loss_none);
   CHECK(RelativeError(full, none) <= 1e-6);
   CHECK(RelativeError(selective, none) <= 1e-6);
-  for (const ParamInfo& p : stage->params()) {
+  for (const ParamInfo& p : stage->layout().params()) {
     INFO(p.name);
     CHECK(RelativeError(Slice(full, p), Slice(none, p)) <= 1e-5);
   }

@@ -246,7 +246,7 @@ TEST_CASE("stages chained give the whole model's loss and gradients; initialisat
   REQUIRE(ref.ok());
   std::vector<float> wte_sum;
   for (const auto* st : {s0->get(), s1->get(), s2->get()}) {
-    for (const ParamInfo& p : st->params()) {
+    for (const ParamInfo& p : st->layout().params()) {
       const ParamInfo* q = (*ref)->FindParam(p.name);
       REQUIRE(q != nullptr);
       // Same initial weights whatever the split.

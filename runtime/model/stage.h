@@ -14,6 +14,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,7 +68,18 @@ class Stage {
   // `dhidden_out`: gradient of this stage's output (null on the last stage).
   // `dhidden_in`: receives the gradient of the stage input (not written on
   // the first stage; may be null there).
-  virtual absl::Status Backward(int mb, const void* dhidden_out, void* dhidden_in) = 0;
+  absl::Status Backward(int mb, const void* dhidden_out, void* dhidden_in) {
+    return Backward(mb, dhidden_out, dhidden_in, GradsReady());
+  }
+  // Called by the stage's last backward of an iteration each time a run of
+  // parameters [offset, offset + size) (layout order) has its final
+  // gradient, so that its reduction can start while backward goes on. On a
+  // device, "final" means queued on the backend's stream. An error fails the
+  // backward.
+  using GradsReady = std::function<absl::Status(size_t offset, size_t size)>;
+  // The same, reporting gradients as they become final through `ready`
+  // (empty: not reported). Every parameter is reported exactly once.
+  virtual absl::Status Backward(int mb, const void* dhidden_out, void* dhidden_in, const GradsReady& ready) = 0;
   // Forward without keeping anything for backward (evaluation): like
   // Forward, except that the last stage writes the logits of every position,
   // (rows * seq, vocab) in activation_dtype(), to `out`; other stages write
@@ -82,12 +95,28 @@ class Stage {
   // *sum += the sum of squares of the gradients in the layout's norm group,
   // accumulated in double (the host value, once the device is done).
   virtual absl::Status AddGradSumOfSquares(double* sum) = 0;
-  // One AdamW step over every parameter (see OptimizerStepArgs). Leaves the
-  // gradients to the caller (ZeroGrads).
+  // For each run of `pieces`, the sum of squares of its gradients that lie
+  // in the layout's norm group, accumulated in double in index order, into
+  // out[i] (the host values, once the device is done).
+  virtual absl::Status GradSumsOfSquares(std::span<const ParamRun> pieces, std::span<double> out) = 0;
+  // One AdamW step over every parameter (see OptimizerStepArgs), or, after
+  // ShardOptimizer, over the owned runs only. Leaves the gradients to the
+  // caller (ZeroGrads).
   virtual absl::Status OptimizerStep(const OptimizerStepArgs& args) = 0;
+  // ZeRO-1: from now on the optimizer updates, and keeps AdamW moments for,
+  // only `owned` (disjoint runs in layout order); the other parameters come
+  // from the ranks that own them (an all-gather of params()). Call before
+  // the first step. UNIMPLEMENTED where the backend cannot shard.
+  virtual absl::Status ShardOptimizer(std::span<const ParamRun> owned) = 0;
+  // The parameters in the layout's order, in the backend's memory, for the
+  // all-gather after a sharded step (fp32; null where ShardOptimizer is
+  // unimplemented).
+  virtual float* params() = 0;
 
   // Parameters and AdamW moments to / from the host (checkpoints, tests).
-  // Import checks every size against the layout (INVALID_ARGUMENT).
+  // Import checks every size against the layout (INVALID_ARGUMENT). After
+  // ShardOptimizer, moments outside the owned runs export as zeros and are
+  // ignored on import.
   virtual absl::Status ExportState(StageState* out) = 0;
   virtual absl::Status ImportState(const StageState& in) = 0;
 };

@@ -134,6 +134,8 @@ absl::Status NormalizeParallelism(const proto::ModelSpec& model, proto::Parallel
   if (int64_t{p->pp()} * p->dp() > kMaxWorld) {
     return Bad("parallelism", absl::StrCat("pp x dp = ", int64_t{p->pp()} * p->dp(), " ranks exceeds ", kMaxWorld));
   }
+  RETURN_IF_ERROR(Real("parallelism.grad_bucket_mb", p->grad_bucket_mb(), kDefaultGradBucketMb, 1e-6,
+                       kMaxGradBucketMb, [&](double v) { p->set_grad_bucket_mb(v); }));
   const int layers = model.num_layers() + model.num_decoder_layers();
   if (p->layer_to_device_size() != 0 && p->layer_to_device_size() != layers) {
     return Bad("parallelism.layer_to_device",

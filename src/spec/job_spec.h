@@ -19,6 +19,7 @@ namespace dynapipe::spec {
 // Defaults (what a 0 / empty / unspecified field means).
 inline constexpr int kDefaultPp = 1;
 inline constexpr int kDefaultDp = 1;
+inline constexpr double kDefaultGradBucketMb = 25;  // as PyTorch DDP's bucket_cap_mb
 inline constexpr int64_t kDefaultGlobalBatchTokens = 65536;
 inline constexpr int kDefaultMaxSeqLen = 2048;  // or model.max_positions when smaller
 inline constexpr int kDefaultRoundMultiple = 8;
@@ -58,6 +59,7 @@ inline constexpr int kMaxVocab = 1 << 24;
 inline constexpr int kMaxPositions = 1 << 20;
 inline constexpr int kMaxPp = 4096;
 inline constexpr int kMaxDp = 1 << 16;
+inline constexpr double kMaxGradBucketMb = 1 << 20;
 inline constexpr int kMaxWorld = 1 << 20;
 inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 34;
 inline constexpr int kMaxMicroBatchSize = 1 << 20;

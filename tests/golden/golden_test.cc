@@ -171,7 +171,7 @@ std::unique_ptr<GptStage> MakeStage(const Golden& g, int first_layer, int num_la
   INFO(stage.status().ToString());
   REQUIRE(stage.ok());
   // The golden weights replace the stage's own initialisation.
-  for (const ParamInfo& p : (*stage)->params()) {
+  for (const ParamInfo& p : (*stage)->layout().params()) {
     INFO("stage parameter " << p.name);
     REQUIRE(g.tensors.contains("param/" + p.name));
     const Tensor& t = g.tensors.at("param/" + p.name);
@@ -227,7 +227,7 @@ Run ForwardBackward(const Golden& g, const TokenBatch& batch, const std::vector<
     CHECK(stages[s]->in_flight() == 0);
   }
   for (const auto& stage : stages) {
-    for (const ParamInfo& p : stage->params()) {
+    for (const ParamInfo& p : stage->layout().params()) {
       std::vector<float> grad = Grad(*stage, p.name);
       auto [it, inserted] = run.grads.emplace(p.name, grad);
       if (!inserted) {

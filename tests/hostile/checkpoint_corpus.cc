@@ -76,7 +76,7 @@ absl::Status WriteModelShard(const proto::JobSpec& spec, const std::string& dir,
   ASSIGN_OR_RETURN(auto whole, runtime::executor::LoadWholeModel(spec, "", -1, &pool));
   std::vector<TensorRef> params;
   const std::span<const float> data = std::as_const(*whole).param_data();
-  for (const auto& p : whole->params()) params.push_back({p.name, data.subspan(p.offset, p.size)});
+  for (const auto& p : whole->layout().params()) params.push_back({p.name, data.subspan(p.offset, p.size)});
   if (edit) edit(&params);
   runtime::checkpoint::ShardRef shard;
   shard.iteration = iteration;
