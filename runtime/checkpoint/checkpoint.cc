@@ -336,8 +336,8 @@ uint64_t JobFingerprint(const proto::JobSpec& raw) {
   canonical.mutable_model()->clear_name();
   *canonical.mutable_parallelism() = spec.parallelism();
   canonical.mutable_optimizer()->set_zero1(spec.optimizer().zero1());
-  // Buckets decide which rank keeps which moments under ZeRO-1 only.
-  if (!spec.optimizer().zero1()) canonical.mutable_parallelism()->clear_grad_bucket_mb();
+  // Buckets change how gradients travel, not the tensors a rank keeps.
+  canonical.mutable_parallelism()->clear_grad_bucket_mb();
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream stream(&bytes);

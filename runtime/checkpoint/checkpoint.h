@@ -78,9 +78,8 @@ using checkpoint_layout::LatestCompleteOnDisk;
 
 // A hash of what decides the shapes and placement of a rank's tensors: the
 // model spec after spec::NormalizeJobSpec (except its name), pp, dp,
-// layer_to_device and optimizer.zero1 (with zero1, also
-// parallelism.grad_bucket_mb, which decides the moments each rank keeps).
-// The same for the same spec in every
+// layer_to_device and optimizer.zero1 (not grad_bucket_mb: buckets change
+// how gradients travel, not what a rank keeps). The same for the same spec in every
 // process (deterministic serialization; fields left at 0 do not count, so
 // adding a proto field does not change old fingerprints).
 uint64_t JobFingerprint(const proto::JobSpec& spec);

@@ -300,6 +300,13 @@ TEST_CASE("JobFingerprint tells models and layouts apart; CheckSameJob names the
   proto::JobSpec dp1 = spec;
   dp1.mutable_parallelism()->set_dp(1);  // dp 0 means 1
   CHECK(JobFingerprint(dp1) == base);
+  for (bool zero1 : {false, true}) {  // buckets do not decide what a rank keeps
+    proto::JobSpec a = spec, b = spec;
+    a.mutable_optimizer()->set_zero1(zero1);
+    b.mutable_optimizer()->set_zero1(zero1);
+    b.mutable_parallelism()->set_grad_bucket_mb(0.5);
+    CHECK(JobFingerprint(a) == JobFingerprint(b));
+  }
   for (auto change : std::vector<std::function<void(proto::JobSpec*)>>{
            [](proto::JobSpec* s) { s->mutable_model()->set_hidden(128); },
            [](proto::JobSpec* s) { s->mutable_model()->set_num_layers(5); },
