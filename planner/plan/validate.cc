@@ -172,13 +172,18 @@ absl::Status CheckRank(const proto::ExecutionPlan& p) {
   return absl::OkStatus();
 }
 
-// Co-simulates all ranks' streams; see the header.
-absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank) {
+// Co-simulates all ranks' streams; see the header. With `nccl_groups`, a
+// run of consecutive starts is one NCCL group and a rank's groups run one
+// after another: a transfer completes once both sides' groups are running,
+// and a group runs once the rank has issued it and its previous group has
+// completed (NCCL serialises a communicator's operations).
+absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank, bool nccl_groups) {
   const int n = static_cast<int>(by_rank.size());
   struct Posted {
     const proto::CommOp* op;
     bool act;
     int rank, index;
+    int group;  // the rank's run of starts it belongs to
   };
   // Per ordered pair (src, dst): sends started by src, receives started by dst.
   absl::flat_hash_map<int64_t, std::vector<Posted>> sends, recvs;
@@ -194,6 +199,43 @@ absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank) {
           rv.act ? "activation" : "gradient", " ", rv.op->ShortDebugString()));
     }
     return absl::OkStatus();
+  };
+  // NCCL groups: per rank, the transfers of each group (pair key, send side,
+  // index in the pair's list), how many groups are issued and running.
+  struct GroupOp {
+    int64_t key;
+    size_t index;
+  };
+  std::vector<std::vector<std::vector<GroupOp>>> groups(n);
+  std::vector<int> issued(n, 0), running(n, 0);
+  auto is_start = [](const Instruction& ins) {
+    bool send, start, act;
+    return CommOf(ins, &send, &start, &act) != nullptr && start;
+  };
+  auto posted_running = [&](const Posted& p) { return p.group < running[p.rank]; };
+  auto transfer_done = [&](int64_t key, size_t index) {
+    const auto s = sends.find(key), r = recvs.find(key);
+    if (s == sends.end() || r == recvs.end() || s->second.size() <= index || r->second.size() <= index) return false;
+    return !nccl_groups || (posted_running(s->second[index]) && posted_running(r->second[index]));
+  };
+  // Starts every group whose turn has come; true if any did.
+  auto run_groups = [&]() {
+    bool any = false, changed = true;
+    while (changed) {
+      changed = false;
+      for (int r = 0; r < n; ++r) {
+        while (running[r] < issued[r]) {
+          if (running[r] > 0) {
+            bool complete = true;
+            for (const GroupOp& op : groups[r][running[r] - 1]) complete = complete && transfer_done(op.key, op.index);
+            if (!complete) break;
+          }
+          ++running[r];
+          changed = any = true;
+        }
+      }
+    }
+    return any;
   };
   std::vector<int> pc(n, 0), allreduce_count(n, 0);
   int done = 0;
@@ -215,16 +257,20 @@ absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank) {
           auto& theirs = send ? recvs[key] : sends[key];
           const int64_t okey = pair(r, c->buffer_ids(0)) ^ (static_cast<int64_t>(send) << 62);
           if (start) {
-            const Posted posted{c, act, r, i};
+            const bool opens = i == 0 || !is_start(p.instructions(i - 1));
+            if (opens) groups[r].emplace_back();
+            const Posted posted{c, act, r, i, static_cast<int>(groups[r].size()) - 1};
             if (mine.size() < theirs.size()) {
               RETURN_IF_ERROR(send ? check_match(posted, theirs[mine.size()]) : check_match(theirs[mine.size()], posted));
             }
             outstanding[okey] = mine.size();
+            groups[r].back().push_back({key, mine.size()});
             mine.push_back(posted);
+            if (i + 1 == p.instructions_size() || !is_start(p.instructions(i + 1))) issued[r] = groups[r].size();
           } else {
             auto it = outstanding.find(okey);
             if (it == outstanding.end()) return Bad(r, i, "finishes a transfer it never started");
-            if (theirs.size() <= it->second) break;  // the peer has not posted its side yet
+            if (!transfer_done(key, it->second)) break;  // the peer has not posted (or run) its side yet
             outstanding.erase(it);
           }
         } else if (ins.op_case() == Instruction::kAllReduceGrads) {
@@ -245,6 +291,7 @@ absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank) {
         if (pc[r] == p.instructions_size()) ++done;
       }
     }
+    if (nccl_groups && run_groups()) progress = true;
     if (!progress) {
       std::string blocked;
       for (int r = 0; r < n; ++r) {
@@ -253,7 +300,8 @@ absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank) {
                           by_rank[r]->instructions(pc[r]).ShortDebugString().substr(0, 80), ");");
         }
       }
-      return absl::InvalidArgumentError(absl::StrCat("plans deadlock:", blocked));
+      return absl::InvalidArgumentError(
+          absl::StrCat(nccl_groups ? "plans deadlock under NCCL's group order:" : "plans deadlock:", blocked));
     }
   }
   for (const auto& [key, list] : sends) {
@@ -338,7 +386,10 @@ absl::Status ValidatePlans(std::span<const proto::ExecutionPlan> plans, std::spa
       if (!seen.contains(id)) return absl::InvalidArgumentError(absl::StrCat("sample ", id, " is in no micro-batch"));
     }
   }
-  return CoSimulate(by_rank);
+  // Gloo's semantics (starts never block), then NCCL's (groups in order):
+  // plans run on either backend.
+  RETURN_IF_ERROR(CoSimulate(by_rank, /*nccl_groups=*/false));
+  return CoSimulate(by_rank, /*nccl_groups=*/true);
 }
 
 }  // namespace dynapipe::planner

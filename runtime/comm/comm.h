@@ -130,6 +130,10 @@ class Communicator {
   // backends that can overlap override them.
   virtual absl::StatusOr<std::unique_ptr<Request>> StartAllReduceSum(absl::Span<const int> group, float* data,
                                                                      size_t n, absl::Time deadline);
+  // Whether started collectives run while the caller goes on (false: the
+  // defaults, which block; a caller should then start them where blocking
+  // is safe, not in the middle of a pipeline's transfers).
+  virtual bool overlaps_collectives() const { return false; }
   virtual absl::StatusOr<std::unique_ptr<Request>> StartReduceScatterSum(absl::Span<const int> group, float* data,
                                                                          absl::Span<const size_t> counts,
                                                                          absl::Time deadline);

@@ -666,6 +666,7 @@ class GlooCommunicator final : public Communicator {
                                                           absl::Time deadline) override {
     return core_->StartCollective(Core::Op::kAllGather, group, data, 0, counts, deadline);
   }
+  bool overlaps_collectives() const override { return true; }
   void Abort() override { core_->Abort("Abort() called"); }
 
  private:

@@ -344,7 +344,7 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
       }
       // The chunk's last backward: its gradients' reduction starts bucket by bucket.
       model::Stage::GradsReady ready;
-      if (it->reducer != nullptr && it->last_backward[ins.chunk()] == index) {
+      if (it->reducer != nullptr && comm_->overlaps_collectives() && it->last_backward[ins.chunk()] == index) {
         ready = [reducer = it->reducer.get(), chunk = ins.chunk()](size_t offset, size_t size) {
           return reducer->Ready(chunk, offset, size);
         };
