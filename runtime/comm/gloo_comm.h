@@ -8,9 +8,13 @@
 // AllReduceSum (so members must reach their groups' first all-reduces in the
 // same order) under store keys derived from the sorted group ranks; keeping
 // collectives off the world mesh leaves the whole uint64 tag space to
-// Send/Recv. The sum is a ring reduce-scatter + all-gather run over our own
-// abortable transfers rather than gloo::allreduce, whose internal waits
-// neither honour an absolute deadline nor can be interrupted by Abort().
+// Send/Recv. Collectives run on one thread per communicator, in start order
+// (so Start* return at once and overlap the caller's work), as a direct
+// exchange over the group's mesh run over our own abortable transfers rather
+// than gloo::allreduce, whose internal waits neither honour an absolute
+// deadline nor can be interrupted by Abort(): each member receives every
+// other member's copy of its shard and adds them in member order, then sends
+// its shard to all (see Communicator::StartReduceScatterSum).
 //
 // Gloo specifics callers may notice: a send completes only once the receiver
 // has posted its Recv; on a timeout Gloo itself closes every connection of the
