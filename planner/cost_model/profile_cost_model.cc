@@ -123,20 +123,28 @@ absl::StatusOr<LayerCost> ProfileCostModel::Cost(LayerKind kind, const Shape& sh
   if (!g.present) {
     return absl::OutOfRangeError(absl::StrCat("profile ", device_, " has no ", LayerKindName(kind), " layer"));
   }
-  int mi, si, di;
-  double mw, sw, dw;
-  const int dec = g.dec.size() == 1 && g.dec[0] == 0 ? 0 : shape.dec_seq;
   // A varlen micro-batch, whose attention computes fewer pairs than its
   // grid, is priced as the grid with the same tokens T and attention cells
   // A: T^2 / A rows of A / T tokens (decoder-only shapes). Samples shorter
   // than the shortest profiled length are priced at it (slightly more
-  // attention than they compute).
-  double mbs = shape.mbs, seq = shape.seq;
+  // attention than they compute). Where that point needs a profile point
+  // that was not measured (more rows than any measured at that length), the
+  // micro-batch is priced as its whole grid, which costs at least as much.
   if (!shape.padded() && shape.dec_seq == 0) {
     const double t = static_cast<double>(shape.mbs) * shape.seq, cells = shape.work_cells();
-    seq = std::max<double>(cells / t, g.seq.front());
-    mbs = std::max<double>(t / seq, g.mbs.front());
+    const double seq = std::max<double>(cells / t, g.seq.front());
+    absl::StatusOr<LayerCost> work = At(kind, shape, std::max<double>(t / seq, g.mbs.front()), seq, r);
+    if (work.ok() || !absl::IsOutOfRange(work.status())) return work;
   }
+  return At(kind, shape, shape.mbs, shape.seq, r);
+}
+
+absl::StatusOr<LayerCost> ProfileCostModel::At(LayerKind kind, const Shape& shape, double mbs, double seq,
+                                               Recompute r) const {
+  const Grid& g = GridFor(kind);
+  int mi, si, di;
+  double mw, sw, dw;
+  const int dec = g.dec.size() == 1 && g.dec[0] == 0 ? 0 : shape.dec_seq;
   if (!Locate(g.mbs, mbs, &mi, &mw) || !Locate(g.seq, seq, &si, &sw) || !Locate(g.dec, dec, &di, &dw)) {
     return absl::OutOfRangeError(absl::StrCat(
         "out of profile: ", LayerKindName(kind), " layer at mbs ", mbs, ", seq ", seq,

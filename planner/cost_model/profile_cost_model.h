@@ -38,6 +38,9 @@ class ProfileCostModel : public LayerCostModel {
     std::vector<bool> measured;      // same layout; false only above max_tokens
   };
   ProfileCostModel() = default;
+  // Interpolated at (mbs, seq) for `shape` (its dec_seq, and its grid for
+  // the layer input that full recomputation keeps).
+  absl::StatusOr<LayerCost> At(LayerKind kind, const Shape& shape, double mbs, double seq, Recompute r) const;
   const Grid& GridFor(LayerKind kind) const { return grids_[static_cast<int>(kind)]; }
 
   std::array<Grid, 4> grids_;

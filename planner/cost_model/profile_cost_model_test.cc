@@ -49,6 +49,13 @@ TEST_CASE("A varlen micro-batch is priced as the profiled grid with its tokens a
   Shape shorts{1, 1024, 0};
   shorts.cells = 8LL * 128 * 128;
   CHECK((*m)->Cost(LayerKind::kEncoder, shorts, Recompute::kNone)->fw_ms == Approx(10.24));
+  // Its work point lies above the profile (16 rows of 512 for 8 samples
+  // filling 4 rows): priced as its grid, never refused.
+  Shape wide{4, 1024, 0};
+  wide.cells = 16LL * 256 * 256;
+  auto priced = (*m)->Cost(LayerKind::kEncoder, wide, Recompute::kNone);
+  REQUIRE(priced.ok());
+  CHECK(priced->fw_ms == Approx(40.96));
 }
 
 TEST_CASE("A query outside the profile is OUT_OF_RANGE with the profiled range, never extrapolated") {

@@ -28,8 +28,8 @@ std::vector<int> OrderSamples(std::span<const Sample> samples, bool encoder_deco
 Shape PaddedShape(std::span<const Sample> samples, std::span<const int> order, int round_multiple,
                   bool encoder_decoder);
 
-// Sets each micro-batch's Shape::tokens and Shape::cells to what `work`
-// computes of its samples (WorkShape); its grid stays.
+// Sets each micro-batch's Shape::cells to what `work` computes of its
+// samples (WorkShape); its grid stays.
 void ApplyWork(std::span<const Sample> samples, const WorkModel& work, std::span<MicroBatch> mbs);
 
 // Builds micro-batches from split points over `order`.

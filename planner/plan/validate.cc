@@ -175,8 +175,10 @@ absl::Status CheckRank(const proto::ExecutionPlan& p) {
 // Co-simulates all ranks' streams; see the header. With `nccl_groups`, a
 // run of consecutive starts is one NCCL group and a rank's groups run one
 // after another: a transfer completes once both sides' groups are running,
-// and a group runs once the rank has issued it and its previous group has
-// completed (NCCL serialises a communicator's operations).
+// a group once all its transfers have, and a group runs once the rank has
+// issued it and its previous group has completed (NCCL serialises a
+// communicator's operations); a finish waits for its start's whole group
+// (the group's streams end together).
 absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank, bool nccl_groups) {
   const int n = static_cast<int>(by_rank.size());
   struct Posted {
@@ -218,6 +220,13 @@ absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank, bo
     if (s == sends.end() || r == recvs.end() || s->second.size() <= index || r->second.size() <= index) return false;
     return !nccl_groups || (posted_running(s->second[index]) && posted_running(r->second[index]));
   };
+  auto group_done = [&](int r, int g) {
+    if (g >= running[r]) return false;
+    for (const GroupOp& op : groups[r][g]) {
+      if (!transfer_done(op.key, op.index)) return false;
+    }
+    return true;
+  };
   // Starts every group whose turn has come; true if any did.
   auto run_groups = [&]() {
     bool any = false, changed = true;
@@ -225,11 +234,7 @@ absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank, bo
       changed = false;
       for (int r = 0; r < n; ++r) {
         while (running[r] < issued[r]) {
-          if (running[r] > 0) {
-            bool complete = true;
-            for (const GroupOp& op : groups[r][running[r] - 1]) complete = complete && transfer_done(op.key, op.index);
-            if (!complete) break;
-          }
+          if (running[r] > 0 && !group_done(r, running[r] - 1)) break;
           ++running[r];
           changed = any = true;
         }
@@ -270,7 +275,9 @@ absl::Status CoSimulate(std::span<const proto::ExecutionPlan* const> by_rank, bo
           } else {
             auto it = outstanding.find(okey);
             if (it == outstanding.end()) return Bad(r, i, "finishes a transfer it never started");
-            if (!transfer_done(key, it->second)) break;  // the peer has not posted (or run) its side yet
+            // Gloo: the peer has posted its side. NCCL: the start's whole
+            // group has completed (a group's streams end together).
+            if (nccl_groups ? !group_done(r, mine[it->second].group) : !transfer_done(key, it->second)) break;
             outstanding.erase(it);
           }
         } else if (ins.op_case() == Instruction::kAllReduceGrads) {

@@ -12,7 +12,9 @@
 //    receive finish waits for the peer's send start, a send finish for the
 //    peer's receive start, gradient all-reduce waits for its group), every
 //    pair's sends match the peer's receives in order, kind and shape, and no
-//    rank is left waiting (no deadlock);
+//    rank is left waiting (no deadlock); then again under NCCL's order (each
+//    run of consecutive starts one group, a rank's groups one after another,
+//    a finish waiting for its whole group), so plans run on either backend;
 //  - the iteration's samples appear exactly once across micro-batches and
 //    equal `expected_sample_ids` when it is non-empty.
 // INVALID_ARGUMENT (or DATA_LOSS) with the rank and instruction index.

@@ -135,7 +135,9 @@ class Core : public std::enable_shared_from_this<Core> {
   template <typename T>
   absl::Status AllReduceSum(absl::Span<const int> group, T* data, size_t n, absl::Time deadline) {
     ASSIGN_OR_RETURN(std::unique_ptr<Request> request, StartCollective(Op::kAllReduce, group, data, n, {}, deadline));
-    return request->Wait(deadline);
+    // A moment past the transfers' own deadline, so that a lost peer is
+    // reported by the transfer that waited on it, naming that peer.
+    return request->Wait(deadline + absl::Seconds(1));
   }
 
   // Closes every connection (resetting them, so peers notice at once), then
@@ -218,6 +220,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Mutex queue_mu_;
   std::deque<std::shared_ptr<CollectiveTask>> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stop_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool collective_running_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::thread collective_thread_;  // started and joined under queue_mu_ ordering (Enqueue, Shutdown)
 };
 
@@ -365,13 +368,22 @@ void Core::Abort(const absl::Status& cause) {
 }
 
 void Core::Shutdown() {
+  // Stop the collective thread from taking new work first: a collective it
+  // still runs could otherwise start a transfer after the check below.
+  bool collectives_busy;
+  {
+    MutexLock lock(&queue_mu_);
+    stop_ = true;
+    collectives_busy = collective_running_ || !queue_.empty();
+  }
   size_t in_flight;
   {
     MutexLock lock(&mu_);
     in_flight = live_.size();
   }
-  if (in_flight > 0) {
-    Abort(absl::StrCat("communicator destroyed with ", in_flight, " transfers in flight"));
+  if (in_flight > 0 || collectives_busy) {
+    Abort(absl::StrCat("communicator destroyed with ", in_flight, " transfers in flight",
+                       collectives_busy ? " and collectives unfinished" : ""));
   }
   std::vector<std::shared_ptr<gloo::Context>> contexts;
   std::map<std::vector<int>, std::shared_ptr<Group>> groups;
@@ -387,7 +399,6 @@ void Core::Shutdown() {
   std::thread thread;
   {
     MutexLock lock(&queue_mu_);
-    stop_ = true;
     thread = std::move(collective_thread_);
   }
   if (thread.joinable()) thread.join();
@@ -468,7 +479,9 @@ absl::StatusOr<std::unique_ptr<Request>> Core::StartCollective(Op op, absl::Span
     for (int i = 0; i <= m; ++i) starts[i] = ShardBegin(n, m, i);
   } else {
     if (static_cast<int>(counts.size()) != m) {
-      return absl::InvalidArgumentError(absl::StrCat("counts: ", counts.size(), " shards for ", m, " members"));
+      return absl::InvalidArgumentError(absl::StrCat(op == Op::kReduceScatter ? "reduce-scatter" : "all-gather",
+                                                     " over ranks {", absl::StrJoin(ranks, ","), "}: counts: ",
+                                                     counts.size(), " shards for ", m, " members"));
     }
     for (int i = 0; i < m; ++i) starts[i + 1] = starts[i] + counts[i];
     n = starts[m];
@@ -584,9 +597,15 @@ void Core::CollectiveLoop() {
       if (queue_.empty()) return;  // stopping, and nothing left
       task = std::move(queue_.front());
       queue_.pop_front();
+      collective_running_ = true;
     }
     absl::Status status = task->run();
+    task->run = nullptr;  // drops what it holds (the group and its connections)
     if (!status.ok() && !absl::IsAborted(status)) Abort(status);  // peers fail fast instead of at their deadlines
+    {
+      MutexLock lock(&queue_mu_);
+      collective_running_ = false;
+    }
     MutexLock lock(&task->mu);
     task->result = std::move(status);
     task->done = true;
@@ -625,6 +644,10 @@ absl::Status CollectiveRequest::Wait(absl::Time deadline) {
   if (!AwaitAfterAbort()) {
     return *(result_ = absl::InternalError(absl::StrCat(task_->what, " still runs after the communicator was aborted")));
   }
+  // A failure the collective found itself (a lost peer, named) says more
+  // than our deadline or the abort it caused.
+  MutexLock lock(&task_->mu);
+  if (!task_->result.ok() && !absl::IsAborted(task_->result)) return *(result_ = task_->result);
   return *(result_ = late);
 }
 

@@ -574,12 +574,14 @@ TEST_CASE("A started collective runs while its rank computes, and one whose memb
   auto req = comms[0]->StartAllReduceSum(both, a.data(), a.size(), start + absl::Seconds(10));
   REQUIRE(req.ok());
   CHECK(absl::Now() - start < absl::Milliseconds(100));
+  absl::Status late_status;  // checked on this thread: Catch2 is not thread-safe
   std::thread late([&] {
     absl::SleepFor(absl::Milliseconds(300));
-    CHECK(comms[1]->AllReduceSum(both, b.data(), b.size(), absl::Now() + absl::Seconds(10)).ok());
+    late_status = comms[1]->AllReduceSum(both, b.data(), b.size(), absl::Now() + absl::Seconds(10));
   });
   CHECK((*req)->Wait(absl::Now() + absl::Seconds(10)).ok());
   late.join();
+  CHECK(late_status.ok());
   CHECK(absl::Now() - start >= absl::Milliseconds(300));
   CHECK(a[12345] == 3.0f);
   CHECK(b[12345] == 3.0f);
@@ -595,6 +597,22 @@ TEST_CASE("A started collective runs while its rank computes, and one whose memb
   CHECK(Contains(status, "all-reduce of 65536 floats over ranks {0,1}"));
   CHECK(absl::Now() - wait_start < absl::Seconds(5));
   CHECK(absl::IsAborted(comms[0]->Send(1, 1, a.data(), 4).status()));
+}
+
+TEST_CASE("Destroying a communicator with a collective still running ends it at once, not at its deadline") {
+  MemoryKeyValueStore store;
+  Comms comms = Connect(2, &store);
+  std::vector<float> a(1024, 1.0f);
+  // Rank 1 never joins; the collective waits on it with a 30 s deadline.
+  auto req = comms[0]->StartAllReduceSum(std::vector<int>{0, 1}, a.data(), a.size(), absl::Now() + absl::Seconds(30));
+  REQUIRE(req.ok());
+  absl::SleepFor(absl::Milliseconds(200));  // it is running now
+  const absl::Time start = absl::Now();
+  comms[0].reset();
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  const absl::Status status = (*req)->Wait(absl::Now() + absl::Seconds(5));
+  INFO(status);
+  CHECK(absl::IsAborted(status));
 }
 
 TEST_CASE("A send travels from its start: the receiver completes while the sender has not waited") {

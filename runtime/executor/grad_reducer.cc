@@ -92,7 +92,8 @@ GradReducer::GradReducer(comm::Communicator* comm, std::vector<int> group, Mode 
       regions_(regions),
       timeout_(timeout) {
   for (size_t c = buckets->size(); c-- > 0;) {
-    for (const GradBucket& b : (*buckets)[c]) slots_.push_back({static_cast<int>(c), b, b.size, nullptr});
+    int index = 0;
+    for (const GradBucket& b : (*buckets)[c]) slots_.push_back({static_cast<int>(c), index++, b, b.size, nullptr});
   }
 }
 
@@ -115,7 +116,7 @@ absl::Status GradReducer::StartNext() {
           : comm_->StartReduceScatterSum(
                 group_, data, ShardCounts(s.bucket, (*regions_)[s.chunk], static_cast<int>(group_.size())), deadline);
   if (!request.ok()) {
-    return Annotate(request.status(), absl::StrCat("gradient bucket ", next_, " of chunk ", s.chunk));
+    return Annotate(request.status(), absl::StrCat("gradient bucket ", s.index, " of chunk ", s.chunk));
   }
   s.request = *std::move(request);
   if (!finishing_) ++started_early_;
@@ -145,7 +146,7 @@ absl::Status GradReducer::Finish() {
     Slot& s = slots_[i];
     const absl::Status status = s.request->Wait(absl::Now() + timeout_);
     s.request.reset();
-    if (!status.ok()) return Annotate(status, absl::StrCat("gradient bucket ", i, " of chunk ", s.chunk));
+    if (!status.ok()) return Annotate(status, absl::StrCat("gradient bucket ", s.index, " of chunk ", s.chunk));
   }
   return absl::OkStatus();
 }

@@ -3,8 +3,8 @@
 // Data-parallel gradient reduction that overlaps backward. Each model chunk's
 // flat gradient is cut into buckets along what its last backward of an
 // iteration completes in turn (Stage::GradsReady): the final LayerNorm and
-// head, each layer from the last to the first, the position embedding, the
-// token embedding. A bucket is started (an all-reduce, or under ZeRO-1 a
+// head (and a tied token embedding on the last stage), each layer from the
+// last to the first, the embeddings. A bucket is started (an all-reduce, or under ZeRO-1 a
 // reduce-scatter) as soon as all of it is final, while backward goes on;
 // the AllReduceGrads instruction then waits for them all.
 //
@@ -78,6 +78,7 @@ class GradReducer {
  private:
   struct Slot {
     int chunk = 0;
+    int index = 0;  // within the chunk's buckets
     GradBucket bucket;
     size_t pending = 0;  // elements not yet reported final
     std::unique_ptr<comm::Request> request;

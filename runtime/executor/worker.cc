@@ -4,6 +4,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -142,8 +143,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const proto::JobSpec& spe
   w->dp_rank_ = rank / pp_size;
   for (int g = 0; g < dp_size; ++g) w->dp_group_.push_back(g * pp_size + rank % pp_size);
   w->zero1_ = spec.optimizer().zero1();
+  // Buckets pay only where collectives overlap backward; elsewhere one per
+  // chunk (and its token embedding) is the fewest calls.
   const size_t bucket_elements =
-      std::max<size_t>(1, static_cast<size_t>(spec.parallelism().grad_bucket_mb() * 1e6 / sizeof(float)));
+      comm->overlaps_collectives()
+          ? std::max<size_t>(1, static_cast<size_t>(spec.parallelism().grad_bucket_mb() * 1e6 / sizeof(float)))
+          : std::numeric_limits<size_t>::max();
   for (const auto& c : w->chunks_) {
     w->buckets_.push_back(MakeBuckets(c->layout(), bucket_elements));
     w->regions_.push_back(OwnershipRegions(c->layout()));
@@ -214,6 +219,9 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   const int last = plan.instructions_size();  // "end of plan"
   for (auto& [slot, req] : it.pending) {
     return fail(absl::InternalError(absl::StrCat("transfer on slot ", slot, " never finished (plan bug)")), last);
+  }
+  if (it.reducer != nullptr) {
+    return fail(absl::InternalError("gradients never reduced: no all_reduce_grads (plan bug)"), last);
   }
   for (const auto& c : chunks_) {
     if (c->in_flight() != 0) {

@@ -166,9 +166,11 @@ absl::Status CudaGptStage::GradSumsOfSquares(std::span<const ParamRun> pieces, s
       RETURN_IF_ERROR(cuda::SumOfSquares(G(lo), static_cast<int64_t>(hi - lo), acc.as<double>() + i, stream_));
     }
   }
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(out.data(), acc.data(), pieces.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  return WaitStream("CudaGptStage::GradSumsOfSquares");
+  // Drain the stream first (bounded): a copy into pageable memory would
+  // block the host until the stream reached it, with no deadline.
+  RETURN_IF_ERROR(WaitStream("CudaGptStage::GradSumsOfSquares"));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), acc.data(), pieces.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
 }
 
 absl::Status CudaGptStage::ShardOptimizer(std::span<const ParamRun>) {

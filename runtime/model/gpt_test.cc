@@ -353,3 +353,46 @@ TEST_CASE("recomputation (selective, full) keeps less and gives bit-identical lo
 
 }  // namespace
 }  // namespace dynapipe::runtime::model
+
+namespace dynapipe::runtime::model {
+namespace {
+
+TEST_CASE("GradSumsOfSquares sums each piece's norm-group gradients; a sharded optimizer keeps only its moments",
+          "[model]") {
+  BufferPool pool(CpuAllocator());
+  // The last stage of a tied model: its wte copy is not in the norm group.
+  auto stage = GptStage::Create(TinyConfig(), {3, 1, false, true, 7}, &pool);
+  REQUIRE(stage.ok());
+  GptStage& st = **stage;
+  std::span<float> g = st.grad_data();
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.001f * static_cast<float>(i % 97) - 0.04f;
+  const ParamInfo* wte = st.FindParam("wte");
+  REQUIRE(wte != nullptr);
+  const size_t n = st.layout().num_params();
+  const std::vector<ParamRun> pieces = {{0, n / 3}, {n / 3, n - n / 3}, {wte->offset, wte->size}};
+  std::vector<double> sums(pieces.size());
+  REQUIRE(st.GradSumsOfSquares(pieces, sums).ok());
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    double want = 0;
+    for (const ParamRun& r : st.layout().NormRuns()) {
+      for (size_t k = std::max(r.offset, pieces[p].offset);
+           k < std::min(r.offset + r.size, pieces[p].offset + pieces[p].size); ++k) {
+        want += static_cast<double>(g[k]) * g[k];
+      }
+    }
+    INFO("piece " << p);
+    CHECK(sums[p] == want);
+  }
+  CHECK(sums[2] == 0);  // the tied copy counts on the first stage
+  CHECK(sums[0] + sums[1] > 0);
+  CHECK_FALSE(st.GradSumsOfSquares(pieces, std::span<double>(sums).first(2)).ok());
+
+  const size_t whole = st.state_bytes();
+  REQUIRE(st.ShardOptimizer(std::vector<ParamRun>{{0, n / 2}}).ok());
+  CHECK(st.state_bytes() < whole);
+  CHECK(absl::IsInvalidArgument(st.ShardOptimizer(std::vector<ParamRun>{{0, n / 2}, {n / 4, 10}})));  // overlap
+  CHECK(absl::IsInvalidArgument(st.ShardOptimizer(std::vector<ParamRun>{{n - 1, 2}})));            // outside
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::model
