@@ -9,6 +9,11 @@
 // The job's cost model is refit from measured iterations unless --norefit;
 // after --warmup iterations every iteration's predicted and measured times
 // are printed, and "pred err" is their median relative difference.
+// "tokens/s" counts the iterations after the warm-up (tokens over the time
+// from the end of the last warm-up iteration to the end of the run, so what
+// is compared is the refit's plans), "run tok/s" the whole run. Odd rounds
+// run the methods in reverse order, so no method always runs first.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -42,9 +47,11 @@ namespace {
 
 using namespace dynapipe;
 
+// Every field but run_tokens_per_s covers iterations [warm-up, n): means,
+// and the median of |predicted - measured| / measured.
 struct Row {
-  double tokens_per_s = 0, measured_ms = 0, predicted_ms = 0, micro_batches = 0, padding = 0;
-  double error = 0;  // median |predicted - measured| / measured after the warm-up
+  double tokens_per_s = 0, measured_ms = 0, predicted_ms = 0, micro_batches = 0, padding = 0, error = 0;
+  double run_tokens_per_s = 0;  // the whole run
 };
 
 // The slowest rank's time of iteration i.
@@ -55,23 +62,30 @@ double MeasuredMs(const runtime::executor::LocalRunResult& run, int i) {
 }
 
 Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n, int warmup) {
-  // Tokens of the whole iteration: the first pipeline stage of every group.
-  int64_t tokens = 0;
+  // Tokens of an iteration: the first pipeline stage of every group.
+  const int first = std::clamp(warmup, 0, n - 1);
+  int64_t tokens = 0, steady_tokens = 0;
   for (size_t r = 0; r < run.per_rank.size(); r += pp) {
-    for (const auto& it : run.per_rank[r]) tokens += it.tokens;
+    for (int i = 0; i < n; ++i) {
+      tokens += run.per_rank[r][i].tokens;
+      if (i >= first) steady_tokens += run.per_rank[r][i].tokens;
+    }
   }
   Row row;
+  row.run_tokens_per_s = tokens / run.wall_s;
+  row.tokens_per_s = steady_tokens / (run.done_s[n - 1] - (first > 0 ? run.done_s[first - 1] : 0.0));
+  // Means and the error over the same iterations as tokens/s.
+  const double k = n - first;
   double efficiency = 0;
   std::vector<double> errors;
-  for (int i = 0; i < n; ++i) {
+  for (int i = first; i < n; ++i) {
     const double slowest = MeasuredMs(run, i);
-    if (i >= std::min(warmup, n - 1)) errors.push_back(std::abs(run.predicted_ms[i] - slowest) / slowest);
-    row.measured_ms += slowest / n;
-    row.predicted_ms += run.predicted_ms[i] / n;
-    row.micro_batches += static_cast<double>(run.micro_batches[i]) / n;
-    efficiency += run.padding_efficiency[i] / n;
+    errors.push_back(std::abs(run.predicted_ms[i] - slowest) / slowest);
+    row.measured_ms += slowest / k;
+    row.predicted_ms += run.predicted_ms[i] / k;
+    row.micro_batches += static_cast<double>(run.micro_batches[i]) / k;
+    efficiency += run.padding_efficiency[i] / k;
   }
-  row.tokens_per_s = tokens / run.wall_s;
   row.padding = 1 - efficiency;
   row.error = Median(errors);
   return row;
@@ -124,12 +138,14 @@ int main(int argc, char** argv) {
 
   // [kernel][method] -> one Row per round.
   std::map<std::pair<int, int>, std::vector<Row>> rows;
-  std::printf("%-5s %-12s %-8s %12s %12s %12s %8s %8s %9s %9s %9s\n", "round", "attention", "method", "tokens/s",
-              "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]", "pred err");
+  std::printf("%-5s %-12s %-8s %12s %12s %12s %12s %8s %8s %9s %9s %9s\n", "round", "attention", "method", "tokens/s",
+              "run tok/s", "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]", "pred err");
   for (int round = 0; round < rounds; ++round) {
     for (const auto kernel : kernels) {
       spec.mutable_model()->set_attention(kernel);
-      for (const auto method : methods) {
+      std::vector<proto::BatchingSpec::Method> order = methods;
+      if (round % 2 == 1) std::reverse(order.begin(), order.end());
+      for (const auto method : order) {
         spec.mutable_batching()->set_method(method);
         const std::string& m = proto::BatchingSpec::Method_Name(method);
         auto run = runtime::executor::RunLocal(spec, absl::GetFlag(FLAGS_data_root), n);
@@ -156,8 +172,8 @@ int main(int argc, char** argv) {
           std::printf("  %s cost model: %s; planning %.1f ms per iteration\n", m.c_str(), run->cost_model.c_str(),
                       plan_ms);
         }
-        std::printf("%-5d %-12s %-8s %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%%\n", round,
-                    kernel_name(kernel), m.c_str(), row.tokens_per_s, row.measured_ms, row.predicted_ms,
+        std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%%\n", round,
+                    kernel_name(kernel), m.c_str(), row.tokens_per_s, row.run_tokens_per_s, row.measured_ms, row.predicted_ms,
                     row.micro_batches, 100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss,
                     100 * row.error);
         std::fflush(stdout);

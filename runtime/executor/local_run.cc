@@ -1,5 +1,6 @@
 #include "runtime/executor/local_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -107,6 +108,11 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   std::vector<absl::Status> status(world);
   std::vector<std::thread> threads;
   std::vector<double> wall(world, 0);
+  std::vector<std::vector<double>> done(world, std::vector<double>(count, 0));  // on one clock for every rank
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       status[r] = [&]() -> absl::Status {
@@ -122,10 +128,11 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
         for (int64_t i = 0; i < count; ++i) {
           ASSIGN_OR_RETURN(proto::ExecutionPlan p, i == 0 ? std::move(first) : exchange.Take(i, r));
           ASSIGN_OR_RETURN(IterationResult res, worker->RunIteration(p));
+          done[r][i] = seconds_since(start);
           exchange.Report(i, ReportOf(res, i, r));
           out.per_rank[r].push_back(std::move(res));
         }
-        wall[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        wall[r] = seconds_since(t0);
         for (const auto& c : worker->chunks()) {
           model::StageState state;
           RETURN_IF_ERROR(c->ExportState(&state));
@@ -150,6 +157,10 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   RETURN_IF_ERROR(planning);
   for (int r = 0; r < world; ++r) RETURN_IF_ERROR(status[r]);
   out.wall_s = *std::max_element(wall.begin(), wall.end());
+  out.done_s.assign(count, 0);
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < count; ++i) out.done_s[i] = std::max(out.done_s[i], done[r][i]);
+  }
   out.cost_model = rt->PlannerFor(count)->model().cost_model().Describe();
   if (rt->refit) {
     const planner::service::RefitStatus refit = rt->refit->Status();

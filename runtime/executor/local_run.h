@@ -26,6 +26,7 @@ struct LocalRunResult {
   std::vector<double> padding_efficiency;              // per iteration: real / computed tokens
   std::vector<std::vector<float>> final_params;        // per rank, chunks concatenated
   double wall_s = 0;  // iterations only (no setup; planning ahead with the refit on overlaps them)
+  std::vector<double> done_s;  // per iteration: seconds from the ranks' start until the last rank ended it
   std::string cost_model;  // the planner's cost model at the end
   // With cost_refit on: the refit's terms at the end (fitted: enough iterations seen).
   bool refit_fitted = false;

@@ -68,6 +68,9 @@ TEST_CASE("pipeline equivalence: pp=1, 2, 4 and 2x2 give the same losses for 5 i
         CHECK(res.memory_fragmentation < 1.0);
       }
     }
+    // Iteration end times, on one clock for every rank: increasing.
+    REQUIRE(run->done_s.size() == 5);
+    for (int i = 0; i < 5; ++i) CHECK(run->done_s[i] > (i > 0 ? run->done_s[i - 1] : 0.0));
     if (dp > 1) {
       // Data-parallel replicas stay bit-identical.
       for (int r = 0; r < pp; ++r) CHECK(run->final_params[r] == run->final_params[r + pp]);
