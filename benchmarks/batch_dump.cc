@@ -99,6 +99,27 @@ int64_t IterationDump::real_tokens() const {
   return n;
 }
 
+double ModelFlops(const runtime::model::GptConfig& config, const TokenBatch& batch) {
+  const double h = config.hidden, f = config.ffn, layers = config.num_layers;
+  double pairs = 0;
+  for (int64_t r = 0; r < batch.rows; ++r) {
+    const int32_t* seg = batch.segments.data() + r * batch.seq;
+    for (int64_t t = 0; t < batch.seq;) {
+      int64_t end = t + 1;
+      while (end < batch.seq && seg[end] == seg[t]) ++end;
+      if (seg[t] >= 0) {
+        const double n = static_cast<double>(end - t);
+        pairs += n * (n + 1) / 2;
+      }
+      t = end;
+    }
+  }
+  const double layer_weights = 4 * h * h + 2 * h * f;  // qkv, proj, fc, mproj
+  const double forward = 2 * layers * layer_weights * static_cast<double>(batch.real_tokens) +
+                         2 * h * config.vocab * static_cast<double>(batch.loss_tokens) + 4 * h * layers * pairs;
+  return 3 * forward;
+}
+
 absl::Status WriteBatchDump(const BatchDump& d, const std::string& prefix) {
   std::ostringstream txt;
   std::string bin;
@@ -117,8 +138,10 @@ absl::Status WriteBatchDump(const BatchDump& d, const std::string& prefix) {
   };
   for (size_t i = 0; i < d.iterations.size(); ++i) {
     const IterationDump& it = d.iterations[i];
-    txt << absl::StrFormat("iteration %d loss_scale=%.9g lr=%.17g micro_batches=%d steps=%s\n", i, it.loss_scale,
-                           it.lr, it.batches.size(), Steps(it.steps));
+    double flops = 0;
+    for (const TokenBatch& b : it.batches) flops += ModelFlops(d.config, b);
+    txt << absl::StrFormat("iteration %d loss_scale=%.9g lr=%.17g predicted_ms=%.6g model_flops=%.6g micro_batches=%d steps=%s\n",
+                           i, it.loss_scale, it.lr, it.predicted_ms, flops, it.batches.size(), Steps(it.steps));
     for (size_t j = 0; j < it.batches.size(); ++j) {
       const TokenBatch& b = it.batches[j];
       txt << absl::StrFormat("micro_batch %d %d rows=%d seq=%d real_tokens=%d loss_tokens=%d recompute=%s\n", i, j,
@@ -191,6 +214,7 @@ absl::StatusOr<BatchDump> ReadBatchDump(const std::string& prefix) {
       ASSIGN_OR_RETURN(const double scale, f.Double("loss_scale"));
       it.loss_scale = static_cast<float>(scale);
       ASSIGN_OR_RETURN(it.lr, f.Double("lr"));
+      ASSIGN_OR_RETURN(it.predicted_ms, f.Double("predicted_ms"));
       ASSIGN_OR_RETURN(const std::string steps, f.Str("steps"));
       ASSIGN_OR_RETURN(it.steps, ParseSteps(steps, n));
       d.iterations.push_back(std::move(it));

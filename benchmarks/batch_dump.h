@@ -40,11 +40,20 @@ struct DumpStep {
 struct IterationDump {
   float loss_scale = 0;
   double lr = 0;
+  double predicted_ms = 0;  // our planner's prediction for the iteration (0: not known)
   std::vector<runtime::model::TokenBatch> batches;  // by micro-batch index
   std::vector<runtime::model::Recompute> recompute;  // per micro-batch
   std::vector<DumpStep> steps;                       // execution order
   int64_t real_tokens() const;
 };
+
+// Model FLOPs of training on `batch` once (forward + backward, no
+// recomputation; what MFU counts): 3x the forward's 2 FLOPs per weight per
+// real token in the transformer layers, per scored token in the LM head,
+// and 4 * hidden per (query, key) pair inside a sample in attention (causal:
+// a sample of n tokens has n (n + 1) / 2 pairs). Samples are the runs of
+// one segment id within a row.
+double ModelFlops(const runtime::model::GptConfig& config, const runtime::model::TokenBatch& batch);
 
 struct DumpParam {
   std::string name;  // GptLayout's

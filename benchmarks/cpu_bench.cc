@@ -1,7 +1,9 @@
-// Our side of the CPU comparison with PyTorch (benchmarks/README.md): trains
+// Our side of the comparison with PyTorch (benchmarks/README.md): trains
 // the GPT stage on a dump's micro-batches (benchmarks/train_on_dump.h), then
-// times each kernel on the dump's shapes (benchmarks/op_timings.h). Prints
-// JSON lines, the same records as benchmarks/torch_gpt.py:
+// times each CPU kernel on the dump's shapes (benchmarks/op_timings.h).
+// --backend cuda trains the CUDA stage instead (bf16, one GPU; no per-op
+// timings, those are the CPU kernels'). Prints JSON lines, the same records
+// as benchmarks/torch_gpt.py:
 //   {"kind":"config", ...}
 //   {"kind":"iteration","iteration":I,"loss":..,"grad_norm":..,"seconds":..,"real_tokens":..,"warmup":..}
 //   {"kind":"end_to_end","tokens_per_s":..,"seconds":..,"real_tokens":..,"iterations":..}
@@ -17,6 +19,7 @@
 #include "benchmarks/batch_dump.h"
 #include "benchmarks/op_timings.h"
 #include "benchmarks/train_on_dump.h"
+#include "runtime/backend/backend.h"
 #include "google/protobuf/struct.pb.h"
 #include "src/common/proto_io.h"
 #include "src/common/flags.h"
@@ -29,6 +32,8 @@ ABSL_FLAG(bool, ops, true, "time each op on the dump's shapes");
 ABSL_FLAG(std::string, op_iterations, "1", "iterations whose micro-batches give the op shapes (comma-separated)");
 ABSL_FLAG(int, op_reps, 5, "timed passes per op (median reported), after one warm-up pass");
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
+ABSL_FLAG(std::string, backend, "cpu", "where to train: cpu (fp32) or cuda (bf16, --device)");
+ABSL_FLAG(int, device, 0, "CUDA device index (--backend cuda)");
 
 namespace {
 
@@ -77,10 +82,23 @@ int main(int argc, char** argv) {
   }
   const auto kernel = kernel_name == "varlen" ? runtime::model::AttentionKernel::kVarlen
                                               : runtime::model::AttentionKernel::kMaterialized;
+  auto backend_kind = runtime::ParseBackendKind(absl::GetFlag(FLAGS_backend));
+  if (!backend_kind.ok()) {
+    std::fprintf(stderr, "cpu_bench: %s\n", std::string(backend_kind.status().message()).c_str());
+    return 2;
+  }
+  const bool cuda = *backend_kind == proto::Backend::cuda;
+  if (cuda && absl::GetFlag(FLAGS_ops)) {
+    std::fprintf(stderr, "cpu_bench: --backend cuda: per-op timings are the CPU kernels'; pass --noops\n");
+    return 2;
+  }
   auto dump = benchmarks::ReadBatchDump(absl::GetFlag(FLAGS_dump));
   if (!dump.ok()) return Fail(dump.status());
+  auto backend = runtime::CreateBackend({.kind = *backend_kind, .device = absl::GetFlag(FLAGS_device)});
+  if (!backend.ok()) return Fail(backend.status());
   Record("config")
       .Set("impl", "ours")
+      .Set("backend", (*backend)->Describe())
       .Set("dump", absl::GetFlag(FLAGS_dump))
       .Set("method", dump->method)
       .Set("attention", kernel_name)
@@ -88,7 +106,7 @@ int main(int argc, char** argv) {
       .Print();
 
   if (absl::GetFlag(FLAGS_train)) {
-    auto trained = benchmarks::TrainOnDump(*dump, kernel);
+    auto trained = benchmarks::TrainOnDump(*dump, kernel, **backend);
     if (!trained.ok()) return Fail(trained.status());
     const int warmup = absl::GetFlag(FLAGS_warmup);
     double seconds = 0, tokens = 0;

@@ -12,6 +12,7 @@
 #include "benchmarks/op_timings.h"
 #include "benchmarks/plan_dump.h"
 #include "benchmarks/train_on_dump.h"
+#include "runtime/backend/backend.h"
 #include "runtime/data/synth.h"
 #include "runtime/executor/local_run.h"
 #include "src/common/proto_io.h"
@@ -73,6 +74,25 @@ std::vector<double> JsonLosses(const std::string& text) {
   return out;
 }
 
+TEST_CASE("Model FLOPs count weights per token and causal pairs per sample", "[benchmarks]") {
+  runtime::model::GptConfig c;
+  c.num_layers = 2;
+  c.hidden = 4;
+  c.ffn = 8;
+  c.vocab = 10;
+  // Row 0: samples of 3 and 2 tokens, then padding; row 1: one of 4 tokens.
+  runtime::model::TokenBatch b;
+  b.rows = 2;
+  b.seq = 6;
+  b.segments = {0, 0, 0, 1, 1, -1, 0, 0, 0, 0, -1, -1};
+  b.real_tokens = 9;
+  b.loss_tokens = 6;
+  const double pairs = 6 + 3 + 10;           // 3*4/2 + 2*3/2 + 4*5/2
+  const double weights = 4 * 16 + 2 * 4 * 8;  // per layer
+  const double forward = 2 * 2 * weights * 9 + 2 * 4 * 10 * 6 + 4 * 4 * 2 * pairs;
+  CHECK(ModelFlops(c, b) == 3 * forward);
+}
+
 TEST_CASE("dump -> our training reproduces the executor; ops time; PyTorch agrees", "[benchmarks]") {
   const std::string root = testing::FreshTempDir("cpu_bench");
   const std::string dataset = MakeDataset(root);
@@ -91,6 +111,8 @@ TEST_CASE("dump -> our training reproduces the executor; ops time; PyTorch agree
       const IterationDump &a = made->iterations[i], &b = dump->iterations[i];
       CHECK(a.loss_scale == b.loss_scale);
       CHECK(a.lr == b.lr);
+      CHECK(a.predicted_ms > 0);
+      CHECK(std::abs(b.predicted_ms - a.predicted_ms) <= 1e-5 * a.predicted_ms);
       CHECK(a.steps.size() == 2 * a.batches.size());
       REQUIRE(a.batches.size() == b.batches.size());
       for (size_t j = 0; j < a.batches.size(); ++j) {
@@ -106,9 +128,11 @@ TEST_CASE("dump -> our training reproduces the executor; ops time; PyTorch agree
     // same function (to rounding).
     auto run = runtime::executor::RunLocal(spec, root, kIterations);
     REQUIRE(run.ok());
+    auto backend = runtime::CreateBackend({});
+    REQUIRE(backend.ok());
     for (const AttentionKernel kernel : {AttentionKernel::kVarlen, AttentionKernel::kMaterialized}) {
       INFO((kernel == AttentionKernel::kVarlen ? "varlen" : "materialized"));
-      auto trained = TrainOnDump(*dump, kernel);
+      auto trained = TrainOnDump(*dump, kernel, **backend);
       REQUIRE(trained.ok());
       REQUIRE(trained->size() == kIterations);
       for (int i = 0; i < kIterations; ++i) {
@@ -146,7 +170,27 @@ TEST_CASE("dump -> our training reproduces the executor; ops time; PyTorch agree
     const std::vector<double> losses = JsonLosses(torch.text);
     REQUIRE(losses.size() == kIterations);
     for (int i = 0; i < kIterations; ++i) CHECK(std::abs(losses[i] - run->per_rank[0][i].loss) < 1e-4);
+    // The GPU reference's mixed precision, on the CPU: bf16 autocast stays near fp32.
+    const testing::ShellOutput bf16 = testing::RunShell(absl::StrCat(
+        "OMP_NUM_THREADS=1 /usr/bin/python3 ", testing::Runfiles(), "/benchmarks/torch_gpt.py --dump ", prefix,
+        " --no-ops --precision bf16"));
+    INFO(bf16.text);
+    REQUIRE(bf16.rc == 0);
+    const std::vector<double> bf16_losses = JsonLosses(bf16.text);
+    REQUIRE(bf16_losses.size() == kIterations);
+    for (int i = 0; i < kIterations; ++i) CHECK(std::abs(bf16_losses[i] - losses[i]) < 2e-2 * losses[i]);
   }
+}
+
+TEST_CASE("The GPU reference's varlen attention lays tokens out as the masked reference does", "[benchmarks]") {
+  if (testing::RunShell("/usr/bin/python3 -c 'import torch' 2>/dev/null").rc != 0) {
+    WARN("skipping: /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)");
+    return;
+  }
+  const testing::ShellOutput out = testing::RunShell(
+      absl::StrCat("/usr/bin/python3 ", testing::Runfiles(), "/benchmarks/torch_gpt.py --self-test"));
+  INFO(out.text);
+  CHECK(out.rc == 0);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ absl::StatusOr<BatchDump> DumpPlans(const proto::JobSpec& job, const std::string
     // The worker's arithmetic, as Worker::RunIteration and OptimizerStep do it.
     it.loss_scale = 1.0f / static_cast<float>(plan.global_loss_tokens());
     it.lr = runtime::optim::LearningRate(s.optimizer(), i);
+    it.predicted_ms = p.predicted_ms;
     it.batches.resize(plan.micro_batches_size());
     it.recompute.assign(plan.micro_batches_size(), Recompute::kNone);
     std::vector<bool> built(plan.micro_batches_size(), false);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch's side of the CPU comparison (benchmarks/README.md).
+"""PyTorch's side of the comparisons with our GPT (benchmarks/README.md).
 
 The GPT of runtime/model/gpt.h with the semantics tests/golden/make_golden.py
 pins down (pre-LayerNorm with eps 1e-5, GELU tanh approximation, learned
@@ -20,6 +20,14 @@ shapes as benchmarks/op_timings.h, and prints the same JSON lines as
     /usr/bin/python3 benchmarks/torch_gpt.py --dump out/bench/packing
     /usr/bin/python3 benchmarks/torch_gpt.py --check-golden tests/golden/gpt_golden
 
+--device cuda --precision bf16 is the GPU reference (benchmarks/gpu_vs_torch.py):
+the same model with fp32 master weights under bf16 autocast, as a PyTorch 2
+user trains it, attention through FlashAttention's varlen kernel
+(torch.nn.attention.varlen, checked at start against a masked
+scaled_dot_product_attention and replaced by it where it is missing or
+disagrees) on each micro-batch's real tokens, and fused AdamW. Times are
+taken after torch.cuda.synchronize(). No numpy is needed.
+
 --check-golden runs this model in float64 on a golden file's weights and
 batch and compares loss and gradients with make_golden.py's (which shares
 no code with it): the check that both describe the same model.
@@ -28,12 +36,13 @@ interpreter.)
 """
 
 import argparse
+import inspect
 import json
 import math
+import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -51,9 +60,18 @@ def _fields(words):
     return dict(w.split("=", 1) for w in words if "=" in w)
 
 
+def tensor_at(blob, at, dtype, dims):
+    """A little-endian i32 or f32 tensor of shape dims at byte `at` of blob (a bytearray)."""
+    count = math.prod(dims) if dims else 1
+    t = torch.frombuffer(blob, dtype=torch.int32 if dtype == "i32" else torch.float32, count=count, offset=at)
+    if sys.byteorder != "little":
+        t = t.byteswap()
+    return t.reshape(dims)
+
+
 def read_dump(prefix):
     """{'model', 'optimizer', 'job', 'iterations': [...], 'params': {name: array}}."""
-    blob = open(prefix + ".bin", "rb").read()
+    blob = bytearray(open(prefix + ".bin", "rb").read())
     at = 0
     d = {"iterations": [], "params": {}}
     for line in open(prefix + ".txt"):
@@ -66,6 +84,8 @@ def read_dump(prefix):
             f = _fields(w[2:])
             steps = [(s[0] == "f", int(s[1:])) for s in f["steps"].split(",") if s]
             d["iterations"].append({"loss_scale": float(f["loss_scale"]), "lr": float(f["lr"]),
+                                    "predicted_ms": float(f.get("predicted_ms", 0)),
+                                    "model_flops": float(f.get("model_flops", 0)),
                                     "steps": steps, "batches": []})
         elif w[0] == "micro_batch":
             f = _fields(w[3:])
@@ -73,10 +93,8 @@ def read_dump(prefix):
                                                                           "loss_tokens")})
         elif w[0] == "tensor":
             name, dtype, dims = w[1], w[2], [int(x) for x in w[3:]]
-            count = int(np.prod(dims)) if dims else 1
-            arr = np.frombuffer(blob, dtype="<i4" if dtype == "i32" else "<f4", count=count, offset=at)
-            at += 4 * count
-            arr = arr.reshape(dims)
+            arr = tensor_at(blob, at, dtype, dims)
+            at += 4 * arr.numel()
             if name.startswith("param."):
                 d["params"][name[len("param."):]] = arr
             else:
@@ -94,9 +112,9 @@ def model_config(d):
                                    "tie_embeddings")}
 
 
-def batch_tensors(b):
+def batch_tensors(b, device="cpu"):
     """int64 tensors of a dumped micro-batch (prepared once, like our TokenBatch)."""
-    return {k: torch.from_numpy(b[k].astype(np.int64)) for k in ("tokens", "positions", "segments", "targets")}
+    return {k: b[k].to(device=device, dtype=torch.int64) for k in ("tokens", "positions", "segments", "targets")}
 
 
 # ---------------------------------------------------------------------------
@@ -106,30 +124,163 @@ def attention_mask(segments):
     """(B, 1, T, T) True where query i must not see key j; (B, T) real cells."""
     t = segments.shape[1]
     real = segments >= 0
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    causal = torch.ones(t, t, dtype=torch.bool, device=segments.device).tril()
     allowed = causal[None] & (segments[:, :, None] == segments[:, None, :]) & real[:, :, None]
     # Padding queries see themselves (a finite softmax); their output is zeroed.
-    allowed = allowed | (~real[:, :, None] & torch.eye(t, dtype=torch.bool)[None])
+    allowed = allowed | (~real[:, :, None] & torch.eye(t, dtype=torch.bool, device=segments.device)[None])
     return ~allowed[:, None], real
+
+
+def split_heads(qkv, heads):
+    b, t, c3 = qkv.shape
+    c = c3 // 3
+    return (z.view(b, t, heads, c // heads).transpose(1, 2) for z in qkv.split(c, dim=2))  # (B, NH, T, hs)
 
 
 def attention(qkv, masked, real, heads):
     b, t, c3 = qkv.shape
-    c = c3 // 3
-    hs = c // heads
-    q, k, v = (z.view(b, t, heads, hs).transpose(1, 2) for z in qkv.split(c, dim=2))  # (B, NH, T, hs)
-    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hs))
+    q, k, v = split_heads(qkv, heads)
+    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     att = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
-    y = (att @ v).transpose(1, 2).reshape(b, t, c)
+    y = (att @ v).transpose(1, 2).reshape(b, t, c3 // 3)
     return y * real[:, :, None].to(y.dtype)
 
 
+# One attention per micro-batch, built once from its segments and shared by
+# its layers: __call__(qkv (B, T, 3C), heads) -> (B, T, C), zeros at padding.
+
+class MaterializedAttention:
+    """Scores materialised with a boolean mask: what a PyTorch 1.13 user writes."""
+    name = "materialized"
+
+    def __init__(self, segments):
+        self.masked, self.real = attention_mask(segments)
+
+    def __call__(self, qkv, heads):
+        return attention(qkv, self.masked, self.real, heads)
+
+
+class SdpaAttention:
+    """F.scaled_dot_product_attention with the same mask (PyTorch 2 picks its kernel)."""
+    name = "sdpa_mask"
+
+    def __init__(self, segments):
+        masked, self.real = attention_mask(segments)
+        self.allowed = ~masked
+
+    def __call__(self, qkv, heads):
+        b, t, c3 = qkv.shape
+        q, k, v = split_heads(qkv, heads)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed).transpose(1, 2).reshape(b, t, c3 // 3)
+        return y * self.real[:, :, None].to(y.dtype)
+
+
+def varlen_layout(segments):
+    """Flat indices of the real tokens, int32 cumulative sample starts among them, the longest sample.
+    A sample is a run of one segment id within a row."""
+    t = segments.shape[1]
+    flat = segments.reshape(-1)
+    idx = (flat >= 0).nonzero().squeeze(1)
+    row, seg = idx // t, flat[idx]
+    first = torch.ones_like(idx, dtype=torch.bool)
+    first[1:] = (row[1:] != row[:-1]) | (seg[1:] != seg[:-1])
+    cu = torch.cat([first.nonzero().squeeze(1), idx.new_tensor([idx.numel()])]).to(torch.int32)
+    return idx, cu, int((cu[1:] - cu[:-1]).max())
+
+
+def flash_varlen_kernel():
+    """kernel(q, k, v (N, H, D), cu, longest) -> (N, H, D), causal within each sample; None without one."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" in params:
+        causal = {"is_causal": True}
+    elif "window_size" in params:
+        causal = {"window_size": (-1, 0)}  # (left, right): every earlier key, no later one
+    else:
+        return None
+    return lambda q, k, v, cu, longest: varlen_attn(q, k, v, cu, cu, longest, longest, **causal)
+
+
+class VarlenAttention:
+    """A varlen kernel over the micro-batch's real tokens only (no padding, no pairs across samples)."""
+    name = "varlen_attn"
+
+    def __init__(self, segments, kernel):
+        self.idx, self.cu, self.longest = varlen_layout(segments)
+        self.kernel = kernel
+
+    def __call__(self, qkv, heads):
+        b, t, c3 = qkv.shape
+        c = c3 // 3
+        x = qkv.reshape(b * t, c3).index_select(0, self.idx)
+        q, k, v = (z.reshape(-1, heads, c // heads) for z in x.split(c, dim=1))
+        y = self.kernel(q, k, v, self.cu, self.longest).reshape(-1, c)
+        return torch.zeros(b * t, c, dtype=y.dtype, device=y.device).index_copy(0, self.idx, y).reshape(b, t, c)
+
+
+def reference_varlen_kernel(q, k, v, cu, longest):
+    """What a varlen kernel computes, sample by sample (for --self-test)."""
+    out = []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        qs, ks, vs = (z[a:b].transpose(0, 1) for z in (q, k, v))  # (H, n, D)
+        scores = (qs @ ks.transpose(-1, -2)) / math.sqrt(qs.shape[-1])
+        causal = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).tril()
+        att = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        out.append((att @ vs).transpose(0, 1))
+    return torch.cat(out)
+
+
+def self_test():
+    """The varlen gather / scatter around a reference kernel equals the masked reference
+    (rows with several samples, padding, a row of one sample), values and gradients."""
+    g = torch.Generator().manual_seed(3)
+    segments = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1], [0] * 8, [0, 0, 0, 0, 0, -1, -1, -1]])
+    qkv = torch.randn(3, 8, 3 * 8, generator=g, dtype=torch.float64).requires_grad_(True)
+    dout = torch.randn(3, 8, 8, generator=g, dtype=torch.float64)
+    results = []
+    for att in (MaterializedAttention(segments), VarlenAttention(segments, reference_varlen_kernel)):
+        qkv.grad = None
+        y = att(qkv, 2)
+        y.backward(dout)
+        results.append((y.detach(), qkv.grad.clone()))
+    err = max(float((a - b).abs().max()) for a, b in zip(*results))
+    emit("self_test", max_difference=err)
+    return err < 1e-10
+
+
+def pick_attention(device, precision):
+    """(factory(segments) -> attention, note). On CUDA in bf16 the varlen kernel, once it matches
+    the masked reference on a small batch; otherwise SDPA with the mask (PyTorch 2) or the
+    materialised reference."""
+    if device != "cuda":
+        return MaterializedAttention, "materialized reference"
+    kernel = flash_varlen_kernel()
+    if kernel is None or precision != "bf16":
+        return SdpaAttention, "no usable torch.nn.attention.varlen.varlen_attn" if kernel is None else "fp32"
+    g = torch.Generator(device="cuda").manual_seed(7)
+    segments = torch.tensor([[0] * 40 + [1] * 60 + [2] * 20 + [-1] * 8, [0] * 100 + [-1] * 28], device="cuda")
+    qkv = torch.randn(2, 128, 3 * 128, device="cuda", generator=g).to(torch.bfloat16)
+    want = SdpaAttention(segments)(qkv, 2).float()
+    try:
+        got = VarlenAttention(segments, kernel)(qkv, 2).float()
+    except Exception as e:  # a kernel the GPU or build lacks
+        return SdpaAttention, f"varlen_attn failed ({type(e).__name__}: {e})"
+    err = float((got - want).abs().max())
+    if not err < 2e-2:
+        return SdpaAttention, f"varlen_attn differs from the masked SDPA by {err:.3g}"
+    return (lambda seg: VarlenAttention(seg, kernel)), f"varlen_attn (max difference to masked SDPA {err:.2g})"
+
+
 class Gpt:
-    def __init__(self, cfg, params):
+    def __init__(self, cfg, params, attention_factory=MaterializedAttention):
         """params: name -> tensor in our layout's names and shapes (leaves with grad)."""
         self.cfg = cfg
         self.p = params
         self.head = params["wte"] if cfg["tie_embeddings"] else params["lm_head.w"]
+        self.attention_factory = attention_factory
 
     def parameters(self):
         return list(self.p.values())
@@ -137,14 +288,13 @@ class Gpt:
     def loss(self, b, loss_scale):
         """Scored tokens' cross-entropy, summed, times loss_scale."""
         P, c = self.p, self.cfg["hidden"]
-        masked, real = attention_mask(b["segments"])
+        att = self.attention_factory(b["segments"])
         x = F.embedding(b["tokens"], P["wte"]) + F.embedding(b["positions"], P["wpe"])
         for l in range(self.cfg["layers"]):
             h = f"h.{l}."
             a = F.layer_norm(x, (c,), P[h + "ln1.w"], P[h + "ln1.b"], EPS)
             qkv = F.linear(a, P[h + "attn.qkv.w"], P[h + "attn.qkv.b"])
-            x = x + F.linear(attention(qkv, masked, real, self.cfg["heads"]), P[h + "attn.proj.w"],
-                             P[h + "attn.proj.b"])
+            x = x + F.linear(att(qkv, self.cfg["heads"]), P[h + "attn.proj.w"], P[h + "attn.proj.b"])
             m = F.layer_norm(x, (c,), P[h + "ln2.w"], P[h + "ln2.b"], EPS)
             g = F.gelu(F.linear(m, P[h + "mlp.fc.w"], P[h + "mlp.fc.b"]), approximate="tanh")
             x = x + F.linear(g, P[h + "mlp.proj.w"], P[h + "mlp.proj.b"])
@@ -156,49 +306,65 @@ class Gpt:
         return F.cross_entropy(logits, targets[scored], reduction="sum") * loss_scale
 
 
-def make_params(arrays, dtype):
-    return {n: torch.tensor(np.asarray(a), dtype=dtype).requires_grad_(True) for n, a in arrays.items()}
+def make_params(arrays, dtype, device="cpu"):
+    return {n: a.to(device=device, dtype=dtype).clone().requires_grad_(True) for n, a in arrays.items()}
 
 
-def make_optimizer(model, opt):
+def make_optimizer(model, opt, fused=False):
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices only, as our layout
     rest = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": float(opt["weight_decay"])},
-                              {"params": rest, "weight_decay": 0.0}],
-                             lr=float(opt["lr"]), betas=(float(opt["beta1"]), float(opt["beta2"])),
-                             eps=float(opt["eps"]))
+    groups = [{"params": decay, "weight_decay": float(opt["weight_decay"])}, {"params": rest, "weight_decay": 0.0}]
+    kw = dict(lr=float(opt["lr"]), betas=(float(opt["beta1"]), float(opt["beta2"])), eps=float(opt["eps"]))
+    if fused:  # one kernel for the whole step (PyTorch 2 on CUDA)
+        try:
+            return torch.optim.AdamW(groups, fused=True, **kw)
+        except (TypeError, RuntimeError):
+            pass
+    return torch.optim.AdamW(groups, **kw)
 
 
 # ---------------------------------------------------------------------------
 # Training, as our worker does it.
 
-def train(d, warmup):
+def train(d, warmup, device="cpu", precision="fp32", attention_factory=MaterializedAttention):
+    """fp32 parameters and AdamW; with precision bf16 the forward runs under bf16 autocast."""
     cfg, opt = model_config(d), d["optimizer"]
-    model = Gpt(cfg, make_params(d["params"], torch.float32))
-    optimizer = make_optimizer(model, opt)
+    model = Gpt(cfg, make_params(d["params"], torch.float32, device), attention_factory)
+    optimizer = make_optimizer(model, opt, fused=device == "cuda")
     clip = float(opt["grad_clip"])
-    batches = [[batch_tensors(b) for b in it["batches"]] for it in d["iterations"]]
+    batches = [[batch_tensors(b, device) for b in it["batches"]] for it in d["iterations"]]
+    cuda = device == "cuda"
+
+    def autocast():
+        return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=precision == "bf16")
+
     seconds = tokens = 0.0
     timed = 0
     for i, it in enumerate(d["iterations"]):
         real = sum(b["real_tokens"] for b in it["batches"])
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for g in optimizer.param_groups:
             g["lr"] = it["lr"]
-        pending, loss = {}, 0.0
+        pending, losses = {}, []
         for forward, mb in it["steps"]:
             if forward:
-                pending[mb] = model.loss(batches[i][mb], it["loss_scale"])
-                loss += pending[mb].item()
+                with autocast():
+                    pending[mb] = model.loss(batches[i][mb], it["loss_scale"])
+                losses.append(pending[mb].detach())
             else:
                 pending.pop(mb).backward()
         if clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         else:
-            norm = float(torch.norm(torch.stack([p.grad.norm() for p in model.parameters()])))
+            norm = torch.norm(torch.stack([p.grad.norm() for p in model.parameters()]))
         optimizer.step()
         optimizer.zero_grad()
+        if cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        loss, norm = sum(float(x) for x in losses), float(norm)
         emit("iteration", iteration=i, loss=loss, grad_norm=norm, seconds=dt, real_tokens=real,
              warmup=i < warmup)
         if i >= warmup:
@@ -231,10 +397,10 @@ def time_op(name, shapes, prepare, fwd, bwd, reps):
             f_pass.append(f)
             b_pass.append(b)
     if bwd is None:
-        emit("op", op=name, seconds=float(np.median(f_pass)), calls=len(shapes))
+        emit("op", op=name, seconds=statistics.median(f_pass), calls=len(shapes))
     else:
-        emit("op", op=name + "_fwd", seconds=float(np.median(f_pass)), calls=len(shapes))
-        emit("op", op=name + "_bwd", seconds=float(np.median(b_pass)), calls=len(shapes))
+        emit("op", op=name + "_fwd", seconds=statistics.median(f_pass), calls=len(shapes))
+        emit("op", op=name + "_bwd", seconds=statistics.median(b_pass), calls=len(shapes))
 
 
 def time_ops(d, op_iterations, reps):
@@ -298,7 +464,7 @@ def time_ops(d, op_iterations, reps):
 # The golden check.
 
 def check_golden(prefix):
-    blob = open(prefix + ".bin", "rb").read()
+    blob = bytearray(open(prefix + ".bin", "rb").read())
     at, tensors, cfg = 0, {}, {}
     for line in open(prefix + ".txt"):
         w = line.split()
@@ -308,20 +474,17 @@ def check_golden(prefix):
         if not w or w[0].startswith("#"):
             continue
         name, dtype, dims = w[0], w[1], [int(x) for x in w[2:]]
-        count = int(np.prod(dims)) if dims else 1
-        tensors[name] = np.frombuffer(blob, dtype="<i4" if dtype == "i32" else "<f4", count=count,
-                                      offset=at).reshape(dims)
-        at += 4 * count
+        tensors[name] = tensor_at(blob, at, dtype, dims)
+        at += 4 * tensors[name].numel()
     params = {n[len("param/"):]: a for n, a in tensors.items() if n.startswith("param/")}
     model = Gpt(cfg, make_params(params, torch.float64))
-    batch = {k: torch.from_numpy(tensors[k].astype(np.int64)) for k in ("tokens", "positions", "segments",
-                                                                          "targets")}
+    batch = {k: tensors[k].to(torch.int64) for k in ("tokens", "positions", "segments", "targets")}
     loss_tokens = int((batch["targets"] >= 0).sum())
     loss = model.loss(batch, 1.0 / loss_tokens)
     loss.backward()
     worst, worst_name = abs(loss.item() - float(tensors["loss"][0])) / abs(float(tensors["loss"][0])), "loss"
     for n, p in model.p.items():
-        g = torch.from_numpy(tensors["grad/" + n].astype(np.float64))
+        g = tensors["grad/" + n].to(torch.float64)
         err = float((p.grad - g).norm() / g.norm())
         if err > worst:
             worst, worst_name = err, "grad/" + n
@@ -338,19 +501,36 @@ def main():
     ap.add_argument("--op-iterations", default="1", help="iterations whose micro-batches give the op shapes")
     ap.add_argument("--op-reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="bf16: the forward under bf16 autocast (fp32 weights and optimizer)")
     ap.add_argument("--check-golden", metavar="PREFIX", help="compare with a make_golden.py file and exit")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the varlen attention's token layout against the masked reference and exit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     if args.check_golden:
         sys.exit(0 if check_golden(args.check_golden) else 1)
+    if args.self_test:
+        sys.exit(0 if self_test() else 1)
     if not args.dump:
         ap.error("--dump or --check-golden is required")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"torch_gpt: --device cuda: this torch {torch.__version__} sees no CUDA device", file=sys.stderr)
+        sys.exit(2)
+    if args.device == "cuda" and not args.no_ops:
+        ap.error("--device cuda: the per-op timings are the CPU comparison's; pass --no-ops")
     d = read_dump(args.dump)
-    emit("config", impl="torch", torch=torch.__version__, dump=args.dump, method=d["job"]["method"],
-         attention="materialized", threads=torch.get_num_threads())
+    factory, note = pick_attention(args.device, args.precision)
+    fields = dict(impl="torch", torch=torch.__version__, dump=args.dump, method=d["job"]["method"],
+                  attention=factory.name if hasattr(factory, "name") else VarlenAttention.name, attention_note=note,
+                  device=args.device, precision=args.precision, threads=torch.get_num_threads())
+    if args.device == "cuda":
+        fields["gpu"] = torch.cuda.get_device_name()
+    emit("config", **fields)
     if not args.no_train:
-        train(d, args.warmup)
+        train(d, args.warmup, args.device, args.precision, factory)
     if not args.no_ops:
         its = [int(x) for x in args.op_iterations.split(",") if x]
         time_ops(d, its, args.op_reps)

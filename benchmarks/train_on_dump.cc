@@ -4,22 +4,22 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/memory/buffer_pool.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/stage.h"
+#include "runtime/optim/adamw.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::benchmarks {
 
 absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
-                                                          runtime::model::AttentionKernel attention) {
-  using runtime::model::GptStage;
+                                                          runtime::model::AttentionKernel attention,
+                                                          runtime::Backend& backend) {
   runtime::model::GptConfig config = dump.config;
   config.attention = attention;
   runtime::model::StageOptions o;
   o.num_layers = config.num_layers;
   o.seed = dump.seed;
-  runtime::BufferPool pool(runtime::CpuAllocator());
-  ASSIGN_OR_RETURN(std::unique_ptr<GptStage> stage, GptStage::Create(config, o, &pool));
+  RETURN_IF_ERROR(backend.BindThread());
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::model::Stage> stage, backend.CreateStage(config, o));
   // Start from the dumped parameters (what the other side loads too).
   runtime::model::StageState state;
   if (dump.params.size() != stage->layout().params().size()) {
@@ -68,6 +68,7 @@ absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
     args.grad_scale = runtime::optim::ClipFactor(dump.grad_clip, r.grad_norm);
     RETURN_IF_ERROR(stage->OptimizerStep(args));
     RETURN_IF_ERROR(stage->ZeroGrads());
+    RETURN_IF_ERROR(backend.Synchronize());  // the device's work, not just its queueing
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out.push_back(r);
   }

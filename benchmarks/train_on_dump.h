@@ -1,15 +1,18 @@
 #pragma once
 
-// Trains our CPU GPT stage (runtime/model/gpt.h) on a dump's micro-batches
-// exactly as the executor's worker does on one rank: forwards and backwards
-// in the plan's order, then the global-norm clip, AdamW and zeroed gradients
-// (Worker::OptimizerStep); timed per iteration, end to end.
+// Trains our GPT stage on a dump's micro-batches exactly as the executor's
+// worker does on one rank: forwards and backwards in the plan's order, then
+// the global-norm clip, AdamW and zeroed gradients (Worker::OptimizerStep);
+// timed per iteration, end to end (on CUDA, until the device finished it).
+// The stage comes from a backend (runtime/backend/backend.h): the CPU's fp32
+// GptStage or the CUDA bf16 stage, behind the same model::Stage seam.
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "benchmarks/batch_dump.h"
+#include "runtime/backend/backend.h"
 #include "runtime/model/layout.h"
 
 namespace dynapipe::benchmarks {
@@ -21,9 +24,10 @@ struct TrainedIteration {
   int64_t real_tokens = 0;
 };
 
-// One entry per dumped iteration. The stage starts from the dump's initial
-// parameters; `attention` picks the kernel.
+// One entry per dumped iteration. The stage, made by `backend`, starts from
+// the dump's initial parameters; `attention` picks the kernel.
 absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
-                                                          runtime::model::AttentionKernel attention);
+                                                          runtime::model::AttentionKernel attention,
+                                                          runtime::Backend& backend);
 
 }  // namespace dynapipe::benchmarks
