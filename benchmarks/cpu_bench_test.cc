@@ -193,5 +193,35 @@ TEST_CASE("The GPU reference's varlen attention lays tokens out as the masked re
   CHECK(out.rc == 0);
 }
 
+TEST_CASE("The GPU benchmark's driver runs end to end (both sides on the CPU)", "[benchmarks]") {
+  if (testing::RunShell("/usr/bin/python3 -c 'import torch' 2>/dev/null").rc != 0) {
+    WARN("skipping: /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)");
+    return;
+  }
+  // The bundle's layout: bin/ with the three programs, a small model.
+  const std::string root = testing::FreshTempDir("gpu_vs_torch");
+  const std::string rf = testing::Runfiles();
+  REQUIRE(testing::RunShell(absl::StrCat("mkdir -p ", root, "/bin && ln -s ", rf, "/src/cli/dynapipe ", rf,
+                                         "/benchmarks/dump_batches ", rf, "/benchmarks/cpu_bench ", root, "/bin/ && ",
+                                         "sed -e 's/num_layers: 24/num_layers: 2/; s/hidden: 1024/hidden: 32/; "
+                                         "s/heads: 16/heads: 2/; s/ffn: 4096/ffn: 64/; s/vocab: 50304/vocab: 64/; "
+                                         "s/global_batch_tokens: 65536/global_batch_tokens: 2048/' ",
+                                         rf, "/configs/jobs/gpu-bench.pbtxt > ", root, "/tiny.pbtxt"))
+              .rc == 0);
+  const testing::ShellOutput out = testing::RunShell(absl::StrCat(
+      "OMP_NUM_THREADS=1 /usr/bin/python3 ", rf, "/benchmarks/gpu_vs_torch.py --device-kind cpu --out ", root,
+      "/results --bin ", root, "/bin --job ", root, "/tiny.pbtxt --lengths-file ", rf,
+      "/tests/data/flan-like-lengths.txt --samples 300 --max-lengths 512 --methods dynamic,packing --iterations 2 "
+      "--rounds 1 2>&1"));
+  INFO(out.text);
+  REQUIRE(out.rc == 0);
+  const testing::ShellOutput table = testing::RunShell(absl::StrCat("cat ", root, "/results/gpu-bench.md"));
+  CHECK(table.text.find("| 512 | dynamic |") != std::string::npos);
+  CHECK(table.text.find("| 512 | packing |") != std::string::npos);
+  CHECK(table.text.find("failures") == std::string::npos);
+  // The work folder (dataset, dumps) is temporary: only the two result files stay.
+  CHECK(testing::RunShell(absl::StrCat("ls ", root, "/results | wc -l")).text == "2\n");
+}
+
 }  // namespace
 }  // namespace dynapipe::benchmarks

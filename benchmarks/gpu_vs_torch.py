@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Our CUDA GPT against PyTorch on one GPU, the same model and micro-batches (benchmarks/README.md).
+
+Runs from an unpacked GPU bundle (deploy/bundle.sh --gpu-checks), where
+bin/ holds dynapipe, dump_batches and cpu_bench and the bundle root holds
+configs/, tests/data/ and benchmarks/torch_gpt.py at their source paths:
+
+    python3 benchmarks/gpu_vs_torch.py --out OUT            # in the bundle root
+
+It makes a FLAN-like dataset (`dynapipe data synth`), dumps our planner's
+micro-batches for each max length x batching method (dump_batches, pp 1 x
+dp 1, with each iteration's predicted time and model FLOPs), then runs
+rounds in which every (length, method) trains once with ours
+(`cpu_bench --backend cuda`) and once with PyTorch (`torch_gpt.py --device
+cuda --precision bf16`), in an order that alternates between rounds. It
+prints, per length and method, real tokens/s of both (medians over rounds),
+ours / PyTorch and dynamic / packing (medians of per-round ratios), MFU
+(model FLOPs of the timed iterations over their seconds, over the GPU's
+dense bf16 peak) and our planner's predicted iteration time against the
+measured one, plus how far the two sides' losses are apart. Writes OUT/
+gpu-bench.md (the table) and OUT/gpu-bench.jsonl (every record).
+
+Every child runs under a timeout, and no new run starts once --budget-s has
+passed: what finished is reported. --device-kind cpu runs the same flow with
+both sides on the CPU (a smoke test of the driver; figures mean nothing).
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# Dense bf16 peak (TFLOP/s) by device name; --peak-tflops overrides.
+PEAKS = [("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0)]
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Failed(Exception):
+    pass
+
+
+def run(cmd, timeout_s, env=None):
+    """stdout of cmd; Failed (with its stderr's last lines) on a non-zero exit or a timeout."""
+    log("+ " + " ".join(shlex.quote(c) for c in cmd))
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=max(1, timeout_s))
+    except subprocess.TimeoutExpired:
+        raise Failed(f"timed out after {timeout_s:.0f} s: {' '.join(cmd)}")
+    if r.returncode != 0:
+        tail = " | ".join(r.stderr.strip().splitlines()[-3:])
+        raise Failed(f"exit {r.returncode}: {' '.join(cmd)}: {tail}")
+    return r.stdout
+
+
+def records(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def of_kind(recs, kind):
+    return [r for r in recs if r.get("kind") == kind]
+
+
+def read_manifest(prefix):
+    """Per dumped iteration: predicted_ms, model_flops, real tokens."""
+    its = []
+    for line in open(prefix + ".txt"):
+        w = line.split()
+        if w and w[0] == "iteration":
+            f = dict(x.split("=", 1) for x in w[2:] if "=" in x)
+            its.append({"predicted_ms": float(f.get("predicted_ms", 0)), "model_flops": float(f.get("model_flops", 0))})
+    return its
+
+
+def job_text(template, max_len, dataset, cost_profile):
+    text = re.sub(r"max_seq_len:\s*\d+", f"max_seq_len: {max_len}", template)
+    text = re.sub(r'dataset\s*{\s*path:\s*"[^"]*"', f'dataset {{ path: "{dataset}"', text)
+    if cost_profile:
+        text += f'\ncost_profile_path: "{cost_profile}"\n'
+    return text
+
+
+def peak_tflops(args, gpu_name):
+    if args.peak_tflops > 0:
+        return args.peak_tflops
+    for key, peak in PEAKS:
+        if key in gpu_name:
+            return peak
+    return 0.0
+
+
+def summarize(runs, dumps, peak):
+    """runs: [(round, length, method, impl, records)] -> markdown lines."""
+    by = {}
+    for rnd, length, method, impl, recs in runs:
+        by.setdefault((length, method, impl), {})[rnd] = recs
+    out = ["| max length | method | ours tokens/s | PyTorch tokens/s | ours / PyTorch | vs packing (ours) "
+           "| MFU ours | MFU PyTorch | predicted / measured ms (ours) | max loss difference |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (length, method) in sorted({(k[0], k[1]) for k in by}):
+        ours, torch_ = by.get((length, method, "ours"), {}), by.get((length, method, "torch"), {})
+        pack = by.get((length, "packing", "ours"), {})
+        manifest = dumps[(length, method)]
+
+        def tps(recs):
+            e = of_kind(recs, "end_to_end")
+            return e[0]["tokens_per_s"] if e else None
+
+        def mfu(recs):
+            timed = [r for r in of_kind(recs, "iteration") if not r["warmup"]]
+            secs = sum(r["seconds"] for r in timed)
+            flops = sum(manifest[r["iteration"]]["model_flops"] for r in timed)
+            return flops / secs / (peak * 1e12) if secs > 0 and peak > 0 else None
+
+        def med(xs):
+            xs = [x for x in xs if x is not None]
+            return statistics.median(xs) if xs else None
+
+        def fmt(x, f):
+            return "—" if x is None else f.format(x)
+
+        rounds = sorted(set(ours) | set(torch_))
+        ratio = med([tps(ours[r]) / tps(torch_[r]) for r in rounds
+                     if r in ours and r in torch_ and tps(ours[r]) and tps(torch_[r])])
+        vs_pack = med([tps(ours[r]) / tps(pack[r]) for r in rounds if r in ours and r in pack and tps(ours[r])
+                       and tps(pack[r])])
+        predicted, measured = [], []
+        for r in ours.values():
+            for it in of_kind(r, "iteration"):
+                if not it["warmup"]:
+                    predicted.append(manifest[it["iteration"]]["predicted_ms"])
+                    measured.append(1e3 * it["seconds"])
+        loss_diff = None
+        for r in rounds:
+            if r in ours and r in torch_:
+                a = [x["loss"] for x in of_kind(ours[r], "iteration")]
+                b = [x["loss"] for x in of_kind(torch_[r], "iteration")]
+                if a and len(a) == len(b):
+                    d = max(abs(x - y) for x, y in zip(a, b))
+                    loss_diff = d if loss_diff is None else max(loss_diff, d)
+        pm = (f"{med(predicted):.0f} / {med(measured):.0f}" if predicted and measured else "—")
+        out.append(f"| {length} | {method} | {fmt(med([tps(x) for x in ours.values()]), '{:,.0f}')} "
+                   f"| {fmt(med([tps(x) for x in torch_.values()]), '{:,.0f}')} | {fmt(ratio, '{:.2f}x')} "
+                   f"| {fmt(vs_pack, '{:.2f}x')} | {fmt(med([mfu(x) for x in ours.values()]), '{:.1%}')} "
+                   f"| {fmt(med([mfu(x) for x in torch_.values()]), '{:.1%}')} | {pm} | {fmt(loss_diff, '{:.2g}')} |")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for the results (gpu-bench.md, gpu-bench.jsonl)")
+    ap.add_argument("--work", default="", help="folder for the dataset and the dumps (GBs for a 350M model); "
+                    "default: a temporary folder, removed at the end")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "bin"), help="folder with dynapipe, dump_batches, cpu_bench")
+    ap.add_argument("--job", default=os.path.join(ROOT, "configs/jobs/gpu-bench.pbtxt"))
+    ap.add_argument("--lengths-file", default=os.path.join(ROOT, "tests/data/flan-like-lengths.txt"))
+    ap.add_argument("--samples", type=int, default=4000, help="dataset samples to synthesise")
+    ap.add_argument("--max-lengths", default="4096,8192")
+    ap.add_argument("--methods", default="dynamic,packing,padding")
+    ap.add_argument("--iterations", type=int, default=4, help="dumped iterations per (length, method)")
+    ap.add_argument("--warmup", type=int, default=1, help="first iterations left out of tokens/s")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--python", default=sys.executable, help="interpreter with torch (CUDA build)")
+    ap.add_argument("--peak-tflops", type=float, default=0, help="dense bf16 peak; default from the GPU's name")
+    ap.add_argument("--cost-profile", default="", help="a dynapipe-gpu-profile output for our planner")
+    ap.add_argument("--budget-s", type=float, default=420, help="no new run starts after this many seconds")
+    ap.add_argument("--run-timeout-s", type=float, default=180, help="limit of one training run")
+    ap.add_argument("--device-kind", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: both sides on the CPU, a smoke test of this driver")
+    args = ap.parse_args()
+    start = time.monotonic()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    work = os.path.abspath(args.work) if args.work else tempfile.mkdtemp(prefix="gpu-bench-")
+    os.makedirs(work, exist_ok=True)
+    try:
+        bench(args, start, out, work)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(args, start, out, work):
+    cuda = args.device_kind == "cuda"
+    exe = lambda name: os.path.join(args.bin, name)  # noqa: E731
+
+    # The dataset and the dumps.
+    data = os.path.join(work, "data/gpu-bench")
+    if not os.path.exists(os.path.join(data, "dataset.pbtxt")):
+        run([exe("dynapipe"), "data", "synth", "--out", data, "--lengths", args.lengths_file, "--samples",
+             str(args.samples), "--seed", "1"], 300)
+    template = open(args.job).read()
+    lengths = [int(x) for x in args.max_lengths.split(",") if x]
+    methods = [m for m in args.methods.split(",") if m]
+    dumps = {}
+    for length in lengths:
+        job = os.path.join(work, f"gpu-bench-{length}.pbtxt")
+        with open(job, "w") as f:
+            f.write(job_text(template, length, "data/gpu-bench", args.cost_profile))
+        for method in methods:
+            prefix = os.path.join(work, f"dump-{length}-{method}")
+            run([exe("dump_batches"), "--job", job, "--data-root", work, "--method", method, "--iterations",
+                 str(args.iterations), "--out", prefix], 300)
+            dumps[(length, method)] = read_manifest(prefix)
+    log(f"gpu_vs_torch: dumps ready after {time.monotonic() - start:.0f} s")
+
+    # Interleaved rounds. In a bundle, bin/dynapipe-env puts the machine's CUDA libraries on the path.
+    wrap = [exe("dynapipe-env")] if cuda and os.path.exists(exe("dynapipe-env")) else []
+    runs, failures, gpu = [], [], ""
+    jsonl = open(os.path.join(out, "gpu-bench.jsonl"), "w")
+    cells = [(length, method) for length in lengths for method in methods]
+    stopped = False
+    for rnd in range(args.rounds):
+        order = cells if rnd % 2 == 0 else list(reversed(cells))
+        for position, (length, method) in enumerate(order):
+            prefix = os.path.join(work, f"dump-{length}-{method}")
+            sides = [("ours", wrap + [exe("cpu_bench"), "--dump", prefix, "--backend", args.device_kind, "--noops",
+                               "--warmup", str(args.warmup)]),
+                     ("torch", [args.python, os.path.join(HERE, "torch_gpt.py"), "--dump", prefix, "--device",
+                                args.device_kind, "--precision", "bf16", "--no-ops", "--warmup", str(args.warmup)])]
+            if (rnd + position) % 2 == 1:  # neither side always first
+                sides.reverse()
+            for impl, cmd in sides:
+                left = args.budget_s - (time.monotonic() - start)
+                if left <= 0:
+                    stopped = True
+                    break
+                try:
+                    recs = records(run(cmd, min(args.run_timeout_s, left + 60)))
+                except Failed as e:
+                    failures.append(f"round {rnd} {length} {method} {impl}: {e}")
+                    log("gpu_vs_torch: " + failures[-1])
+                    continue
+                for r in recs:
+                    jsonl.write(json.dumps(dict(r, round=rnd, max_length=length, side=impl)) + "\n")
+                jsonl.flush()
+                cfg = of_kind(recs, "config")
+                if impl == "torch" and cfg:
+                    gpu = cfg[0].get("gpu", gpu)
+                    log(f"gpu_vs_torch: torch attention: {cfg[0].get('attention_note', '')}")
+                runs.append((rnd, length, method, impl, recs))
+            if stopped:
+                break
+        if stopped:
+            break
+
+    peak = peak_tflops(args, gpu) if cuda else 0.0
+    lines = [f"# ours vs PyTorch, {gpu or args.device_kind}: {args.rounds} round(s) planned, "
+             f"{len(runs)} runs finished in {time.monotonic() - start:.0f} s; peak {peak:g} TFLOP/s"
+             + ("; stopped at the budget" if stopped else ""), ""]
+    lines += summarize(runs, dumps, peak)
+    if failures:
+        lines += ["", "failures:"] + [f"- {f}" for f in failures]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(os.path.join(out, "gpu-bench.md"), "w") as f:
+        f.write(text)
+    sys.exit(1 if failures or not runs else 0)
+
+
+if __name__ == "__main__":
+    main()
