@@ -65,6 +65,7 @@ absl::Status Order(cudaStream_t producer, cudaStream_t consumer) {
 struct Op {
   std::string label;   // "send of 4096 bytes to rank 1"
   int peer = -1;       // -1 for collectives
+  std::vector<int> group;  // collectives: the members, sorted (their communicator's errors concern the op)
   Direction dir = Direction::kSend;
   void* data = nullptr;
   size_t bytes = 0;
@@ -90,15 +91,26 @@ class Core {
   const NcclOptions& options() const { return options_; }
   absl::Status InitWorld();
   absl::StatusOr<std::shared_ptr<Op>> StartP2P(Direction dir, int peer, void* data, size_t bytes);
+  // Enqueues the all-reduce on the group's stream after the work queued on
+  // the compute stream and returns at once (its communicator is made on
+  // first use, which blocks until every member joined); Wait finishes it.
   template <typename T>
-  absl::Status AllReduceSum(absl::Span<const int> group, T* data, size_t n, absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<Op>> StartAllReduce(absl::Span<const int> group, T* data, size_t n,
+                                                     absl::Time deadline);
+  template <typename T>
+  absl::Status AllReduceSum(absl::Span<const int> group, T* data, size_t n, absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Op> op, StartAllReduce(group, data, n, deadline));
+    const absl::Status s = Wait(op.get(), deadline);
+    Drop(op.get());
+    return s;
+  }
   absl::Status GroupStart();
   absl::Status GroupEnd();
-  // Polls `op` to completion, an error or the deadline; `group` (null: the
-  // world) names the communicator whose asynchronous errors concern it.
-  // Launches pending transfers first. Finishes the op on every path except
-  // a wait inside an open group.
-  absl::Status Wait(Op* op, absl::Time deadline, const std::vector<int>* group);
+  // Polls `op` to completion, an error or the deadline; the errors of its
+  // group's communicator (the world's for transfers) concern it. Launches
+  // pending transfers first. Finishes the op on every path except a wait
+  // inside an open group.
+  absl::Status Wait(Op* op, absl::Time deadline);
   // Releases a request's op: an op never launched is just forgotten; one
   // whose transfer may still run aborts the communicators.
   void Drop(Op* op);
@@ -367,7 +379,7 @@ void Core::FinishLocked(Op* op, absl::Status result) {
   unfinished_.erase(op);
 }
 
-absl::Status Core::Wait(Op* op, absl::Time deadline, const std::vector<int>* group) {
+absl::Status Core::Wait(Op* op, absl::Time deadline) {
   {
     MutexLock l(&mu_);
     if (op->finished) return op->result;
@@ -412,7 +424,10 @@ absl::Status Core::Wait(Op* op, absl::Time deadline, const std::vector<int>* gro
         abort = true;
       } else {
         ncclComm_t comm = world_;
-        if (group != nullptr) comm = groups_[*group].comm;
+        if (!op->group.empty()) {
+          const auto g = groups_.find(op->group);
+          comm = g == groups_.end() ? nullptr : g->second.comm;
+        }
         ncclResult_t state = ncclSuccess;
         const ncclResult_t r = comm == nullptr ? ncclInvalidUsage : ncclCommGetAsyncError(comm, &state);
         if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
@@ -461,7 +476,8 @@ void Core::Drop(Op* op) {
 }
 
 template <typename T>
-absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, absl::Time deadline) {
+absl::StatusOr<std::shared_ptr<Op>> Core::StartAllReduce(absl::Span<const int> group, T* data, size_t n,
+                                                         absl::Time deadline) {
   std::vector<int> ranks(group.begin(), group.end());
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
@@ -471,7 +487,13 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
   if (ranks.front() < 0 || ranks.back() >= options_.size) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": rank out of range"));
   }
-  if (n == 0) return absl::OkStatus();
+  auto op = std::make_shared<Op>();
+  op->label = what;
+  op->group = ranks;
+  if (n == 0) {
+    op->finished = true;  // nothing to reduce
+    return op;
+  }
   if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) return cuda::CudaStatus(e, "cudaSetDevice");
   bool exists;
   {
@@ -513,8 +535,6 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
       return made;
     }
   }
-  Op op;
-  op.label = what;
   constexpr ncclDataType_t type = std::is_same_v<T, float> ? ncclFloat32 : ncclFloat64;
   ncclComm_t* comm = nullptr;
   ncclResult_t r;
@@ -522,10 +542,11 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
     MutexLock l(&mu_);
     if (aborted_) return AbortedLocked(what);
     Group& g = groups_[ranks];
-    op.stream = g.stream;
+    op->stream = g.stream;
     comm = &g.comm;
     RETURN_IF_ERROR(Order(options_.compute_stream, g.stream));
-    if (cudaError_t e = cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming); e != cudaSuccess) {
+    if (cudaError_t e = cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming); e != cudaSuccess) {
+      op->done = nullptr;
       return cuda::CudaStatus(e, "cudaEventCreateWithFlags");
     }
     r = ncclAllReduce(data, data, n, type, ncclSum, g.comm, g.stream);
@@ -535,33 +556,33 @@ absl::Status Core::AllReduceSum(absl::Span<const int> group, T* data, size_t n, 
       mu_.Unlock();
       CompleteAbort();
       mu_.Lock();
-      cudaEventDestroy(op.done);
+      cudaEventDestroy(op->done);
+      op->done = nullptr;
       return s;
     }
-    unfinished_.insert(&op);
+    unfinished_.insert(op.get());
   }
   absl::Status s;
   if (r == ncclInProgress) s = Settle(comm, deadline, what);
   if (s.ok()) {
     MutexLock l(&mu_);
-    if (cudaError_t e = cudaEventRecord(op.done, op.stream); e != cudaSuccess) {
+    if (cudaError_t e = cudaEventRecord(op->done, op->stream); e != cudaSuccess) {
       s = cuda::CudaStatus(e, "cudaEventRecord");
     } else {
-      op.launched = true;
+      op->launched = true;
     }
   }
   if (!s.ok()) {
     {
       MutexLock l(&mu_);
       AbortLocked(s);
-      FinishLocked(&op, s);
+      FinishLocked(op.get(), s);
     }
     CompleteAbort();
-  } else {
-    s = Wait(&op, deadline, &ranks);
+    Drop(op.get());  // finished: releases the event
+    return s;
   }
-  cudaEventDestroy(op.done);
-  return s;
+  return op;
 }
 
 void Core::AbortLocked(absl::Status cause) {
@@ -665,7 +686,7 @@ class NcclRequest final : public Request {
  public:
   NcclRequest(std::shared_ptr<Core> core, std::shared_ptr<Op> op) : core_(std::move(core)), op_(std::move(op)) {}
   ~NcclRequest() override { core_->Drop(op_.get()); }
-  absl::Status Wait(absl::Time deadline) override { return core_->Wait(op_.get(), deadline, nullptr); }
+  absl::Status Wait(absl::Time deadline) override { return core_->Wait(op_.get(), deadline); }
 
  private:
   std::shared_ptr<Core> core_;
@@ -697,6 +718,13 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllReduceSum(absl::Span<const int> group, double* data, size_t n, absl::Time deadline) override {
     return core_->AllReduceSum(group, data, n, deadline);
   }
+  // Enqueued on the group's stream; the caller goes on while it runs.
+  absl::StatusOr<std::unique_ptr<Request>> StartAllReduceSum(absl::Span<const int> group, float* data, size_t n,
+                                                             absl::Time deadline) override {
+    ASSIGN_OR_RETURN(auto op, core_->StartAllReduce(group, data, n, deadline));
+    return std::make_unique<NcclRequest>(core_, std::move(op));
+  }
+  bool overlaps_collectives() const override { return true; }
   void Abort() override { core_->Abort(absl::AbortedError("aborted by the caller")); }
 
  private:

@@ -9,7 +9,11 @@
 //   production) under the job prefix; every rank initialises in NCCL's
 //   non-blocking mode and polls, so initialisation too ends at
 //   `connect_timeout`. Each all-reduce group gets its own communicator on its
-//   first AllReduceSum (members only, id from the group's lowest rank).
+//   first all-reduce (members only, id from the group's lowest rank) and its
+//   own stream. StartAllReduceSum enqueues the collective there, after the
+//   work queued on `compute_stream`, and returns at once (a gradient bucket
+//   reduces while backward goes on: overlaps_collectives() is true); its
+//   Wait polls like a transfer's. AllReduceSum starts and waits.
 // - Launch: Send/Recv only record the transfer. Pending transfers are handed
 //   to NCCL together, as one NCCL group, when the caller waits on any of
 //   them, at GroupEnd, or before an all-reduce. NCCL point-to-point calls

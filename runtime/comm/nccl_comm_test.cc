@@ -88,6 +88,42 @@ TEST_CASE("one NCCL rank sends to itself inside a group and all-reduces over its
   CHECK(absl::IsInvalidArgument(comm->AllReduceSum(stranger, df.get(), 1, In(1))));
 }
 
+TEST_CASE("started all-reduces run while the caller goes on and finish at their waits", "[gpu]") {
+  MemoryKeyValueStore store;
+  auto comm = OneRank(&store, "job-started");
+  CHECK(comm->overlaps_collectives());
+  const int group[] = {0};
+  // Two buckets started back to back, then a transfer, then the waits.
+  const std::vector<float> a = cuda::testing::RandomNormal(1 << 20, 5), b = cuda::testing::RandomNormal(4099, 6);
+  DeviceArray<float> da(a), db(b);
+  auto first = comm->StartAllReduceSum(group, da.get(), a.size(), In(30));
+  auto second = comm->StartAllReduceSum(group, db.get(), b.size(), In(30));
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  std::vector<uint8_t> payload(4096, 7);
+  DeviceArray<uint8_t> src(payload), dst(payload.size());
+  dst.Zero();
+  REQUIRE(comm->GroupStart().ok());
+  auto send = comm->Send(0, 1, src.get(), payload.size());
+  auto recv = comm->Recv(0, 1, dst.get(), payload.size());
+  REQUIRE(comm->GroupEnd().ok());
+  REQUIRE(send.ok());
+  REQUIRE(recv.ok());
+  REQUIRE((*second)->Wait(In(30)).ok());
+  REQUIRE((*first)->Wait(In(30)).ok());
+  REQUIRE((*send)->Wait(In(30)).ok());
+  REQUIRE((*recv)->Wait(In(30)).ok());
+  CHECK(da.Download() == a);
+  CHECK(db.Download() == b);
+  CHECK(dst.Download() == payload);
+  // Nothing to reduce: complete at once; a non-member: refused at the start.
+  auto empty = comm->StartAllReduceSum(group, da.get(), 0, In(1));
+  REQUIRE(empty.ok());
+  CHECK((*empty)->Wait(In(1)).ok());
+  const int stranger[] = {1};
+  CHECK(absl::IsInvalidArgument(comm->StartAllReduceSum(stranger, da.get(), 1, In(1)).status()));
+}
+
 TEST_CASE("transfers started without a group launch together at the first wait", "[gpu]") {
   MemoryKeyValueStore store;
   auto comm = OneRank(&store, "job-lazy");
