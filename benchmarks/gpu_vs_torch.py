@@ -187,6 +187,11 @@ def main():
     os.makedirs(work, exist_ok=True)
     try:
         bench(args, start, out, work)
+    except Failed as e:  # the dataset or a dump: nothing to compare
+        log(f"gpu_vs_torch: {e}")
+        with open(os.path.join(out, "gpu-bench.md"), "w") as f:
+            f.write(f"# ours vs PyTorch: not run: {e}\n")
+        sys.exit(1)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -218,21 +223,40 @@ def bench(args, start, out, work):
 
     # Interleaved rounds. In a bundle, bin/dynapipe-env puts the machine's CUDA libraries on the path.
     wrap = [exe("dynapipe-env")] if cuda and os.path.exists(exe("dynapipe-env")) else []
-    runs, failures, gpu = [], [], ""
+    runs, failures, gpu, notes, broken = [], [], "", set(), set()
+
+    def report(final=False):
+        peak = peak_tflops(args, gpu) if cuda else 0.0
+        lines = [f"# ours vs PyTorch, {gpu or args.device_kind}: {args.rounds} round(s) planned, "
+                 f"{len(runs)} runs finished in {time.monotonic() - start:.0f} s; peak {peak:g} TFLOP/s"
+                 + ("; stopped at the budget" if stopped else "") + ("" if final else "; still running"), ""]
+        lines += summarize(runs, dumps, peak)
+        lines += ["", "MFU counts causal pairs inside samples (n (n + 1) / 2 per sample of n tokens)."]
+        lines += sorted(notes)
+        if failures:
+            lines += ["", "failures:"] + [f"- {f}" for f in failures]
+        text = "\n".join(lines) + "\n"
+        with open(os.path.join(out, "gpu-bench.md"), "w") as f:
+            f.write(text)
+        return text
+
     jsonl = open(os.path.join(out, "gpu-bench.jsonl"), "w")
-    cells = [(length, method) for length in lengths for method in methods]
+    # Every length early in a round, so a budget cut leaves each length some cells.
+    cells = [(length, method) for method in methods for length in lengths]
     stopped = False
     for rnd in range(args.rounds):
         order = cells if rnd % 2 == 0 else list(reversed(cells))
-        for position, (length, method) in enumerate(order):
+        for length, method in order:
             prefix = os.path.join(work, f"dump-{length}-{method}")
             sides = [("ours", wrap + [exe("cpu_bench"), "--dump", prefix, "--backend", args.device_kind, "--noops",
                                "--warmup", str(args.warmup)]),
                      ("torch", [args.python, os.path.join(HERE, "torch_gpt.py"), "--dump", prefix, "--device",
                                 args.device_kind, "--precision", "bf16", "--no-ops", "--warmup", str(args.warmup)])]
-            if (rnd + position) % 2 == 1:  # neither side always first
+            if (rnd + cells.index((length, method))) % 2 == 1:  # a cell's first side alternates by round
                 sides.reverse()
             for impl, cmd in sides:
+                if (length, method, impl) in broken:  # failed once: do not spend the budget again
+                    continue
                 left = args.budget_s - (time.monotonic() - start)
                 if left <= 0:
                     stopped = True
@@ -242,6 +266,8 @@ def bench(args, start, out, work):
                 except Failed as e:
                     failures.append(f"round {rnd} {length} {method} {impl}: {e}")
                     log("gpu_vs_torch: " + failures[-1])
+                    broken.add((length, method, impl))
+                    report()
                     continue
                 for r in recs:
                     jsonl.write(json.dumps(dict(r, round=rnd, max_length=length, side=impl)) + "\n")
@@ -249,24 +275,18 @@ def bench(args, start, out, work):
                 cfg = of_kind(recs, "config")
                 if impl == "torch" and cfg:
                     gpu = cfg[0].get("gpu", gpu)
-                    log(f"gpu_vs_torch: torch attention: {cfg[0].get('attention_note', '')}")
+                    notes.add(f"PyTorch attention: {cfg[0].get('attention_note', '')}")
+                elif impl == "ours" and cfg and not gpu:
+                    gpu = cfg[0].get("backend", gpu)  # "cuda:0 NVIDIA H100 80GB HBM3"
                 runs.append((rnd, length, method, impl, recs))
+                report()  # the table so far: a run killed later still leaves it
             if stopped:
                 break
         if stopped:
             break
 
-    peak = peak_tflops(args, gpu) if cuda else 0.0
-    lines = [f"# ours vs PyTorch, {gpu or args.device_kind}: {args.rounds} round(s) planned, "
-             f"{len(runs)} runs finished in {time.monotonic() - start:.0f} s; peak {peak:g} TFLOP/s"
-             + ("; stopped at the budget" if stopped else ""), ""]
-    lines += summarize(runs, dumps, peak)
-    if failures:
-        lines += ["", "failures:"] + [f"- {f}" for f in failures]
-    text = "\n".join(lines) + "\n"
+    text = report(final=True)
     print(text)
-    with open(os.path.join(out, "gpu-bench.md"), "w") as f:
-        f.write(text)
     sys.exit(1 if failures or not runs else 0)
 
 

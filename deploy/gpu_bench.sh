@@ -39,11 +39,11 @@ if [ -z "$python" ]; then
   echo "gpu_bench: no Python here imports a torch that sees the GPU (set PYTHON=...)" | tee -a "$log"
   exit 2
 fi
-echo "gpu_bench: $("$python" -c 'import torch; print("torch", torch.__version__, "on", torch.cuda.get_device_name())')" \
+echo "gpu_bench: $(timeout 120 "$python" -c 'import torch; print("torch", torch.__version__, "on", torch.cuda.get_device_name())')" \
   | tee -a "$log"
 cd "$root" || exit 2
 timeout -k 10 $((BENCH_BUDGET_S + 240)) "$python" benchmarks/gpu_vs_torch.py --out "$out" --work "$work/bench" \
   --python "$python" --budget-s "$BENCH_BUDGET_S" "$@" 2>>"$log"
 rc=$?
-[ $rc -eq 124 ] && echo "gpu_bench: stopped after $((BENCH_BUDGET_S + 240)) s" | tee -a "$log"
+{ [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && echo "gpu_bench: stopped after $((BENCH_BUDGET_S + 240)) s" | tee -a "$log"
 exit $rc
