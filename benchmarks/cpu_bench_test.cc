@@ -74,6 +74,16 @@ std::vector<double> JsonLosses(const std::string& text) {
   return out;
 }
 
+// Whether /usr/bin/python3 has torch (Debian's python3-torch); the PyTorch
+// sides are skipped with a warning otherwise.
+bool TorchAvailable() { return testing::RunShell("/usr/bin/python3 -c 'import torch' 2>/dev/null").rc == 0; }
+
+// torch_gpt.py on a dump (one thread, no op timings, `flags` added).
+testing::ShellOutput TorchReplay(const std::string& prefix, const std::string& flags) {
+  return testing::RunShell(absl::StrCat("OMP_NUM_THREADS=1 /usr/bin/python3 ", testing::Runfiles(),
+                                        "/benchmarks/torch_gpt.py --dump ", prefix, " --no-ops", flags));
+}
+
 TEST_CASE("Model FLOPs count weights per token and causal pairs per sample", "[benchmarks]") {
   runtime::model::GptConfig c;
   c.num_layers = 2;
@@ -158,22 +168,18 @@ TEST_CASE("dump -> our training reproduces the executor; ops time; PyTorch agree
       CHECK(std::isfinite(t.seconds));
     }
 
-    if (testing::RunShell("/usr/bin/python3 -c 'import torch' 2>/dev/null").rc != 0) {
+    if (!TorchAvailable()) {
       WARN("skipping the PyTorch side: /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)");
       continue;
     }
-    const testing::ShellOutput torch = testing::RunShell(absl::StrCat(
-        "OMP_NUM_THREADS=1 /usr/bin/python3 ", testing::Runfiles(), "/benchmarks/torch_gpt.py --dump ", prefix,
-        " --no-ops"));
+    const testing::ShellOutput torch = TorchReplay(prefix, "");
     INFO(torch.text);
     REQUIRE(torch.rc == 0);
     const std::vector<double> losses = JsonLosses(torch.text);
     REQUIRE(losses.size() == kIterations);
     for (int i = 0; i < kIterations; ++i) CHECK(std::abs(losses[i] - run->per_rank[0][i].loss) < 1e-4);
     // The GPU reference's mixed precision, on the CPU: bf16 autocast stays near fp32.
-    const testing::ShellOutput bf16 = testing::RunShell(absl::StrCat(
-        "OMP_NUM_THREADS=1 /usr/bin/python3 ", testing::Runfiles(), "/benchmarks/torch_gpt.py --dump ", prefix,
-        " --no-ops --precision bf16"));
+    const testing::ShellOutput bf16 = TorchReplay(prefix, " --precision bf16");
     INFO(bf16.text);
     REQUIRE(bf16.rc == 0);
     const std::vector<double> bf16_losses = JsonLosses(bf16.text);
@@ -183,7 +189,7 @@ TEST_CASE("dump -> our training reproduces the executor; ops time; PyTorch agree
 }
 
 TEST_CASE("The GPU reference's varlen attention lays tokens out as the masked reference does", "[benchmarks]") {
-  if (testing::RunShell("/usr/bin/python3 -c 'import torch' 2>/dev/null").rc != 0) {
+  if (!TorchAvailable()) {
     WARN("skipping: /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)");
     return;
   }
@@ -194,7 +200,7 @@ TEST_CASE("The GPU reference's varlen attention lays tokens out as the masked re
 }
 
 TEST_CASE("The GPU benchmark's driver runs end to end (both sides on the CPU)", "[benchmarks]") {
-  if (testing::RunShell("/usr/bin/python3 -c 'import torch' 2>/dev/null").rc != 0) {
+  if (!TorchAvailable()) {
     WARN("skipping: /usr/bin/python3 cannot import torch (Debian: apt install python3-torch)");
     return;
   }
