@@ -117,6 +117,24 @@ TEST_CASE("dynapipe-env finds the CUDA libraries only when asked and passes the 
   CHECK(env.text.rfind("ok:", 0) == 0);
   const Output fail = Shell("env -i PATH=/usr/bin:/bin '" + root + "/bin/dynapipe-env' sh -c 'exit 3'");
   CHECK(fail.rc == 3);
+  // The search ran once: its result is kept per host and CUDA_HOME, and a
+  // kept directory that no longer exists sends it searching again.
+  const Output cache = Shell("cat '" + root + "/bin/.dynapipe-env.'*");
+  INFO(cache.text);
+  REQUIRE(cache.rc == 0);
+  CHECK(cache.text.rfind("/usr/local/cuda\n", 0) == 0);
+  const Output again = Shell("env -i PATH=/usr/bin:/bin '" + root + "/bin/dynapipe-env' sh -c 'echo ok:$LD_LIBRARY_PATH'");
+  CHECK(again.text == env.text);
+  const std::string kept = "'" + root + "/bin/.dynapipe-env.'$(hostname 2>/dev/null || echo host)";
+  REQUIRE(Shell("printf '/usr/local/cuda\\n/tmp\\n' > " + kept).rc == 0);
+  CHECK(Shell("env -i PATH=/usr/bin:/bin '" + root + "/bin/dynapipe-env' sh -c 'echo ok:$LD_LIBRARY_PATH'").text ==
+        "ok:/tmp\n");
+  REQUIRE(Shell("printf '/usr/local/cuda\\n/nonexistent/lib\\n' > " + kept).rc == 0);
+  const Output stale = Shell("env -i PATH=/usr/bin:/bin '" + root + "/bin/dynapipe-env' sh -c 'echo ok:$LD_LIBRARY_PATH'");
+  CHECK(stale.text == env.text);
+  const Output other = Shell("env -i PATH=/usr/bin:/bin CUDA_HOME=/nonexistent '" + root +
+                             "/bin/dynapipe-env' sh -c 'echo ok:$LD_LIBRARY_PATH'");
+  CHECK(other.text.find("/usr/local/cuda/lib64") == std::string::npos);
 }
 
 }  // namespace

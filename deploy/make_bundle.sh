@@ -106,23 +106,36 @@ cat > "$root/bin/dynapipe-env" <<'SCRIPT'
 # (runtime, cuBLAS, NCCL) on the library path: CUDA_HOME or /usr/local/cuda,
 # then NCCL / cuBLAS from Python's nvidia-* packages when the toolkit lacks
 # them. Usage: bin/dynapipe-env bin/dynapipe-executor --backend cuda ...
+# The search runs once per machine and CUDA_HOME: its result is kept in
+# bin/.dynapipe-env.<host> (used while every directory in it still exists).
 set -euo pipefail
-dirs=()
 cuda="${CUDA_HOME:-/usr/local/cuda}"
-[ -d "$cuda/lib64" ] && dirs+=("$cuda/lib64")
-find_lib() {  # soname -> a directory holding it, searched where pip puts CUDA
-  for d in "${dirs[@]}"; do [ -e "$d/$1" ] && return 0; done
-  ldconfig -p 2>/dev/null | grep -q " $1 " && return 0
-  local hit
-  hit="$(find /usr /opt /root -path '*nvidia*' -name "$1" 2>/dev/null | head -1 || true)"
-  [ -n "$hit" ] && dirs+=("$(dirname "$hit")")
-  return 0
-}
-find_lib libcudart.so.13
-find_lib libcublasLt.so.13
-find_lib libcublas.so.13
-find_lib libnccl.so.2
-path="$(IFS=:; echo "${dirs[*]:-}")"
+cache="$(dirname "$0")/.dynapipe-env.$(hostname 2>/dev/null || echo host)"
+path="" cached=0
+if [ -r "$cache" ] && [ "$(head -1 "$cache")" = "$cuda" ]; then
+  cached=1
+  path="$(sed -n 2p "$cache")"
+  IFS=: read -r -a kept <<< "$path"
+  for d in "${kept[@]}"; do [ -d "$d" ] || { cached=0; break; }; done
+fi
+if [ "$cached" = 0 ]; then
+  dirs=()
+  [ -d "$cuda/lib64" ] && dirs+=("$cuda/lib64")
+  find_lib() {  # soname -> a directory holding it, searched where pip puts CUDA
+    for d in "${dirs[@]}"; do [ -e "$d/$1" ] && return 0; done
+    ldconfig -p 2>/dev/null | grep -q " $1 " && return 0
+    local hit
+    hit="$(find /usr /opt /root -path '*nvidia*' -name "$1" 2>/dev/null | head -1 || true)"
+    [ -n "$hit" ] && dirs+=("$(dirname "$hit")")
+    return 0
+  }
+  find_lib libcudart.so.13
+  find_lib libcublasLt.so.13
+  find_lib libcublas.so.13
+  find_lib libnccl.so.2
+  path="$(IFS=:; echo "${dirs[*]:-}")"
+  printf '%s\n%s\n' "$cuda" "$path" > "$cache.$$" 2>/dev/null && mv -f "$cache.$$" "$cache" 2>/dev/null || rm -f "$cache.$$"
+fi
 export LD_LIBRARY_PATH="${path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 exec "$@"
 SCRIPT

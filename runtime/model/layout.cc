@@ -1,8 +1,10 @@
 #include "runtime/model/layout.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numbers>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
@@ -62,21 +64,39 @@ absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
   return absl::OkStatus();
 }
 
-float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std) {
-  // FNV-1a of the name, then splitmix64 of (seed, name, index): stable across
-  // processes, builds and stage splits.
+namespace {
+
+// splitmix64's finaliser.
+uint64_t Mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// What InitNormal draws from for one tensor: FNV-1a of the name mixed with the seed.
+uint64_t TensorKey(uint64_t seed, const std::string& name) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ULL;
-  auto mix = [](uint64_t z) {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  };
-  const uint64_t base = mix(seed ^ mix(h)) + 2 * index;
-  const double u1 = (static_cast<double>(mix(base) >> 11) + 0.5) * 0x1.0p-53;
-  const double u2 = static_cast<double>(mix(base + 1) >> 11) * 0x1.0p-53;
+  return Mix(seed ^ Mix(h));
+}
+
+// Box-Muller over two counter-based uniforms: value `index` of the tensor `key`.
+float KeyedNormal(uint64_t key, uint64_t index, float std) {
+  const uint64_t base = key + 2 * index;
+  const double u1 = (static_cast<double>(Mix(base) >> 11) + 0.5) * 0x1.0p-53;
+  const double u2 = static_cast<double>(Mix(base + 1) >> 11) * 0x1.0p-53;
   return static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+}
+
+// Values drawn per task; below a few tasks' worth, one thread does it all.
+constexpr size_t kInitChunk = size_t{1} << 20;
+
+}  // namespace
+
+float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std) {
+  // Stable across processes, builds and stage splits.
+  return KeyedNormal(TensorKey(seed, name), index, std);
 }
 
 absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOptions& options) {
@@ -167,8 +187,17 @@ std::vector<ParamRun> GptLayout::NormRuns() const {
   return Runs(params_, [](const ParamInfo& p) { return p.in_norm; });
 }
 
-void GptLayout::Initialize(std::span<float> out) const {
+void GptLayout::Initialize(std::span<float> out, int threads) const {
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.num_layers));
+  // Random tensors are cut into chunks of kInitChunk values; every value
+  // depends only on (seed, name, index), so any split gives the same bits.
+  struct Task {
+    float* w;
+    uint64_t key;
+    size_t begin, end;
+    float std;
+  };
+  std::vector<Task> tasks;
   for (const ParamInfo& p : params_) {
     float* w = out.data() + p.offset;
     const std::string_view n = p.name;
@@ -178,9 +207,23 @@ void GptLayout::Initialize(std::span<float> out) const {
       std::fill(w, w + p.size, 0.0f);
     } else {
       const float std = n.ends_with("proj.w") ? residual_std : 0.02f;
-      for (size_t i = 0; i < p.size; ++i) w[i] = InitNormal(options_.seed, p.name, i, std);
+      const uint64_t key = TensorKey(options_.seed, p.name);
+      for (size_t b = 0; b < p.size; b += kInitChunk) tasks.push_back({w, key, b, std::min(p.size, b + kInitChunk), std});
     }
   }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t t = next++; t < tasks.size(); t = next++) {
+      const Task& k = tasks[t];
+      for (size_t i = k.begin; i < k.end; ++i) k.w[i] = KeyedNormal(k.key, i, k.std);
+    }
+  };
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), tasks.size() / 4 + 1));
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace dynapipe::runtime::model

@@ -1,6 +1,8 @@
 #include "runtime/model/layout.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -91,6 +93,36 @@ TEST_CASE("layouts pack tensors without gaps and initialise by name, whatever th
   CHECK(b[mid.FindParam("h.1.ln1.w")->offset] == 1.0f);
   CHECK(b[mid.FindParam("h.1.ln1.b")->offset] == 0.0f);
   CHECK(b[mid.FindParam("h.1.attn.qkv.w")->offset] != 0.0f);
+}
+
+TEST_CASE("initialisation gives the same bits on any number of threads", "[model]") {
+  // Large enough for several chunks of a million values per weight matrix.
+  GptConfig c = Config(true);
+  c.hidden = 512;
+  c.heads = 8;
+  c.ffn = 2048;
+  c.vocab = 4096;
+  c.max_positions = 512;
+  const GptLayout layout = Layout(c, 0, 4);
+  REQUIRE(layout.num_params() > (size_t{8} << 20));
+  std::vector<float> one(layout.num_params()), three(layout.num_params()), automatic(layout.num_params());
+  layout.Initialize(one, 1);
+  layout.Initialize(three, 3);
+  layout.Initialize(automatic);
+  CHECK(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(one.data(), automatic.data(), one.size() * sizeof(float)) == 0);
+  // Value by value what InitNormal draws (a stride through every tensor).
+  const float residual_std = 0.02f / std::sqrt(2.0f * c.num_layers);
+  int checked = 0;
+  for (const ParamInfo& p : layout.params()) {
+    if (!p.name.ends_with(".w") || p.name.find("ln") != std::string::npos) continue;
+    const float std = p.name.ends_with("proj.w") ? residual_std : 0.02f;
+    for (size_t i = 0; i < p.size; i += 4099) {
+      REQUIRE(three[p.offset + i] == InitNormal(7, p.name, i, std));
+      ++checked;
+    }
+  }
+  CHECK(checked > 1000);
 }
 
 TEST_CASE("a layer range outside the model is refused", "[model]") {
