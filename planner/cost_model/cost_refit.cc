@@ -14,6 +14,12 @@ namespace {
 // The pipeline factor corrects what per-instruction times miss; more than
 // this either way means the fit itself is wrong.
 constexpr double kMinPipelineFactor = 0.5, kMaxPipelineFactor = 2.0;
+// The per-micro-batch pipeline term is fitted only from this many
+// iterations whose micro-batch counts span at least this ratio.
+constexpr int kPipelineMbRows = 6;
+// Exploration's cost per micro-batch, at least this share of a chunk pass.
+constexpr double kExploreMbShare = 0.3;
+constexpr double kPipelineMbSpread = 1.3;
 
 Recompute RecomputeOf(proto::RecomputeLevel::Value v) {
   switch (v) {
@@ -256,7 +262,15 @@ CostRefit::CostRefit(std::shared_ptr<const LayerCostModel> base, RefitOptions op
   options_.max_step = std::max(1.0, options_.max_step);
 }
 
+RefitTerms CostRefit::ExplorationTerms() const {
+  RefitTerms t = terms_;
+  t.pipeline_mb_ms = std::max(2 * t.pipeline_mb_ms, kExploreMbShare * chunk_ms_);
+  return t;
+}
+
 void CostRefit::Add(IterationSamples samples) {
+  history_.push_back(samples);
+  while (static_cast<int>(history_.size()) > kPipelineHistory) history_.pop_front();
   window_.push_back(std::move(samples));
   while (static_cast<int>(window_.size()) > options_.window) window_.pop_front();
   if (static_cast<int>(window_.size()) >= options_.min_iterations) Refit();
@@ -279,8 +293,8 @@ double CostRefit::PredictIteration(const RefitTerms& terms, const IterationSampl
     t.Resize(s.num_devices, C, g.num_mb);
     t.chunk_device = s.chunk_device;
     for (size_t i = 0; i < g.fw.size(); ++i) {
-      t.fw_ms[i] = k * (PassTime(terms.fw, g.fw[i]) + terms.dispatch_fw_ms);
-      t.bw_ms[i] = k * (PassTime(terms.bw, g.bw[i]) + terms.dispatch_bw_ms);
+      t.fw_ms[i] = k * (PassTime(terms.fw, g.fw[i]) + terms.dispatch_fw_ms + terms.pipeline_mb_ms);
+      t.bw_ms[i] = k * (PassTime(terms.bw, g.bw[i]) + terms.dispatch_bw_ms + terms.pipeline_mb_ms);
       if (transfers) t.comm_fw_ms[i] = t.comm_bw_ms[i] = terms.transfer_latency_ms + g.boundary_mb[i] * terms.transfer_ms_per_mb;
     }
     absl::StatusOr<SimResult> sim = Simulate(t, g.orders, /*record=*/false);
@@ -366,17 +380,61 @@ void CostRefit::Refit() {
     fit.dispatch_fw_ms = mix(prior.dispatch_fw_ms, fit.dispatch_fw_ms);
     fit.dispatch_bw_ms = mix(prior.dispatch_bw_ms, fit.dispatch_bw_ms);
   }
-  // Pipeline factor: measured over simulated, each iteration's pipeline
-  // replayed under the new costs; bounded like the rest.
-  fit.pipeline_factor = 1;
-  std::vector<double> factors;
+  // Pipeline terms: each iteration's pipeline replayed under the new costs
+  // (simulated s), then measured ~ k * s + b * micro-batches by least
+  // squares over the longer history. b, what each micro-batch costs an
+  // iteration beyond its instructions (hand-offs between ranks that wait on
+  // each other), becomes a per-micro-batch term on every forward and
+  // backward of a device's chunks (b / (2 * chunks per device)); k is then
+  // the median of measured over simulated over the window. Where the
+  // history's micro-batch counts barely vary, the data cannot tell b from
+  // k and the previous b stays (JobRefit explores to make them vary).
+  auto ratios_at = [&](double x) {
+    RefitTerms t = fit;
+    t.pipeline_factor = 1;
+    t.pipeline_mb_ms = x;
+    std::vector<double> out;
+    for (const IterationSamples* s : kept) {
+      const double simulated = PredictIteration(t, *s) - std::max(0.0, t.iteration_ms);
+      const double measured = s->measured_ms - std::max(0.0, t.iteration_ms);
+      if (simulated > 0 && measured > 0) out.push_back(measured / simulated);
+    }
+    return out;
+  };
+  std::vector<double> passes;
   for (const IterationSamples* s : kept) {
-    const double simulated = PredictIteration(fit, *s) - std::max(0.0, fit.iteration_ms);
-    const double measured = s->measured_ms - std::max(0.0, fit.iteration_ms);
-    if (simulated > 0 && measured > 0) factors.push_back(measured / simulated);
+    for (const ComputeSample& c : s->compute) passes.push_back(PassTime(c.backward ? fit.bw : fit.fw, c));
   }
-  if (!factors.empty()) {
-    fit.pipeline_factor = Median(factors);
+  chunk_ms_ = Median(passes);
+  fit.pipeline_factor = 1;
+  fit.pipeline_mb_ms = prior.pipeline_mb_ms;
+  NnlsProblem pipeline;
+  pipeline.num_features = 2;
+  double lo = 0, hi = 0;
+  for (const IterationSamples& s : history_) {
+    RefitTerms t = fit;
+    t.pipeline_mb_ms = 0;
+    const double simulated = PredictIteration(t, s) - std::max(0.0, t.iteration_ms);
+    const double measured = s.measured_ms - std::max(0.0, t.iteration_ms);
+    double mbs = 0;
+    for (const ReplayGroup& g : s.groups) mbs = std::max<double>(mbs, g.num_mb);
+    if (simulated <= 0 || measured <= 0 || mbs <= 0) continue;
+    const double row[2] = {simulated, mbs};
+    pipeline.AddRow(row, measured);
+    lo = pipeline.rows() == 1 ? mbs : std::min(lo, mbs);
+    hi = std::max(hi, mbs);
+  }
+  if (pipeline.rows() >= kPipelineMbRows && hi >= lo * kPipelineMbSpread) {
+    const double prior_w[2] = {1, 0};
+    const std::vector<double> w = SolveNnls(pipeline, prior_w, options_.ridge);
+    int per_device = 0;
+    for (int c : window_.back().chunk_device) per_device += c == 0;
+    fit.pipeline_mb_ms = w[1] / (2.0 * std::max(1, per_device));
+  }
+  const std::vector<double> ratios = ratios_at(fit.pipeline_mb_ms);
+  const double factor = ratios.empty() ? 0.0 : Median(ratios);
+  if (factor > 0) {
+    fit.pipeline_factor = factor;
     if (fitted_) {
       fit.pipeline_factor = std::clamp(fit.pipeline_factor, prior.pipeline_factor / options_.max_step,
                                        prior.pipeline_factor * options_.max_step);

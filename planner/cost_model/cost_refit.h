@@ -99,6 +99,10 @@ class CostRefit {
   std::shared_ptr<const LayerCostModel> model() const { return model_; }
   // Iterations the last refit left out as outliers.
   int outliers() const { return outliers_; }
+  // The current terms with a larger cost per micro-batch, to plan a few
+  // iterations with (fewer, larger micro-batches) so that the pipeline's
+  // cost per micro-batch can be told from its cost per unit of work.
+  RefitTerms ExplorationTerms() const;
 
   // What `terms` predict for an iteration's compute and dispatch (ms, summed).
   static double PredictCompute(const RefitTerms& terms, const IterationSamples& s);
@@ -113,6 +117,10 @@ class CostRefit {
   std::shared_ptr<const LayerCostModel> base_;
   RefitOptions options_;
   std::deque<IterationSamples> window_;
+  // The longer history the pipeline's per-micro-batch term is fitted over.
+  static constexpr int kPipelineHistory = 32;
+  std::deque<IterationSamples> history_;
+  double chunk_ms_ = 0;  // median chunk pass under the last fit
   RefitTerms terms_;
   bool fitted_ = false;
   int refits_ = 0;

@@ -65,11 +65,11 @@ struct TrueCosts {
   double Backward(const Chunk& c, const Shape& s) const { return 2 * Forward(c, s) + 0.5; }
 };
 
-std::vector<Sample> Batch(std::mt19937& rng) {
+std::vector<Sample> Batch(std::mt19937& rng, int64_t budget = 8192) {
   std::vector<Sample> out;
   std::uniform_int_distribution<int> len(8, 512);
   int64_t tokens = 0;
-  for (int64_t id = 0; tokens < 8192; ++id) {
+  for (int64_t id = 0; tokens < budget; ++id) {
     const int n = len(rng);
     out.push_back({id, n, n / 4});
     tokens += n;
@@ -78,9 +78,11 @@ std::vector<Sample> Batch(std::mt19937& rng) {
 }
 
 // Reports of every rank for `plan`, timed by `truth` times `slowdown`, with
-// multiplicative noise on each instruction.
+// multiplicative noise on each instruction. Each receive's finish waits
+// `handoff_ms` more (a hand-off between ranks no instruction's own time shows).
 std::vector<proto::IterationReport> Execute(const IterationPlan& plan, const PipelineModel& layout,
-                                            const TrueCosts& truth, double slowdown, std::mt19937& rng) {
+                                            const TrueCosts& truth, double slowdown, std::mt19937& rng,
+                                            double handoff_ms = 0) {
   std::normal_distribution<double> noise(1.0, 0.03);
   std::vector<proto::IterationReport> reports;
   for (const proto::ExecutionPlan& p : plan.plans) {
@@ -108,6 +110,7 @@ std::vector<proto::IterationReport> Execute(const IterationPlan& plan, const Pip
         ms = 3;  // waiting: not a cost of this rank
       }
       ms *= slowdown * std::max(0.5, noise(rng));
+      if (ins.has_recv_activation_finish() || ins.has_recv_grad_finish()) ms += handoff_ms;
       auto* timing = r.add_timings();
       timing->set_index(i);
       timing->set_start_ms(t);
@@ -132,11 +135,11 @@ struct Harness {
     REQUIRE(p.ok());
     planner = std::move(*p);
   }
-  IterationSamples Run(int64_t iteration, double slowdown = 1.0) {
-    const std::vector<Sample> batch = Batch(rng);
+  IterationSamples Run(int64_t iteration, double slowdown = 1.0, int64_t tokens = 8192, double handoff_ms = 0) {
+    const std::vector<Sample> batch = Batch(rng, tokens);
     auto plan = planner->Plan(batch, iteration);
     REQUIRE(plan.ok());
-    const auto reports = Execute(*plan, planner->model(), truth, slowdown, rng);
+    const auto reports = Execute(*plan, planner->model(), truth, slowdown, rng, handoff_ms);
     auto samples = SamplesOf(planner->model(), *base, plan->plans, reports);
     REQUIRE(samples.ok());
     return *samples;
@@ -205,6 +208,55 @@ TEST_CASE("Refit learns costs of another shape") {
     CHECK(refit.terms().iteration_ms == Catch::Detail::Approx(7.5).epsilon(0.1));
     if (pp > 1) CHECK(refit.terms().transfer_latency_ms >= 0);
   }
+}
+
+TEST_CASE("A cost per micro-batch that no instruction shows is learnt once micro-batch counts vary") {
+  // Two refits see the same iterations, except that in the second each
+  // hand-off between the two stages waits 2 ms more than in the first:
+  // every micro-batch costs its iteration 2 ms more.
+  constexpr double kHandoff = 2.0;
+  Harness plain(2, 1), slow(2, 1);
+  CostRefit a(plain.base), b(slow.base);
+  int lo = 1 << 30, hi = 0;
+  for (int i = 0; i < 24; ++i) {
+    const int64_t tokens = i % 2 ? 16384 : 4096;  // batches of two sizes
+    IterationSamples s = plain.Run(i, 1.0, tokens);
+    lo = std::min(lo, s.groups[0].num_mb);
+    hi = std::max(hi, s.groups[0].num_mb);
+    a.Add(std::move(s));
+    b.Add(slow.Run(i, 1.0, tokens, kHandoff));
+  }
+  CAPTURE(lo, hi, a.terms().pipeline_mb_ms, b.terms().pipeline_mb_ms, a.terms().pipeline_factor,
+          b.terms().pipeline_factor);
+  REQUIRE(hi >= 1.3 * lo);
+  // One chunk per device: the 2 ms are spread over each micro-batch's forward and backward.
+  CHECK(b.terms().pipeline_mb_ms - a.terms().pipeline_mb_ms == Catch::Detail::Approx(kHandoff / 2).epsilon(0.35));
+  // Iterations of either size, and of a size between, are predicted within 10%.
+  for (int64_t tokens : {4096, 8192, 16384}) {
+    IterationSamples next = slow.Run(100 + tokens, 1.0, tokens, kHandoff);
+    CAPTURE(tokens, next.groups[0].num_mb);
+    CHECK(CostRefit::PredictIteration(b.terms(), next) == Catch::Detail::Approx(next.measured_ms).epsilon(0.1));
+  }
+}
+
+TEST_CASE("Exploration plans with a larger cost per micro-batch: fewer micro-batches") {
+  Harness h(2, 1);
+  CostRefit refit(h.base);
+  for (int i = 0; i < 6; ++i) refit.Add(h.Run(i));
+  REQUIRE(refit.fitted());
+  const RefitTerms explore = refit.ExplorationTerms();
+  CHECK(explore.pipeline_mb_ms > refit.terms().pipeline_mb_ms);
+  auto fitted = Planner::Create(h.config, refit.model());
+  auto exploring = Planner::Create(h.config, std::make_shared<RefitCostModel>(h.base, explore));
+  REQUIRE(fitted.ok());
+  REQUIRE(exploring.ok());
+  std::mt19937 rng(11);
+  const std::vector<Sample> batch = Batch(rng);
+  auto a = (*fitted)->Plan(batch, 50);
+  auto b = (*exploring)->Plan(batch, 50);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(b->groups[0].size() < a->groups[0].size());
 }
 
 TEST_CASE("Pipeline factor takes in what instructions miss") {

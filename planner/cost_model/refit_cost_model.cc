@@ -47,6 +47,7 @@ proto::MeasuredTerms ToProto(const RefitTerms& terms) {
   }
   if (terms.iteration_ms >= 0) t.set_iteration_ms(terms.iteration_ms);
   t.set_pipeline_factor(terms.pipeline_factor);
+  t.set_pipeline_mb_ms(terms.pipeline_mb_ms);
   return t;
 }
 
@@ -63,6 +64,7 @@ RefitTerms FromProto(const proto::MeasuredTerms& t, bool layout_matches) {
   }
   if (t.has_iteration_ms()) terms.iteration_ms = t.iteration_ms();
   if (layout_matches && t.pipeline_factor() > 0) terms.pipeline_factor = t.pipeline_factor();
+  if (layout_matches) terms.pipeline_mb_ms = t.pipeline_mb_ms();
   return terms;
 }
 
@@ -82,8 +84,10 @@ absl::StatusOr<LayerCost> RefitCostModel::Cost(LayerKind kind, const Shape& shap
 
 OverheadTerms RefitCostModel::Overheads() const {
   OverheadTerms o;
-  o.micro_batch_fw_ms = terms_.pipeline_factor * (terms_.fw.micro_batch_ms + terms_.dispatch_fw_ms);
-  o.micro_batch_bw_ms = terms_.pipeline_factor * (terms_.bw.micro_batch_ms + terms_.dispatch_bw_ms);
+  o.micro_batch_fw_ms =
+      terms_.pipeline_factor * (terms_.fw.micro_batch_ms + terms_.dispatch_fw_ms + terms_.pipeline_mb_ms);
+  o.micro_batch_bw_ms =
+      terms_.pipeline_factor * (terms_.bw.micro_batch_ms + terms_.dispatch_bw_ms + terms_.pipeline_mb_ms);
   o.transfer_latency_ms = terms_.transfer_latency_ms;
   o.transfer_ms_per_mb = terms_.transfer_ms_per_mb;
   o.iteration_ms = terms_.iteration_ms;
@@ -91,9 +95,10 @@ OverheadTerms RefitCostModel::Overheads() const {
 }
 
 std::string RefitCostModel::Describe() const {
-  return absl::StrFormat("%s, refit (fw x%.2f +%.2f ms/mb, bw x%.2f +%.2f ms/mb, pipeline x%.2f)", base_->Describe(),
-                         terms_.fw.scale, terms_.fw.micro_batch_ms + terms_.dispatch_fw_ms, terms_.bw.scale,
-                         terms_.bw.micro_batch_ms + terms_.dispatch_bw_ms, terms_.pipeline_factor);
+  return absl::StrFormat("%s, refit (fw x%.2f +%.2f ms/mb, bw x%.2f +%.2f ms/mb, pipeline x%.2f +%.2f ms/mb)",
+                         base_->Describe(), terms_.fw.scale, terms_.fw.micro_batch_ms + terms_.dispatch_fw_ms,
+                         terms_.bw.scale, terms_.bw.micro_batch_ms + terms_.dispatch_bw_ms, terms_.pipeline_factor,
+                         terms_.pipeline_mb_ms);
 }
 
 }  // namespace dynapipe::planner

@@ -39,6 +39,10 @@ struct RefitTerms {
   // Multiplies every chunk's time (compute and per-micro-batch terms): the
   // measured iteration over the simulated one.
   double pipeline_factor = 1;
+  // Per micro-batch per chunk and pass, added like dispatch: what each
+  // micro-batch costs an iteration beyond its instructions (hand-offs
+  // between ranks that wait on each other), fitted to whole iterations.
+  double pipeline_mb_ms = 0;
 };
 
 // RefitTerms to and from a profile's MeasuredTerms (pp, dp and iterations

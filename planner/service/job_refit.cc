@@ -32,6 +32,10 @@ std::shared_ptr<const Planner> JobRefit::PlannerFor(int64_t iteration) {
   MutexLock lock(&mu_);
   planned_with_refit_[iteration] = current_ != base_;
   Trim(planned_with_refit_, kKeep);
+  if (explore_ != nullptr && current_ != base_) {
+    if (explore_until_ < 0) explore_until_ = iteration + kExploreIterations;
+    if (iteration < explore_until_ && iteration % 2 == 1) return explore_;
+  }
   return current_;
 }
 
@@ -86,6 +90,14 @@ absl::Status JobRefit::Report(const proto::IterationReport& report, const FetchP
   absl::StatusOr<std::unique_ptr<Planner>> next = Planner::Create(base.config(), refit_.model());
   if (!next.ok()) return next.status();
   current_ = std::move(*next);
+  if (explore_until_ < 0 || observed_ < explore_until_) {
+    absl::StatusOr<std::unique_ptr<Planner>> explore = Planner::Create(
+        base.config(), std::make_shared<RefitCostModel>(base.model().shared_cost_model(), refit_.ExplorationTerms()));
+    if (!explore.ok()) return explore.status();
+    explore_ = std::move(*explore);
+  } else {
+    explore_ = nullptr;
+  }
   return absl::OkStatus();
 }
 

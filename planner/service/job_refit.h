@@ -64,6 +64,9 @@ class JobRefit {
 
  private:
   static constexpr size_t kKeep = 64;       // iterations of reports and history kept
+  // After the first refit, every other iteration of this many is planned
+  // with CostRefit::ExplorationTerms (fewer, larger micro-batches).
+  static constexpr int kExploreIterations = 16;
   static constexpr size_t kKeepPlans = 16;  // iterations of plans kept (older ones come from the store)
 
   const std::shared_ptr<const Planner> base_;
@@ -71,6 +74,8 @@ class JobRefit {
   mutable Mutex mu_;
   CostRefit refit_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Planner> current_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Planner> explore_ ABSL_GUARDED_BY(mu_);  // null: not exploring
+  int64_t explore_until_ ABSL_GUARDED_BY(mu_) = -1;  // exploring plans up to this iteration
   int observed_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, bool> planned_with_refit_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<proto::ExecutionPlan>> plans_ ABSL_GUARDED_BY(mu_);
