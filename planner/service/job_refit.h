@@ -66,7 +66,7 @@ class JobRefit {
   static constexpr size_t kKeep = 64;       // iterations of reports and history kept
   // After the first refit, every other iteration of this many is planned
   // with CostRefit::ExplorationTerms (fewer, larger micro-batches).
-  static constexpr int kExploreIterations = 16;
+  static constexpr int kExploreIterations = 12;
   static constexpr size_t kKeepPlans = 16;  // iterations of plans kept (older ones come from the store)
 
   const std::shared_ptr<const Planner> base_;
