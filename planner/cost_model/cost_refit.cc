@@ -17,9 +17,9 @@ constexpr double kMinPipelineFactor = 0.5, kMaxPipelineFactor = 2.0;
 // The per-micro-batch pipeline term is fitted only from this many
 // iterations whose micro-batch counts span at least this ratio.
 constexpr int kPipelineMbRows = 6;
+constexpr double kPipelineMbSpread = 1.3;
 // Exploration's cost per micro-batch, at least this share of a chunk pass.
 constexpr double kExploreMbShare = 0.3;
-constexpr double kPipelineMbSpread = 1.3;
 
 Recompute RecomputeOf(proto::RecomputeLevel::Value v) {
   switch (v) {
@@ -75,6 +75,16 @@ absl::StatusOr<ChunkSample> ChunkSampleOf(const Chunk& c, const LayerCostModel& 
     out.attention += n * f.attention;
   }
   return out;
+}
+
+// An iteration's pipeline, the time after it left out: simulated under
+// `terms` (its factor and per-micro-batch term as given) and measured.
+// False where either is not positive.
+bool PipelineSpans(const RefitTerms& terms, const IterationSamples& s, double* simulated, double* measured) {
+  const double after = std::max(0.0, terms.iteration_ms);
+  *simulated = CostRefit::PredictIteration(terms, s) - after;
+  *measured = s.measured_ms - after;
+  return *simulated > 0 && *measured > 0;
 }
 
 double PassTime(const PassFit& p, const ComputeSample& s) {
@@ -389,41 +399,26 @@ void CostRefit::Refit() {
   // the median of measured over simulated over the window. Where the
   // history's micro-batch counts barely vary, the data cannot tell b from
   // k and the previous b stays (JobRefit explores to make them vary).
-  auto ratios_at = [&](double x) {
-    RefitTerms t = fit;
-    t.pipeline_factor = 1;
-    t.pipeline_mb_ms = x;
-    std::vector<double> out;
-    for (const IterationSamples* s : kept) {
-      const double simulated = PredictIteration(t, *s) - std::max(0.0, t.iteration_ms);
-      const double measured = s->measured_ms - std::max(0.0, t.iteration_ms);
-      if (simulated > 0 && measured > 0) out.push_back(measured / simulated);
-    }
-    return out;
-  };
   std::vector<double> passes;
   for (const IterationSamples* s : kept) {
     for (const ComputeSample& c : s->compute) passes.push_back(PassTime(c.backward ? fit.bw : fit.fw, c));
   }
   chunk_ms_ = Median(passes);
   fit.pipeline_factor = 1;
-  fit.pipeline_mb_ms = prior.pipeline_mb_ms;
+  fit.pipeline_mb_ms = 0;
   NnlsProblem pipeline;
   pipeline.num_features = 2;
   double lo = 0, hi = 0;
   for (const IterationSamples& s : history_) {
-    RefitTerms t = fit;
-    t.pipeline_mb_ms = 0;
-    const double simulated = PredictIteration(t, s) - std::max(0.0, t.iteration_ms);
-    const double measured = s.measured_ms - std::max(0.0, t.iteration_ms);
-    double mbs = 0;
+    double simulated = 0, measured = 0, mbs = 0;
     for (const ReplayGroup& g : s.groups) mbs = std::max<double>(mbs, g.num_mb);
-    if (simulated <= 0 || measured <= 0 || mbs <= 0) continue;
+    if (!PipelineSpans(fit, s, &simulated, &measured) || mbs <= 0) continue;
     const double row[2] = {simulated, mbs};
     pipeline.AddRow(row, measured);
     lo = pipeline.rows() == 1 ? mbs : std::min(lo, mbs);
     hi = std::max(hi, mbs);
   }
+  fit.pipeline_mb_ms = prior.pipeline_mb_ms;
   if (pipeline.rows() >= kPipelineMbRows && hi >= lo * kPipelineMbSpread) {
     const double prior_w[2] = {1, 0};
     const std::vector<double> w = SolveNnls(pipeline, prior_w, options_.ridge);
@@ -431,10 +426,13 @@ void CostRefit::Refit() {
     for (int c : window_.back().chunk_device) per_device += c == 0;
     fit.pipeline_mb_ms = w[1] / (2.0 * std::max(1, per_device));
   }
-  const std::vector<double> ratios = ratios_at(fit.pipeline_mb_ms);
-  const double factor = ratios.empty() ? 0.0 : Median(ratios);
-  if (factor > 0) {
-    fit.pipeline_factor = factor;
+  std::vector<double> ratios;
+  for (const IterationSamples* s : kept) {
+    double simulated = 0, measured = 0;
+    if (PipelineSpans(fit, *s, &simulated, &measured)) ratios.push_back(measured / simulated);
+  }
+  if (!ratios.empty()) {
+    fit.pipeline_factor = Median(ratios);
     if (fitted_) {
       fit.pipeline_factor = std::clamp(fit.pipeline_factor, prior.pipeline_factor / options_.max_step,
                                        prior.pipeline_factor * options_.max_step);

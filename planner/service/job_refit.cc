@@ -90,7 +90,7 @@ absl::Status JobRefit::Report(const proto::IterationReport& report, const FetchP
   absl::StatusOr<std::unique_ptr<Planner>> next = Planner::Create(base.config(), refit_.model());
   if (!next.ok()) return next.status();
   current_ = std::move(*next);
-  if (explore_until_ < 0 || observed_ < explore_until_) {
+  if (explore_until_ < 0 || iteration < explore_until_) {
     absl::StatusOr<std::unique_ptr<Planner>> explore = Planner::Create(
         base.config(), std::make_shared<RefitCostModel>(base.model().shared_cost_model(), refit_.ExplorationTerms()));
     if (!explore.ok()) return explore.status();
