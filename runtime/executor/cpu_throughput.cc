@@ -13,6 +13,11 @@
 // from the end of the last warm-up iteration to the end of the run, so what
 // is compared is the refit's plans), "run tok/s" the whole run. Odd rounds
 // run the methods in reverse order, so no method always runs first.
+// "cpu s" is the process's CPU time (user + system, every rank and the
+// planner) over the run: where ranks share cores it, not the pipeline,
+// sets the pace.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -52,7 +57,16 @@ using namespace dynapipe;
 struct Row {
   double tokens_per_s = 0, measured_ms = 0, predicted_ms = 0, micro_batches = 0, padding = 0, error = 0;
   double run_tokens_per_s = 0;  // the whole run
+  double cpu_s = 0;             // the process's user + system CPU seconds over the run
 };
+
+// User + system CPU seconds this process has used so far.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
 
 // The slowest rank's time of iteration i.
 double MeasuredMs(const runtime::executor::LocalRunResult& run, int i) {
@@ -138,8 +152,8 @@ int main(int argc, char** argv) {
 
   // [kernel][method] -> one Row per round.
   std::map<std::pair<int, int>, std::vector<Row>> rows;
-  std::printf("%-5s %-12s %-8s %12s %12s %12s %12s %8s %8s %9s %9s %9s\n", "round", "attention", "method", "tokens/s",
-              "run tok/s", "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]", "pred err");
+  std::printf("%-5s %-12s %-8s %12s %12s %12s %12s %8s %8s %9s %9s %9s %7s\n", "round", "attention", "method", "tokens/s",
+              "run tok/s", "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]", "pred err", "cpu s");
   for (int round = 0; round < rounds; ++round) {
     for (const auto kernel : kernels) {
       spec.mutable_model()->set_attention(kernel);
@@ -148,12 +162,15 @@ int main(int argc, char** argv) {
       for (const auto method : order) {
         spec.mutable_batching()->set_method(method);
         const std::string& m = proto::BatchingSpec::Method_Name(method);
+        const double cpu_before = ProcessCpuSeconds();
         auto run = runtime::executor::RunLocal(spec, absl::GetFlag(FLAGS_data_root), n);
+        const double cpu_s = ProcessCpuSeconds() - cpu_before;
         if (!run.ok()) {
           std::fprintf(stderr, "cpu_throughput: %s: %s\n", m.c_str(), std::string(run.status().message()).c_str());
           return 1;
         }
-        const Row row = Summarize(*run, pp, n, warmup);
+        Row row = Summarize(*run, pp, n, warmup);
+        row.cpu_s = cpu_s;
         rows[{kernel, method}].push_back(row);
         if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
           for (int i = 0; i < n; i += every) {
@@ -172,33 +189,34 @@ int main(int argc, char** argv) {
           std::printf("  %s cost model: %s; planning %.1f ms per iteration\n", m.c_str(), run->cost_model.c_str(),
                       plan_ms);
         }
-        std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%%\n", round,
+        std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%% %7.2f\n", round,
                     kernel_name(kernel), m.c_str(), row.tokens_per_s, row.run_tokens_per_s, row.measured_ms, row.predicted_ms,
                     row.micro_batches, 100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss,
-                    100 * row.error);
+                    100 * row.error, row.cpu_s);
         std::fflush(stdout);
       }
     }
   }
 
   std::printf("\nmedians over %d round(s); vs packing = median of the per-round ratios\n", rounds);
-  std::printf("%-12s %-8s %12s %12s %12s %9s %12s\n", "attention", "method", "tokens/s", "measured ms", "predicted ms",
-              "pred err", "vs packing");
+  std::printf("%-12s %-8s %12s %12s %12s %9s %7s %12s\n", "attention", "method", "tokens/s", "measured ms", "predicted ms",
+              "pred err", "cpu s", "vs packing");
   for (const auto kernel : kernels) {
     const auto packing = rows.find({kernel, proto::BatchingSpec::packing});
     for (const auto method : methods) {
       const std::vector<Row>& r = rows[{kernel, method}];
-      std::vector<double> tps, measured, predicted, error, ratio;
+      std::vector<double> tps, measured, predicted, error, cpu, ratio;
       for (size_t i = 0; i < r.size(); ++i) {
         tps.push_back(r[i].tokens_per_s);
         measured.push_back(r[i].measured_ms);
         predicted.push_back(r[i].predicted_ms);
         error.push_back(r[i].error);
+        cpu.push_back(r[i].cpu_s);
         if (packing != rows.end()) ratio.push_back(r[i].tokens_per_s / packing->second[i].tokens_per_s);
       }
-      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%%", kernel_name(kernel),
+      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%% %7.2f", kernel_name(kernel),
                   proto::BatchingSpec::Method_Name(method).c_str(), Median(tps), Median(measured), Median(predicted),
-                  100 * Median(error));
+                  100 * Median(error), Median(cpu));
       if (ratio.empty()) {
         std::printf(" %12s\n", "-");
       } else {
