@@ -3,7 +3,7 @@
 // each pair passing one buffer back and forth. Per message size it prints the
 // wall time per transfer and the process's CPU time (user + system, every
 // thread: ranks and Gloo's) per transfer and pair, medians over rounds:
-//   comm_bench --ranks 4 --bytes 4096,262144 --transfers 2000 --rounds 3
+//   comm_bench --ranks 4 --bytes 4096,262144 --transfers 2000 --rounds 3 --event_loop_nice 0,19
 // With more ranks than cores the CPU figure is what each hand-off takes from
 // compute (cpu_throughput's "cpu s" at pp 2 x dp 2 follows the number of
 // micro-batches by about that much per transfer).
@@ -28,6 +28,8 @@ ABSL_FLAG(int, ranks, 2, "ranks (threads), an even number: pairs (0, 1), (2, 3),
 ABSL_FLAG(std::string, bytes, "4096,262144", "message sizes, comma-separated");
 ABSL_FLAG(int, transfers, 2000, "transfers per pair and round");
 ABSL_FLAG(int, rounds, 3, "rounds per size (medians are printed)");
+ABSL_FLAG(std::string, event_loop_nice, "19",
+          "nice values of Gloo's event-loop threads to compare, comma-separated (GlooOptions::event_loop_nice)");
 
 namespace {
 
@@ -48,7 +50,7 @@ struct Figures {
 
 // One round: every pair passes `bytes` back and forth `transfers` times.
 // Timing starts once every rank is connected and stops when the last ends.
-absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round) {
+absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round, int nice) {
   runtime::comm::MemoryKeyValueStore kv;
   std::vector<std::unique_ptr<Communicator>> comms(ranks);
   std::vector<absl::Status> status(ranks);
@@ -56,8 +58,12 @@ absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round)
     std::vector<std::thread> connect;
     for (int r = 0; r < ranks; ++r) {
       connect.emplace_back([&, r] {
-        auto c = runtime::comm::CreateGlooCommunicator(
-            {.rank = r, .size = ranks, .job_prefix = "comm_bench/" + std::to_string(round) + "/"}, &kv);
+        runtime::comm::GlooOptions options;
+        options.rank = r;
+        options.size = ranks;
+        options.job_prefix = "comm_bench/" + std::to_string(round) + "/";
+        options.event_loop_nice = nice;
+        auto c = runtime::comm::CreateGlooCommunicator(options, &kv);
         if (c.ok()) {
           comms[r] = std::move(*c);
         } else {
@@ -129,21 +135,40 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "comm_bench: --bytes: no sizes\n");
     return 2;
   }
-  std::printf("%d ranks (%d pairs) on %u hardware threads, %d transfers per pair, medians of %d rounds\n", ranks,
-              ranks / 2, std::thread::hardware_concurrency(), transfers, rounds);
-  std::printf("%12s %16s %16s\n", "bytes", "wall us/xfer", "cpu us/xfer");
-  for (const size_t bytes : sizes) {
-    std::vector<double> wall, cpu;
-    for (int round = 0; round < rounds; ++round) {
-      auto f = Round(ranks, bytes, transfers, round);
-      if (!f.ok()) {
-        std::fprintf(stderr, "comm_bench: %zu bytes: %s\n", bytes, std::string(f.status().message()).c_str());
-        return 1;
-      }
-      wall.push_back(f->wall_us);
-      cpu.push_back(f->cpu_us);
+  std::vector<int> nices;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_event_loop_nice), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 0 || n > 19) {
+      std::fprintf(stderr, "comm_bench: --event_loop_nice: \"%s\" is not a nice value from 0 to 19\n",
+                   std::string(s).c_str());
+      return 2;
     }
-    std::printf("%12zu %16.1f %16.1f\n", bytes, Median(wall), Median(cpu));
+    nices.push_back(n);
+  }
+  if (nices.empty()) {
+    std::fprintf(stderr, "comm_bench: --event_loop_nice: no values\n");
+    return 2;
+  }
+  std::printf("%d ranks (%d pairs) on %u hardware threads, %d transfers per pair, medians of %d rounds "
+              "(each round runs every nice value in turn)\n",
+              ranks, ranks / 2, std::thread::hardware_concurrency(), transfers, rounds);
+  std::printf("%12s %6s %16s %16s\n", "bytes", "nice", "wall us/xfer", "cpu us/xfer");
+  for (const size_t bytes : sizes) {
+    std::vector<std::vector<double>> wall(nices.size()), cpu(nices.size());
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t k = 0; k < nices.size(); ++k) {
+        auto f = Round(ranks, bytes, transfers, round * static_cast<int>(nices.size()) + static_cast<int>(k), nices[k]);
+        if (!f.ok()) {
+          std::fprintf(stderr, "comm_bench: %zu bytes: %s\n", bytes, std::string(f.status().message()).c_str());
+          return 1;
+        }
+        wall[k].push_back(f->wall_us);
+        cpu[k].push_back(f->cpu_us);
+      }
+    }
+    for (size_t k = 0; k < nices.size(); ++k) {
+      std::printf("%12zu %6d %16.1f %16.1f\n", bytes, nices[k], Median(wall[k]), Median(cpu[k]));
+    }
     std::fflush(stdout);
   }
   return 0;

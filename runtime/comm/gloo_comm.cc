@@ -1,6 +1,14 @@
 #include "runtime/comm/gloo_comm.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +74,30 @@ class GlooCommunicator final : public Communicator {
   const std::shared_ptr<Core> core_;
 };
 
+// The device starts its event-loop thread, which inherits the nice value of
+// the thread that creates it (Linux keeps nice per thread): a short-lived
+// thread at `nice` creates it, so the caller's priority is never touched.
+// Throws what CreateDevice throws.
+std::shared_ptr<gloo::transport::Device> CreateDeviceAtNice(const gloo::transport::tcp::attr& attr,
+                                                            int nice) {
+  if (nice == 0) return gloo::transport::tcp::CreateDevice(attr);
+  std::shared_ptr<gloo::transport::Device> device;
+  std::exception_ptr error;
+  std::thread([&] {
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0) {
+      spdlog::warn("gloo: cannot lower the event loop's priority to nice {}: {}", nice,
+                   std::strerror(errno));
+    }
+    try {
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }).join();
+  if (error) std::rethrow_exception(error);
+  return device;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options,
@@ -83,13 +115,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
     return absl::InvalidArgumentError("options.connect_timeout: not positive");
   }
   if (store == nullptr) return absl::InvalidArgumentError("store: null");
+  if (options.event_loop_nice < 0 || options.event_loop_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.event_loop_nice: ", options.event_loop_nice, " is not in [0, 19]"));
+  }
 
   const absl::Time start = absl::Now();
   std::shared_ptr<gloo::transport::Device> device;
   absl::Status status = CatchGloo("creating the TCP device", [&] {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.interface_address;
-    device = gloo::transport::tcp::CreateDevice(attr);
+    device = CreateDeviceAtNice(attr, options.event_loop_nice);
   });
   if (!status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("options.interface_address: cannot listen on '",

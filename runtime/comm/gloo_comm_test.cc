@@ -1,7 +1,14 @@
 #include "runtime/comm/gloo_comm.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdint>
+#include <filesystem>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -169,6 +176,67 @@ TEST_CASE(
       CHECK(result.ring[tag - 1] == Pattern(sizes[tag - 1], left * 100 + tag));
     }
     CHECK(result.partner == Pattern(4096, 1000 + (r ^ 1)));
+  }
+}
+
+// Nice values of this process's threads, by thread id (Linux keeps nice per thread).
+std::map<int, int> ThreadNices() {
+  std::map<int, int> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    const int tid = std::stoi(entry.path().filename().string());
+    errno = 0;
+    const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    if (errno == 0) out[tid] = nice;
+  }
+  return out;
+}
+
+TEST_CASE("Gloo's event loop runs at options.event_loop_nice and the caller keeps its priority") {
+  REQUIRE(getpriority(PRIO_PROCESS, 0) == 0);
+  const std::map<int, int> before = ThreadNices();
+  MemoryKeyValueStore store;
+  Comms comms(2);
+  std::vector<absl::Status> statuses(2);
+  std::vector<int> caller_nice(2, -1);
+  OnRanks(2, [&](int r) {
+    GlooOptions options = Options(r, 2, "nice");
+    options.event_loop_nice = 7;
+    auto comm = CreateGlooCommunicator(options, &store);
+    statuses[r] = comm.status();
+    if (comm.ok()) comms[r] = *std::move(comm);
+    caller_nice[r] = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << statuses[r]);
+    REQUIRE(statuses[r].ok());
+    CHECK(caller_nice[r] == 0);
+  }
+  // One event loop per rank's device, new since `before`, at nice 7.
+  int loops = 0;
+  for (const auto& [tid, nice] : ThreadNices()) {
+    if (!before.contains(tid) && nice == 7) ++loops;
+  }
+  CHECK(loops == 2);
+  CHECK(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))) == 0);
+
+  // Data still flows with the loops at a low priority.
+  std::vector<uint8_t> sent = Pattern(1 << 18, 3), got(sent.size());
+  std::vector<absl::Status> done(2);
+  OnRanks(2, [&](int r) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    auto req = r == 0 ? comms[0]->Send(1, 9, sent.data(), sent.size()) : comms[1]->Recv(0, 9, got.data(), got.size());
+    done[r] = req.ok() ? (*req)->Wait(deadline) : req.status();
+  });
+  CHECK(done[0].ok());
+  CHECK(done[1].ok());
+  CHECK(got == sent);
+
+  for (const int bad : {-1, 20}) {
+    GlooOptions options = Options(0, 1, "nice-bad");
+    options.event_loop_nice = bad;
+    const auto comm = CreateGlooCommunicator(options, &store);
+    CHECK(comm.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(comm.status(), "options.event_loop_nice"));
   }
 }
 
