@@ -7,9 +7,6 @@
 // With more ranks than cores the CPU figure is what each hand-off takes from
 // compute (cpu_throughput's "cpu s" at pp 2 x dp 2 follows the number of
 // micro-batches by about that much per transfer).
-#include <sys/resource.h>
-
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -20,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/comm/kv_store.h"
+#include "src/common/clock.h"
 #include "src/common/flags.h"
 #include "src/common/stats.h"
 #include "src/common/status_macros.h"
@@ -35,13 +33,6 @@ namespace {
 
 using namespace dynapipe;
 using runtime::comm::Communicator;
-
-double ProcessCpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
-}
 
 struct Figures {
   double wall_us = 0;  // per transfer
@@ -75,7 +66,6 @@ absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round,
   }
   for (const absl::Status& s : status) RETURN_IF_ERROR(s);
 
-  std::atomic<int> started{0};
   std::vector<std::thread> threads;
   const double cpu0 = ProcessCpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
@@ -83,7 +73,6 @@ absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round,
     threads.emplace_back([&, r] {
       std::vector<char> buffer(bytes, static_cast<char>(r));
       const int peer = r ^ 1;
-      started.fetch_add(1);
       status[r] = [&]() -> absl::Status {
         for (int i = 0; i < transfers; ++i) {
           const absl::Time deadline = absl::Now() + absl::Seconds(30);

@@ -16,8 +16,6 @@
 // "cpu s" is the process's CPU time (user + system, every rank and the
 // planner) over the run: where ranks share cores it, not the pipeline,
 // sets the pace.
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +24,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "runtime/executor/local_run.h"
+#include "src/common/clock.h"
 #include "src/common/proto_io.h"
 #include "src/common/stats.h"
 #include "src/common/flags.h"
@@ -59,14 +58,6 @@ struct Row {
   double run_tokens_per_s = 0;  // the whole run
   double cpu_s = 0;             // the process's user + system CPU seconds over the run
 };
-
-// User + system CPU seconds this process has used so far.
-double ProcessCpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
-}
 
 // The slowest rank's time of iteration i.
 double MeasuredMs(const runtime::executor::LocalRunResult& run, int i) {

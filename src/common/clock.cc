@@ -1,5 +1,7 @@
 #include "src/common/clock.h"
 
+#include <sys/resource.h>
+
 namespace dynapipe {
 namespace {
 
@@ -34,6 +36,13 @@ bool FakeClock::AwaitWithDeadline(Mutex*, const std::function<bool()>& cond, abs
 void FakeClock::Advance(absl::Duration d) {
   MutexLock lock(&mu_);
   now_ += d;
+}
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
 }
 
 }  // namespace dynapipe

@@ -42,4 +42,9 @@ class FakeClock : public Clock {
   absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 
+// User + system CPU seconds this process has used so far, every thread
+// included (what a benchmark's ranks and their library threads cost where
+// they share cores).
+double ProcessCpuSeconds();
+
 }  // namespace dynapipe

@@ -1,10 +1,25 @@
 #include "src/common/clock.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
 #include <thread>
 
 namespace dynapipe {
 namespace {
+
+TEST_CASE("ProcessCpuSeconds counts the CPU time this process spends, in seconds") {
+  const double before = ProcessCpuSeconds();
+  CHECK(before >= 0);
+  // Spin until the wall clock has moved 200 ms: at least ~0.1 s of CPU even
+  // on a loaded machine, far from an hour.
+  const auto start = std::chrono::steady_clock::now();
+  volatile uint64_t x = 1;
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(200)) x = x * 6364136223846793005ULL + 1;
+  const double spent = ProcessCpuSeconds() - before;
+  CHECK(spent > 0.05);
+  CHECK(spent < 60);
+}
 
 TEST_CASE("FakeClock moves only when advanced") {
   FakeClock clock;
