@@ -3,12 +3,13 @@
 // each pair passing one buffer back and forth. Per message size it prints the
 // wall time per transfer and the process's CPU time (user + system, every
 // thread: ranks and Gloo's) per transfer and pair, medians over rounds:
-//   comm_bench --ranks 4 --bytes 4096,262144 --transfers 2000 --rounds 3 --event_loop_nice 0,19
+//   comm_bench --ranks 4 --bytes 4096,262144 --transfers 2000 --rounds 3 --event_loop 0,19,idle
 // With more ranks than cores the CPU figure is what each hand-off takes from
 // compute (cpu_throughput's "cpu s" at pp 2 x dp 2 follows the number of
 // micro-batches by about that much per transfer).
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,13 +27,21 @@ ABSL_FLAG(int, ranks, 2, "ranks (threads), an even number: pairs (0, 1), (2, 3),
 ABSL_FLAG(std::string, bytes, "4096,262144", "message sizes, comma-separated");
 ABSL_FLAG(int, transfers, 2000, "transfers per pair and round");
 ABSL_FLAG(int, rounds, 3, "rounds per size (medians are printed)");
-ABSL_FLAG(std::string, event_loop_nice, "19",
-          "nice values of Gloo's event-loop threads to compare, comma-separated (GlooOptions::event_loop_nice)");
+ABSL_FLAG(std::string, event_loop, "19,idle",
+          "scheduling of Gloo's event-loop threads to compare, comma-separated: a nice value from 0 to 19 "
+          "(GlooOptions::event_loop_nice) or idle (SCHED_IDLE, GlooOptions::event_loop_idle)");
 
 namespace {
 
 using namespace dynapipe;
 using runtime::comm::Communicator;
+
+// One setting of --event_loop: SCHED_IDLE, or a nice value.
+struct LoopPriority {
+  bool idle = false;
+  int nice = 0;
+  std::string Name() const { return idle ? "idle" : std::to_string(nice); }
+};
 
 struct Figures {
   double wall_us = 0;  // per transfer
@@ -41,7 +50,7 @@ struct Figures {
 
 // One round: every pair passes `bytes` back and forth `transfers` times.
 // Timing starts once every rank is connected and stops when the last ends.
-absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round, int nice) {
+absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round, LoopPriority loop) {
   runtime::comm::MemoryKeyValueStore kv;
   std::vector<std::unique_ptr<Communicator>> comms(ranks);
   std::vector<absl::Status> status(ranks);
@@ -53,7 +62,8 @@ absl::StatusOr<Figures> Round(int ranks, size_t bytes, int transfers, int round,
         options.rank = r;
         options.size = ranks;
         options.job_prefix = "comm_bench/" + std::to_string(round) + "/";
-        options.event_loop_nice = nice;
+        options.event_loop_idle = loop.idle;
+        options.event_loop_nice = loop.nice;
         auto c = runtime::comm::CreateGlooCommunicator(options, &kv);
         if (c.ok()) {
           comms[r] = std::move(*c);
@@ -124,29 +134,31 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "comm_bench: --bytes: no sizes\n");
     return 2;
   }
-  std::vector<int> nices;
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_event_loop_nice), ',', absl::SkipEmpty())) {
-    int n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n < 0 || n > 19) {
-      std::fprintf(stderr, "comm_bench: --event_loop_nice: \"%s\" is not a nice value from 0 to 19\n",
+  std::vector<LoopPriority> loops;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_event_loop), ',', absl::SkipEmpty())) {
+    LoopPriority p;
+    if (s == "idle") {
+      p.idle = true;
+    } else if (!absl::SimpleAtoi(s, &p.nice) || p.nice < 0 || p.nice > 19) {
+      std::fprintf(stderr, "comm_bench: --event_loop: \"%s\" is neither idle nor a nice value from 0 to 19\n",
                    std::string(s).c_str());
       return 2;
     }
-    nices.push_back(n);
+    loops.push_back(p);
   }
-  if (nices.empty()) {
-    std::fprintf(stderr, "comm_bench: --event_loop_nice: no values\n");
+  if (loops.empty()) {
+    std::fprintf(stderr, "comm_bench: --event_loop: no values\n");
     return 2;
   }
   std::printf("%d ranks (%d pairs) on %u hardware threads, %d transfers per pair, medians of %d rounds "
-              "(each round runs every nice value in turn)\n",
+              "(each round runs every --event_loop setting in turn)\n",
               ranks, ranks / 2, std::thread::hardware_concurrency(), transfers, rounds);
-  std::printf("%12s %6s %16s %16s\n", "bytes", "nice", "wall us/xfer", "cpu us/xfer");
+  std::printf("%12s %6s %16s %16s\n", "bytes", "loop", "wall us/xfer", "cpu us/xfer");
   for (const size_t bytes : sizes) {
-    std::vector<std::vector<double>> wall(nices.size()), cpu(nices.size());
+    std::vector<std::vector<double>> wall(loops.size()), cpu(loops.size());
     for (int round = 0; round < rounds; ++round) {
-      for (size_t k = 0; k < nices.size(); ++k) {
-        auto f = Round(ranks, bytes, transfers, round * static_cast<int>(nices.size()) + static_cast<int>(k), nices[k]);
+      for (size_t k = 0; k < loops.size(); ++k) {
+        auto f = Round(ranks, bytes, transfers, round * static_cast<int>(loops.size()) + static_cast<int>(k), loops[k]);
         if (!f.ok()) {
           std::fprintf(stderr, "comm_bench: %zu bytes: %s\n", bytes, std::string(f.status().message()).c_str());
           return 1;
@@ -155,8 +167,8 @@ int main(int argc, char** argv) {
         cpu[k].push_back(f->cpu_us);
       }
     }
-    for (size_t k = 0; k < nices.size(); ++k) {
-      std::printf("%12zu %6d %16.1f %16.1f\n", bytes, nices[k], Median(wall[k]), Median(cpu[k]));
+    for (size_t k = 0; k < loops.size(); ++k) {
+      std::printf("%12zu %6s %16.1f %16.1f\n", bytes, loops[k].Name().c_str(), Median(wall[k]), Median(cpu[k]));
     }
     std::fflush(stdout);
   }

@@ -1,5 +1,6 @@
 #include "runtime/comm/gloo_comm.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -74,17 +75,23 @@ class GlooCommunicator final : public Communicator {
   const std::shared_ptr<Core> core_;
 };
 
-// The device starts its event-loop thread, which inherits the nice value of
-// the thread that creates it (Linux keeps nice per thread): a short-lived
-// thread at `nice` creates it, so the caller's priority is never touched.
-// Throws what CreateDevice throws.
-std::shared_ptr<gloo::transport::Device> CreateDeviceAtNice(const gloo::transport::tcp::attr& attr,
-                                                            int nice) {
-  if (nice == 0) return gloo::transport::tcp::CreateDevice(attr);
+// The device starts its event-loop thread, which inherits the scheduling
+// policy and nice value of the thread that creates it (Linux keeps both per
+// thread): a short-lived thread set to them creates it, so the caller's
+// priority is never touched. Throws what CreateDevice throws.
+std::shared_ptr<gloo::transport::Device> CreateDeviceWithLoopPriority(const gloo::transport::tcp::attr& attr,
+                                                                      bool idle, int nice) {
+  if (!idle && nice == 0) return gloo::transport::tcp::CreateDevice(attr);
   std::shared_ptr<gloo::transport::Device> device;
   std::exception_ptr error;
   std::thread([&] {
-    if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0) {
+    const sched_param param{};
+    if (idle && sched_setscheduler(0, SCHED_IDLE, &param) != 0) {
+      spdlog::warn("gloo: cannot run the event loop under SCHED_IDLE ({}); using nice {}", std::strerror(errno),
+                   nice);
+      idle = false;
+    }
+    if (!idle && nice != 0 && setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0) {
       spdlog::warn("gloo: cannot lower the event loop's priority to nice {}: {}", nice,
                    std::strerror(errno));
     }
@@ -125,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
   absl::Status status = CatchGloo("creating the TCP device", [&] {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.interface_address;
-    device = CreateDeviceAtNice(attr, options.event_loop_nice);
+    device = CreateDeviceWithLoopPriority(attr, options.event_loop_idle, options.event_loop_nice);
   });
   if (!status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("options.interface_address: cannot listen on '",

@@ -43,13 +43,19 @@ struct GlooOptions {
   // Bounds connecting the world mesh and each group's mesh (all ranks must
   // arrive within it).
   absl::Duration connect_timeout = absl::Seconds(30);
-  // Nice value (0-19) of Gloo's event-loop thread, which moves every
-  // transfer's bytes. The loop polls again at once while a rank thread holds
-  // a connection's lock, so where ranks outnumber cores it takes the core
-  // from the very thread it waits for; at the lowest priority it yields to
-  // it. Measured with benchmarks/comm_bench (4 ranks on 2 cores, 256 KiB):
-  // 664 us per transfer at 0, 235 us at 19 (medians of 9 rounds). 0 keeps
-  // the caller's priority.
+  // Scheduling of Gloo's event-loop thread, which moves every transfer's
+  // bytes. The loop polls again at once while a rank thread holds a
+  // connection's lock, so where ranks outnumber cores it takes the core from
+  // the very thread it waits for. SCHED_IDLE (event_loop_idle) gives it the
+  // kernel's lowest weight and never lets it preempt another thread: a
+  // waking rank thread takes its core at once. It still runs when every
+  // core is busy, only rarely. Measured with benchmarks/comm_bench (4 ranks
+  // on 2 cores, 256 KiB, medians of 9 rounds): 664 us per transfer at nice
+  // 0, 235 us at nice 19, ~110 us under SCHED_IDLE. Where the kernel
+  // refuses SCHED_IDLE the loop runs at event_loop_nice instead.
+  bool event_loop_idle = true;
+  // Nice value (0-19) of the loop when event_loop_idle is false (or
+  // refused); 0 keeps the caller's priority.
   int event_loop_nice = 19;
 };
 

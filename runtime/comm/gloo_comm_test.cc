@@ -1,5 +1,6 @@
 #include "runtime/comm/gloo_comm.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -125,47 +127,62 @@ TEST_CASE(
   }
 }
 
-// Nice values of this process's threads, by thread id (Linux keeps nice per thread).
-std::map<int, int> ThreadNices() {
-  std::map<int, int> out;
+// Scheduling of this process's threads, by thread id (Linux keeps the policy
+// and the nice value per thread).
+struct ThreadPriority {
+  int policy = -1;
+  int nice = 0;
+};
+std::map<int, ThreadPriority> ThreadPriorities() {
+  std::map<int, ThreadPriority> out;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
     const int tid = std::stoi(entry.path().filename().string());
     errno = 0;
     const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
-    if (errno == 0) out[tid] = nice;
+    const int policy = sched_getscheduler(tid);
+    if (errno == 0 && policy >= 0) out[tid] = {policy, nice};
   }
   return out;
 }
 
-TEST_CASE("Gloo's event loop runs at options.event_loop_nice and the caller keeps its priority") {
-  REQUIRE(getpriority(PRIO_PROCESS, 0) == 0);
-  const std::map<int, int> before = ThreadNices();
-  MemoryKeyValueStore store;
-  Comms comms(2);
+ThreadPriority CallerPriority() {
+  const auto tid = static_cast<pid_t>(syscall(SYS_gettid));
+  return {sched_getscheduler(tid), getpriority(PRIO_PROCESS, static_cast<id_t>(tid))};
+}
+
+// Connects two ranks with `configure` applied to their options and returns
+// the scheduling of the threads the connection started (Gloo's event loops)
+// and of the two callers; the communicators go to `comms`.
+struct Started {
+  std::vector<ThreadPriority> new_threads;
+  std::vector<ThreadPriority> callers;
+};
+Started ConnectTwo(MemoryKeyValueStore* store, const std::string& job, Comms* comms,
+                   const std::function<void(GlooOptions&)>& configure) {
+  const std::map<int, ThreadPriority> before = ThreadPriorities();
   std::vector<absl::Status> statuses(2);
-  std::vector<int> caller_nice(2, -1);
+  Started out;
+  out.callers.resize(2);
   OnRanks(2, [&](int r) {
-    GlooOptions options = Options(r, 2, "nice");
-    options.event_loop_nice = 7;
-    auto comm = CreateGlooCommunicator(options, &store);
+    GlooOptions options = Options(r, 2, job);
+    configure(options);
+    auto comm = CreateGlooCommunicator(options, store);
     statuses[r] = comm.status();
-    if (comm.ok()) comms[r] = *std::move(comm);
-    caller_nice[r] = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+    if (comm.ok()) (*comms)[r] = *std::move(comm);
+    out.callers[r] = CallerPriority();
   });
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << statuses[r]);
     REQUIRE(statuses[r].ok());
-    CHECK(caller_nice[r] == 0);
   }
-  // One event loop per rank's device, new since `before`, at nice 7.
-  int loops = 0;
-  for (const auto& [tid, nice] : ThreadNices()) {
-    if (!before.contains(tid) && nice == 7) ++loops;
+  for (const auto& [tid, p] : ThreadPriorities()) {
+    if (!before.contains(tid)) out.new_threads.push_back(p);
   }
-  CHECK(loops == 2);
-  CHECK(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))) == 0);
+  return out;
+}
 
-  // Data still flows with the loops at a low priority.
+// A 256 KiB transfer from rank 0 to rank 1 arrives intact.
+void CheckDataFlows(Comms& comms) {
   std::vector<uint8_t> sent = Pattern(1 << 18, 3), got(sent.size());
   std::vector<absl::Status> done(2);
   OnRanks(2, [&](int r) {
@@ -176,6 +193,42 @@ TEST_CASE("Gloo's event loop runs at options.event_loop_nice and the caller keep
   CHECK(done[0].ok());
   CHECK(done[1].ok());
   CHECK(got == sent);
+}
+
+TEST_CASE("Gloo's event loop runs under SCHED_IDLE by default and the caller keeps its priority") {
+  REQUIRE(CallerPriority().policy == SCHED_OTHER);
+  REQUIRE(CallerPriority().nice == 0);
+  MemoryKeyValueStore store;
+  Comms comms(2);
+  const Started started = ConnectTwo(&store, "idle", &comms, [](GlooOptions&) {});
+  // One event loop per rank's device.
+  int loops = 0;
+  for (const ThreadPriority& p : started.new_threads) loops += p.policy == SCHED_IDLE;
+  CHECK(loops == 2);
+  for (const ThreadPriority& p : started.callers) {
+    CHECK(p.policy == SCHED_OTHER);
+    CHECK(p.nice == 0);
+  }
+  CHECK(CallerPriority().policy == SCHED_OTHER);
+  CheckDataFlows(comms);
+}
+
+TEST_CASE("Without event_loop_idle the loop runs at options.event_loop_nice") {
+  REQUIRE(CallerPriority().nice == 0);
+  MemoryKeyValueStore store;
+  Comms comms(2);
+  const Started started = ConnectTwo(&store, "nice", &comms, [](GlooOptions& o) {
+    o.event_loop_idle = false;
+    o.event_loop_nice = 7;
+  });
+  int loops = 0;
+  for (const ThreadPriority& p : started.new_threads) loops += p.policy == SCHED_OTHER && p.nice == 7;
+  CHECK(loops == 2);
+  for (const ThreadPriority& p : started.callers) {
+    CHECK(p.policy == SCHED_OTHER);
+    CHECK(p.nice == 0);
+  }
+  CheckDataFlows(comms);
 
   for (const int bad : {-1, 20}) {
     GlooOptions options = Options(0, 1, "nice-bad");
