@@ -89,17 +89,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::sp
   const bool ed = model_->encoder_decoder();
   const int n = static_cast<int>(samples.size());
   std::vector<std::vector<MicroBatch>> out;
-  if (b == Batching::kDynamic) {
-    const std::vector<int> order = OrderSamples(samples, ed, seed);
-    DpOptions dp{config_.pp, model_->chunks_per_device(), config_.dp, config_.tolerance};
-    DynamicOptions opt{config_.round_multiple, config_.tolerance, 0, config_.dp_candidates};
-    DynamicStats stats;
-    auto result = DynamicBatches(samples, order, *costs_, r, dp, opt, &stats);
-    *memory_bound = stats.memory_bound;
-    return result;
-  }
-  // Fixed-size methods: the configured size, or every power of two whose
-  // largest micro-batch fits in memory on its own.
+  // Whether every micro-batch of a split fits in memory on its own.
   auto fits = [&](const std::vector<MicroBatch>& mbs) {
     for (const MicroBatch& mb : mbs) {
       auto c = costs_->Get(mb.shape, r);
@@ -107,6 +97,36 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::sp
     }
     return true;
   };
+  if (b == Batching::kDynamic) {
+    const std::vector<int> order = OrderSamples(samples, ed, seed);
+    DpOptions dp{config_.pp, model_->chunks_per_device(), config_.dp, config_.tolerance};
+    DynamicOptions opt{config_.round_multiple, config_.tolerance, 0, config_.dp_candidates};
+    DynamicStats stats;
+    auto result = DynamicBatches(samples, order, *costs_, r, dp, opt, &stats);
+    *memory_bound = stats.memory_bound;
+    if (!result.ok() || !config_.work.varlen_attention || ed) return result;
+    // With varlen attention a packed row computes neither padding nor
+    // attention across its samples, and rows of equal length make even
+    // pipeline stages, so packing's splits compete with the DP's (the
+    // schedule search keeps whichever the cost model predicts faster). Only
+    // splits whose micro-batches are no larger than the DP's largest: the
+    // cost model has not seen how much slower per token much larger
+    // micro-batches run, and would pick them on extrapolation.
+    int64_t largest = 0;
+    for (const auto& split : *result) {
+      for (const MicroBatch& mb : split) largest = std::max(largest, static_cast<int64_t>(mb.shape.mbs) * mb.shape.seq);
+    }
+    for (int rows = 1; static_cast<int64_t>(rows) * config_.max_seq_len <= largest; rows *= 2) {
+      std::vector<MicroBatch> mbs = PackingBatches(samples, rows, config_.max_seq_len, config_.round_multiple, ed);
+      ApplyWork(samples, config_.work, std::span<MicroBatch>(mbs));
+      if (!fits(mbs)) break;  // larger rows only need more memory
+      result->push_back(std::move(mbs));
+      if (result->back().size() <= 1) break;
+    }
+    return result;
+  }
+  // Fixed-size methods: the configured size, or every power of two whose
+  // largest micro-batch fits in memory on its own.
   const std::vector<int> order = OrderSamples(samples, ed, seed);
   for (int64_t size = 1; size <= std::max(n, 1); size *= 2) {
     std::vector<MicroBatch> mbs;
