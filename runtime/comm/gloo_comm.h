@@ -50,9 +50,9 @@ struct GlooOptions {
   // kernel's lowest weight and never lets it preempt another thread: a
   // waking rank thread takes its core at once. It still runs when every
   // core is busy, only rarely. Measured with benchmarks/comm_bench (4 ranks
-  // on 2 cores, 256 KiB, medians of 9 rounds): 664 us per transfer at nice
-  // 0, 235 us at nice 19, ~110 us under SCHED_IDLE. Where the kernel
-  // refuses SCHED_IDLE the loop runs at event_loop_nice instead.
+  // on 2 cores, 256 KiB, medians of 9 rounds, 2026-11-27): 568 us per
+  // transfer at nice 0, 233 us at nice 19, 108 us under SCHED_IDLE. Where
+  // the kernel refuses SCHED_IDLE the loop runs at event_loop_nice instead.
   bool event_loop_idle = true;
   // Nice value (0-19) of the loop when event_loop_idle is false (or
   // refused); 0 keeps the caller's priority.
