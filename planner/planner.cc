@@ -89,13 +89,18 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::sp
   const bool ed = model_->encoder_decoder();
   const int n = static_cast<int>(samples.size());
   std::vector<std::vector<MicroBatch>> out;
-  // Whether every micro-batch of a split fits in memory on its own.
-  auto fits = [&](const std::vector<MicroBatch>& mbs) {
+  // Prices `mbs` as executors compute them and adds them to `splits` if
+  // every micro-batch fits in memory on its own. False when it did not fit
+  // (larger sizes only need more memory) or was a single micro-batch
+  // (larger sizes give the same split): no larger size is worth trying.
+  auto add_split = [&](std::vector<MicroBatch> mbs, std::vector<std::vector<MicroBatch>>& splits) {
+    ApplyWork(samples, config_.work, std::span<MicroBatch>(mbs));
     for (const MicroBatch& mb : mbs) {
       auto c = costs_->Get(mb.shape, r);
       if (!c.ok() || !costs_->Fits(**c, /*preferred=*/false)) return false;
     }
-    return true;
+    splits.push_back(std::move(mbs));
+    return splits.back().size() > 1;
   };
   if (b == Batching::kDynamic) {
     const std::vector<int> order = OrderSamples(samples, ed, seed);
@@ -117,11 +122,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::sp
       for (const MicroBatch& mb : split) largest = std::max(largest, static_cast<int64_t>(mb.shape.mbs) * mb.shape.seq);
     }
     for (int rows = 1; static_cast<int64_t>(rows) * config_.max_seq_len <= largest; rows *= 2) {
-      std::vector<MicroBatch> mbs = PackingBatches(samples, rows, config_.max_seq_len, config_.round_multiple, ed);
-      ApplyWork(samples, config_.work, std::span<MicroBatch>(mbs));
-      if (!fits(mbs)) break;  // larger rows only need more memory
-      result->push_back(std::move(mbs));
-      if (result->back().size() <= 1) break;
+      if (!add_split(PackingBatches(samples, rows, config_.max_seq_len, config_.round_multiple, ed), *result)) break;
     }
     return result;
   }
@@ -149,12 +150,9 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::sp
         break;
       case Batching::kDynamic: break;
     }
-    ApplyWork(samples, config_.work, std::span<MicroBatch>(mbs));
     const bool fixed = (b == Batching::kTokenBased && config_.micro_batch_tokens > 0) ||
                        ((b == Batching::kPadding || b == Batching::kFixedMbs) && config_.micro_batch_size > 0);
-    if (!fits(mbs)) break;  // larger sizes only need more memory
-    out.push_back(std::move(mbs));
-    if (fixed || out.back().size() <= 1) break;
+    if (!add_split(std::move(mbs), out) || fixed) break;
   }
   if (out.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(BatchingName(b), ": even the smallest micro-batch does not fit in ",

@@ -40,6 +40,26 @@ std::unique_ptr<Planner> MakePlanner(const PlannerConfig& config) {
   return std::move(*planner);
 }
 
+// One GPT-like job (pp 2 x dp 2, 8 GB per device) planned with a
+// materialised and with a varlen attention kernel.
+struct AttentionPlanners {
+  std::unique_ptr<Planner> materialized, varlen;
+};
+AttentionPlanners MakeAttentionPlanners(int max_seq_len) {
+  PlannerConfig config;
+  config.model = Gpt(8, 512, 8);
+  config.pp = 2;
+  config.dp = 2;
+  config.cluster = Cluster();
+  config.memory_limit_mb = 8000;
+  config.max_seq_len = max_seq_len;
+  AttentionPlanners planners;
+  planners.materialized = MakePlanner(config);
+  config.work.varlen_attention = true;
+  planners.varlen = MakePlanner(config);
+  return planners;
+}
+
 std::vector<Sample> RandomBatch(std::mt19937& rng, int n, int max_len) {
   std::lognormal_distribution<double> len(5.3, 1.1);
   std::vector<Sample> s;
@@ -131,18 +151,10 @@ TEST_CASE("Every batching method yields valid plans on the same batch") {
 }
 
 TEST_CASE("Varlen attention: every method stays valid and packing no longer pays for pairs across samples") {
-  PlannerConfig config;
-  config.model = Gpt(8, 512, 8);
-  config.pp = 2;
-  config.dp = 2;
-  config.cluster = Cluster();
-  config.memory_limit_mb = 8000;
-  config.max_seq_len = 4096;
-  auto materialized = MakePlanner(config);
-  config.work.varlen_attention = true;
-  auto varlen = MakePlanner(config);
+  const int max_seq_len = 4096;
+  const auto [materialized, varlen] = MakeAttentionPlanners(max_seq_len);
   std::mt19937 rng(5);
-  const auto batch = RandomBatch(rng, 96, config.max_seq_len);
+  const auto batch = RandomBatch(rng, 96, max_seq_len);
   std::vector<double> ms(kNumBatchings), masked(kNumBatchings);
   for (int b = 0; b < kNumBatchings; ++b) {
     INFO(BatchingName(static_cast<Batching>(b)));
@@ -164,16 +176,8 @@ TEST_CASE("Varlen attention: every method stays valid and packing no longer pays
 }
 
 TEST_CASE("Varlen dynamic plans weigh packing's splits no larger than the DP's own micro-batches") {
-  PlannerConfig config;
-  config.model = Gpt(8, 512, 8);
-  config.pp = 2;
-  config.dp = 2;
-  config.cluster = Cluster();
-  config.memory_limit_mb = 8000;
-  config.max_seq_len = 512;
-  auto materialized = MakePlanner(config);
-  config.work.varlen_attention = true;
-  auto varlen = MakePlanner(config);
+  const int max_seq_len = 512;
+  const auto [materialized, varlen] = MakeAttentionPlanners(max_seq_len);
   auto grid_tokens = [](const IterationPlan& plan, bool* any_packed) {
     int64_t largest = 0;
     for (const auto& group : plan.groups) {
@@ -188,7 +192,7 @@ TEST_CASE("Varlen dynamic plans weigh packing's splits no larger than the DP's o
   for (uint32_t seed = 1; seed <= 60; ++seed) {
     INFO("seed " << seed);
     std::mt19937 rng(seed);
-    const auto batch = RandomBatch(rng, 96, config.max_seq_len);
+    const auto batch = RandomBatch(rng, 96, max_seq_len);
     // Packed rows would attend across samples: never with a materialised kernel.
     auto grid = materialized->Plan(batch, 0, Batching::kDynamic, {});
     REQUIRE(grid.ok());

@@ -35,7 +35,6 @@ using testing::OnRanks;
 using testing::Options;
 using testing::Pattern;
 
-
 TEST_CASE("CreateGlooCommunicator gives up with DEADLINE_EXCEEDED when a rank never arrives") {
   MemoryKeyValueStore store;
   const absl::Time start = absl::Now();
@@ -160,21 +159,9 @@ struct Started {
 Started ConnectTwo(MemoryKeyValueStore* store, const std::string& job, Comms* comms,
                    const std::function<void(GlooOptions&)>& configure) {
   const std::map<int, ThreadPriority> before = ThreadPriorities();
-  std::vector<absl::Status> statuses(2);
   Started out;
   out.callers.resize(2);
-  OnRanks(2, [&](int r) {
-    GlooOptions options = Options(r, 2, job);
-    configure(options);
-    auto comm = CreateGlooCommunicator(options, store);
-    statuses[r] = comm.status();
-    if (comm.ok()) (*comms)[r] = *std::move(comm);
-    out.callers[r] = CallerPriority();
-  });
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << statuses[r]);
-    REQUIRE(statuses[r].ok());
-  }
+  *comms = Connect(2, store, job, configure, [&](int r) { out.callers[r] = CallerPriority(); });
   for (const auto& [tid, p] : ThreadPriorities()) {
     if (!before.contains(tid)) out.new_threads.push_back(p);
   }

@@ -40,7 +40,11 @@ inline GlooOptions Options(int rank, int size, std::string job,
   return options;
 }
 
-inline Comms Connect(int n, KeyValueStore* store) {
+// Connects n ranks on their own threads. `configure` adjusts each rank's
+// options; `on_rank` runs on each rank's thread once it has connected.
+inline Comms Connect(int n, KeyValueStore* store, std::string job = "job1",
+                     const std::function<void(GlooOptions&)>& configure = {},
+                     const std::function<void(int)>& on_rank = {}) {
   // Before any rank thread logs, as a daemon's main() does: spdlog creates its
   // registry on first use, inside the uninstrumented library, which
   // ThreadSanitizer would report as a race between the first loggers.
@@ -51,10 +55,12 @@ inline Comms Connect(int n, KeyValueStore* store) {
   Comms comms(n);
   std::vector<absl::Status> statuses(n);
   OnRanks(n, [&](int r) {
-    absl::StatusOr<std::unique_ptr<Communicator>> comm =
-        CreateGlooCommunicator(Options(r, n, "job1"), store);
+    GlooOptions options = Options(r, n, job);
+    if (configure) configure(options);
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateGlooCommunicator(options, store);
     statuses[r] = comm.status();
     if (comm.ok()) comms[r] = *std::move(comm);
+    if (on_rank) on_rank(r);
   });
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << statuses[r]);
