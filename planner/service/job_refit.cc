@@ -30,13 +30,20 @@ JobRefit::JobRefit(std::shared_ptr<const Planner> base, const proto::CostRefitSp
 
 std::shared_ptr<const Planner> JobRefit::PlannerFor(int64_t iteration) {
   MutexLock lock(&mu_);
-  planned_with_refit_[iteration] = current_ != base_;
-  Trim(planned_with_refit_, kKeep);
+  PlanModel with = current_ == base_ ? PlanModel::kBase : PlanModel::kRefit;
   if (explore_ != nullptr && current_ != base_) {
     if (explore_until_ < 0) explore_until_ = iteration + kExploreIterations;
-    if (iteration < explore_until_ && iteration % 2 == 1) return explore_;
+    if (iteration < explore_until_ && iteration % 2 == 1) with = PlanModel::kExplore;
   }
-  return current_;
+  planned_with_[iteration] = with;
+  Trim(planned_with_, kKeep);
+  return with == PlanModel::kExplore ? explore_ : current_;
+}
+
+PlanModel JobRefit::PlannedWith(int64_t iteration) const {
+  MutexLock lock(&mu_);
+  const auto it = planned_with_.find(iteration);
+  return it == planned_with_.end() ? PlanModel::kBase : it->second;
 }
 
 void JobRefit::Remember(int64_t iteration, std::vector<proto::ExecutionPlan> plans) {
@@ -79,8 +86,11 @@ absl::Status JobRefit::Report(const proto::IterationReport& report, const FetchP
   if (!samples.ok()) return samples.status();
 
   MutexLock lock(&mu_);
-  RefitIteration h{iteration, samples->predicted_ms, samples->measured_ms, false};
-  if (auto it = planned_with_refit_.find(iteration); it != planned_with_refit_.end()) h.refit_plan = it->second;
+  RefitIteration h{iteration, samples->predicted_ms, samples->measured_ms};
+  if (auto it = planned_with_.find(iteration); it != planned_with_.end()) {
+    h.refit_plan = it->second != PlanModel::kBase;
+    h.explore = it->second == PlanModel::kExplore;
+  }
   history_.push_back(h);
   while (history_.size() > kKeep) history_.pop_front();
   ++observed_;
@@ -115,7 +125,7 @@ RefitStatus JobRefit::Status() const {
   constexpr size_t kErrorWindow = 20;
   for (size_t i = history_.size() > kErrorWindow ? history_.size() - kErrorWindow : 0; i < history_.size(); ++i) {
     const RefitIteration& h = history_[i];
-    if (h.measured_ms <= 0) continue;
+    if (h.measured_ms <= 0 || h.explore) continue;
     sum[h.refit_plan] += std::abs(h.predicted_ms - h.measured_ms) / h.measured_ms;
     ++n[h.refit_plan];
   }

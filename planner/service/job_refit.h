@@ -24,11 +24,21 @@
 
 namespace dynapipe::planner::service {
 
+// Which cost model planned an iteration.
+enum class PlanModel : uint8_t {
+  kBase,     // the job's base model (before the first refit)
+  kRefit,    // the latest refit
+  kExplore,  // the latest refit with a larger cost per micro-batch (CostRefit::ExplorationTerms)
+};
+
 struct RefitIteration {
   int64_t iteration = 0;
   double predicted_ms = 0;  // what its plan said
   double measured_ms = 0;   // slowest rank
-  bool refit_plan = false;  // planned with a refit model (else the base one)
+  bool refit_plan = false;  // planned with a refit model (kRefit or kExplore)
+  // Planned to explore: its prediction is the exploration model's, off by
+  // design, so it counts in no error.
+  bool explore = false;
 };
 
 struct RefitStatus {
@@ -39,7 +49,8 @@ struct RefitStatus {
   RefitTerms terms;
   std::vector<RefitIteration> recent;  // oldest first
   // Mean |predicted - measured| / measured over the recent iterations planned
-  // with the base model and with a refit one (-1: none).
+  // with the base model and with the refit one, exploring iterations left
+  // out (-1: none).
   double base_error = -1, refit_error = -1;
 };
 
@@ -50,6 +61,9 @@ class JobRefit {
 
   // The planner to plan `iteration` with (noted for the status).
   std::shared_ptr<const Planner> PlannerFor(int64_t iteration);
+  // What PlannerFor handed out for `iteration` (kBase if it was not asked
+  // or is no longer kept).
+  PlanModel PlannedWith(int64_t iteration) const;
   // Keeps an iteration's plans (index = global rank) until its reports are in.
   void Remember(int64_t iteration, std::vector<proto::ExecutionPlan> plans);
 
@@ -77,7 +91,7 @@ class JobRefit {
   std::shared_ptr<const Planner> explore_ ABSL_GUARDED_BY(mu_);  // null: not exploring
   int64_t explore_until_ ABSL_GUARDED_BY(mu_) = -1;  // exploring plans up to this iteration
   int observed_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, bool> planned_with_refit_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, PlanModel> planned_with_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<proto::ExecutionPlan>> plans_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<proto::IterationReport>> reports_ ABSL_GUARDED_BY(mu_);
   std::deque<RefitIteration> history_ ABSL_GUARDED_BY(mu_);

@@ -53,8 +53,9 @@ std::string PlannerService::RefitJson(const std::string& job) {
   constexpr size_t kShown = 10;
   for (size_t i = st.recent.size() > kShown ? st.recent.size() - kShown : 0; i < st.recent.size(); ++i) {
     const RefitIteration& h = st.recent[i];
-    recent.push_back(absl::StrFormat("{\"iteration\":%d,\"predicted_ms\":%.3f,\"measured_ms\":%.3f,\"refit_plan\":%s}",
-                                     h.iteration, h.predicted_ms, h.measured_ms, h.refit_plan ? "true" : "false"));
+    recent.push_back(absl::StrFormat(
+        "{\"iteration\":%d,\"predicted_ms\":%.3f,\"measured_ms\":%.3f,\"refit_plan\":%s,\"explore\":%s}", h.iteration,
+        h.predicted_ms, h.measured_ms, h.refit_plan ? "true" : "false", h.explore ? "true" : "false"));
   }
   return absl::StrFormat(
       ",\"refit\":{\"observed\":%d,\"refits\":%d,\"outliers\":%d,\"model\":%s,\"base_error\":%.4f,"

@@ -85,7 +85,8 @@ Row Summarize(const runtime::executor::LocalRunResult& run, int pp, int n, int w
   std::vector<double> errors;
   for (int i = first; i < n; ++i) {
     const double slowest = MeasuredMs(run, i);
-    errors.push_back(std::abs(run.predicted_ms[i] - slowest) / slowest);
+    // An exploring plan's prediction is off by design (see JobRefit).
+    if (!run.explore_plan[i]) errors.push_back(std::abs(run.predicted_ms[i] - slowest) / slowest);
     row.measured_ms += slowest / k;
     row.predicted_ms += run.predicted_ms[i] / k;
     row.micro_batches += static_cast<double>(run.micro_batches[i]) / k;
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
             const double measured = MeasuredMs(*run, i);
             std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", m.c_str(), i,
                         run->predicted_ms[i], measured, 100 * (run->predicted_ms[i] / measured - 1),
-                        run->refit_plan[i] ? " refit" : "", run->micro_batches[i]);
+                        run->explore_plan[i] ? " explore" : run->refit_plan[i] ? " refit" : "", run->micro_batches[i]);
           }
           double plan_ms = 0;
           for (double ms : run->plan_ms) plan_ms += ms / n;

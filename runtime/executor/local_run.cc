@@ -80,6 +80,7 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   out.predicted_ms.resize(count);
   out.plan_ms.resize(count);
   out.refit_plan.resize(count);
+  out.explore_plan.resize(count);
   out.micro_batches.resize(count);
   out.padding_efficiency.resize(count);
   PlanExchange exchange(count, world);
@@ -90,6 +91,7 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
     out.predicted_ms[i] = p.predicted_ms;
     out.plan_ms[i] = p.timings.total_ms;
     out.refit_plan[i] = planner != rt->planner;
+    out.explore_plan[i] = rt->refit && rt->refit->PlannedWith(i) == planner::service::PlanModel::kExplore;
     int micro_batches = 0;
     for (const auto& g : p.groups) micro_batches += static_cast<int>(g.size());
     out.micro_batches[i] = micro_batches;
@@ -161,7 +163,8 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   for (int r = 0; r < world; ++r) {
     for (int64_t i = 0; i < count; ++i) out.done_s[i] = std::max(out.done_s[i], done[r][i]);
   }
-  out.cost_model = rt->PlannerFor(count)->model().cost_model().Describe();
+  // The model later iterations would be planned with (PlannerFor would also note an iteration that never runs).
+  out.cost_model = rt->refit ? rt->refit->Status().model : rt->planner->model().cost_model().Describe();
   if (rt->refit) {
     const planner::service::RefitStatus refit = rt->refit->Status();
     out.refit_fitted = refit.refits > 0;

@@ -22,6 +22,7 @@ struct LocalRunResult {
   std::vector<double> predicted_ms;                    // per iteration
   std::vector<double> plan_ms;                         // per iteration: planning time
   std::vector<bool> refit_plan;                        // per iteration: planned with a refit cost model
+  std::vector<bool> explore_plan;                      // per iteration: planned to explore (its prediction is off by design)
   std::vector<int> micro_batches;                      // per iteration, all dp groups together
   std::vector<double> padding_efficiency;              // per iteration: real / computed tokens
   std::vector<std::vector<float>> final_params;        // per rank, chunks concatenated

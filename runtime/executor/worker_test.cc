@@ -110,6 +110,8 @@ TEST_CASE("a local run refits its cost model and plans ahead with it", "[executo
   // Iteration i + 2 is planned once iteration i is in: the first refit
   // (after iterations 0..2) plans iteration 4 on.
   for (int i = 0; i < 8; ++i) CHECK(refit->refit_plan[i] == (i >= 4));
+  // Every other iteration after the first refit explores.
+  for (int i = 0; i < 8; ++i) CHECK(refit->explore_plan[i] == (i == 5 || i == 7));
   CHECK(refit->cost_model.find("refit") != std::string::npos);
   CHECK(refit->refit_terms.iteration_ms > 0);
   // Other splits of the same global batches: the same training within
