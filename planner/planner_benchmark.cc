@@ -1,7 +1,8 @@
 // Planning time per iteration (all ranks: partition + schedule search +
 // instructions + validation, one thread) versus samples per global batch and
 // pipeline stages, on the FLAN-like lengths, GPT-6.7B-like model, 80 GB per
-// device, analytic H100 cost model. Run from the repository root:
+// device, analytic H100 cost model, materialised or varlen attention. Run
+// from the repository root:
 //   bazel run --config=release //planner:planner_benchmark
 #include <benchmark/benchmark.h>
 
@@ -44,19 +45,22 @@ std::vector<Sample> LoadFlan(int max_seq) {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(int stages) {
+// Materialised attention (every pair of a row), or varlen (pairs inside each
+// sample: micro-batches priced by their own pairs, so not cached by shape).
+absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(int stages, bool varlen) {
   PlannerConfig c;
   c.model = testing::Gpt67b();
   c.pp = stages;
   c.max_seq_len = 8192;
   c.memory_limit_mb = 80000;
   c.cluster = testing::H100Cluster();
+  c.work.varlen_attention = varlen;
   auto cost = AnalyticCostModel::Create(c.model, c.cluster.device(), {});
   return Planner::Create(c, std::shared_ptr<const LayerCostModel>(std::move(*cost)));
 }
 
 // Consecutive batches of `n` samples from the file, cycled.
-void Run(benchmark::State& state, int n, int stages, int64_t budget_tokens) {
+void Run(benchmark::State& state, int n, int stages, int64_t budget_tokens, bool varlen = false) {
   const auto all = LoadFlan(8192);
   std::vector<std::vector<Sample>> batches;
   if (budget_tokens > 0) {
@@ -65,7 +69,7 @@ void Run(benchmark::State& state, int n, int stages, int64_t budget_tokens) {
   } else {
     for (size_t b = 0; b + n <= all.size() && batches.size() < 8; b += n) batches.emplace_back(all.begin() + b, all.begin() + b + n);
   }
-  auto made = MakePlanner(stages);
+  auto made = MakePlanner(stages, varlen);
   if (!made.ok()) {  // e.g. the whole model on one 80 GB device
     state.SkipWithError(std::string(made.status().message()).c_str());
     for (auto _ : state) {
@@ -100,6 +104,11 @@ void BM_Reference8Stages(benchmark::State& state) { Run(state, 0, 8, 65536); }
 BENCHMARK(BM_Reference8Stages)->Unit(benchmark::kMillisecond);
 void BM_Reference16Stages(benchmark::State& state) { Run(state, 0, 16, 131072); }
 BENCHMARK(BM_Reference16Stages)->Unit(benchmark::kMillisecond);
+// The same with varlen attention, the models' default.
+void BM_Reference8StagesVarlen(benchmark::State& state) { Run(state, 0, 8, 65536, /*varlen=*/true); }
+BENCHMARK(BM_Reference8StagesVarlen)->Unit(benchmark::kMillisecond);
+void BM_Reference16StagesVarlen(benchmark::State& state) { Run(state, 0, 16, 131072, /*varlen=*/true); }
+BENCHMARK(BM_Reference16StagesVarlen)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace dynapipe::planner

@@ -1,7 +1,6 @@
 #include "planner/cost_model/pipeline_model.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
@@ -71,6 +70,11 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
   }
   pm.chunks_.front().embedding = true;
   pm.chunks_.back().postprocess = true;
+  for (const Chunk& c : pm.chunks_) {
+    for (const auto& [kind, n] : LayerCounts(c)) {
+      if (n > 0 && std::find(pm.kinds_.begin(), pm.kinds_.end(), kind) == pm.kinds_.end()) pm.kinds_.push_back(kind);
+    }
+  }
   std::vector<int> per_device(num_devices, 0);
   for (const Chunk& c : pm.chunks_) ++per_device[c.device];
   pm.chunks_per_device_ = *std::max_element(per_device.begin(), per_device.end());
@@ -104,26 +108,20 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
 }
 
 absl::Status PipelineModel::ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out) const {
-  // Each layer kind is asked once per call, whatever the number of chunks.
-  std::optional<LayerCost> cached[4];
-  auto cost_of = [&](LayerKind kind) -> absl::StatusOr<LayerCost> {
-    std::optional<LayerCost>& slot = cached[static_cast<int>(kind)];
-    if (!slot) {
-      ASSIGN_OR_RETURN(LayerCost v, cost_->Cost(kind, shape, r));
-      slot = v;
-    }
-    return *slot;
-  };
+  // Each layer kind is priced once per call, whatever the number of chunks.
+  LayerCost of[4];
+  for (const LayerKind kind : kinds_) {
+    ASSIGN_OR_RETURN(of[static_cast<int>(kind)], cost_->Cost(kind, shape, r));
+  }
   const OverheadTerms overheads = cost_->Overheads();
   for (size_t i = 0; i < chunks_.size(); ++i) {
-    const Chunk& c = chunks_[i];
     ChunkCost& o = out[i];
     o = ChunkCost{};
     o.fw_ms = overheads.micro_batch_fw_ms;
     o.bw_ms = overheads.micro_batch_bw_ms;
-    for (const auto& [kind, n] : LayerCounts(c)) {
+    for (const auto& [kind, n] : LayerCounts(chunks_[i])) {
       if (n == 0) continue;
-      ASSIGN_OR_RETURN(const LayerCost l, cost_of(kind));
+      const LayerCost& l = of[static_cast<int>(kind)];
       o.fw_ms += n * l.fw_ms;
       o.bw_ms += n * l.bw_ms;
       o.stored_mb += n * l.stored_mb;

@@ -94,6 +94,9 @@ class PipelineModel {
   MemoryOptions memory_;
   WorkModel work_;
   std::vector<Chunk> chunks_;
+  // The layer kinds chunks_ holds, in the order a walk over the chunks
+  // first meets them (ChunkCosts prices each once, in this order).
+  std::vector<LayerKind> kinds_;
   std::vector<double> static_mb_;
   std::vector<double> grad_mb_;
   int num_devices_ = 0;

@@ -170,7 +170,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
         const Shape shape = WorkShape(
             {k, RoundUp(enc, options.round_multiple), dec > 0 ? RoundUp(dec, options.round_multiple) : 0}, sum_sq,
             work);
-        auto c = costs.Get(shape, r);
+        auto c = costs.Time(shape, r);
         if (!c.ok()) {
           memory_bound = true;  // out of profile: treat like a memory limit (no prune)
           if (k == 1 && !preferred) {
@@ -180,14 +180,14 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
           }
           break;
         }
-        if (!costs.Fits(**c, preferred)) {  // memory grows with size and length
+        if (!c->fits[preferred ? 1 : 0]) {  // memory grows with size and length
           memory_bound = true;
           break;
         }
         // Costs grow with micro-batch size, so nothing further in this row can
         // be under the bound either (the single-sample entry is always kept).
-        if (k > 1 && (*c)->time_ms > bound_ms) break;
-        table.Push(j, (*c)->time_ms);
+        if (k > 1 && c->time_ms > bound_ms) break;
+        table.Push(j, c->time_ms);
       }
       table.FinishRow(j);
       if (table.kmax(j) == 0) {

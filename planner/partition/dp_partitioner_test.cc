@@ -133,6 +133,53 @@ TEST_CASE("DP equals brute force under the analytic cost model with memory limit
   CHECK(limited > 0);  // the memory limit actually bounded some micro-batches
 }
 
+TEST_CASE("ShapeCosts::Time answers as Get, cached or not, varlen or padded") {
+  proto::ModelSpec model;
+  model.set_kind(proto::ModelKind::gpt);
+  model.set_num_layers(8);
+  model.set_hidden(1024);
+  model.set_heads(16);
+  model.set_vocab(32000);
+  model.set_max_positions(8192);
+  proto::DeviceSpec dev;
+  dev.set_peak_tflops(300);
+  dev.set_memory_bandwidth_gbps(2000);
+  auto cost = AnalyticCostModel::Create(model, dev, {});
+  REQUIRE(cost.ok());
+  auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
+                                  {.limit_mb = 9000});
+  REQUIRE(pm.ok());
+  ShapeCosts costs(std::make_shared<PipelineModel>(std::move(*pm)));
+  std::mt19937 rng(5);
+  int fits = 0, misses = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int mbs = 1 + static_cast<int>(rng() % 64), seq = 8 * (1 + static_cast<int>(rng() % 512));
+    // Every other shape computes only some of its grid's pairs (varlen).
+    const int64_t grid = static_cast<int64_t>(mbs) * seq * seq;
+    const Shape shape{mbs, seq, 0, trial % 2 ? 1 + static_cast<int64_t>(rng() % grid) : 0};
+    for (const Recompute r : {Recompute::kNone, Recompute::kFull}) {
+      // Padded shapes: Time first (not yet cached), then again from the cache.
+      for (int pass = 0; pass < 2; ++pass) {
+        INFO("mbs " << mbs << " seq " << seq << " cells " << shape.cells << " pass " << pass);
+        auto t = costs.Time(shape, r);
+        auto c = costs.Get(shape, r);
+        REQUIRE(t.ok() == c.ok());
+        if (!c.ok()) {
+          ++misses;
+          continue;
+        }
+        CHECK(t->time_ms == (*c)->time_ms);
+        CHECK(t->fits[0] == costs.Fits(**c, false));
+        CHECK(t->fits[1] == costs.Fits(**c, true));
+        fits += t->fits[1];
+      }
+    }
+  }
+  // Both answers occur.
+  CHECK(fits > 0);
+  CHECK(fits < 1600 - misses);
+}
+
 TEST_CASE("A relative tolerance trades a bounded loss for fewer caps") {
   std::mt19937 rng(5);
   CostTable table(60);

@@ -2,30 +2,65 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
+
 #include "src/common/status_macros.h"
 
 namespace dynapipe::planner {
+
+void ShapeCosts::Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
+                           double* time_ms, bool fits[2]) const {
+  const PipelineModel& pm = *model_;
+  const int D = pm.num_devices();
+  absl::InlinedVector<double, 16> time(D, 0);
+  std::fill(stored_mb.begin(), stored_mb.end(), 0.0);
+  std::fill(peak_mb.begin(), peak_mb.end(), 0.0);
+  for (int c = 0; c < pm.num_chunks(); ++c) {
+    const int d = pm.chunks()[c].device;
+    const ChunkCost& cc = chunks[c];
+    time[d] += cc.fw_ms + cc.bw_ms;
+    stored_mb[d] += cc.stored_mb;
+    peak_mb[d] = std::max(peak_mb[d], cc.peak_mb);
+  }
+  *time_ms = *std::max_element(time.begin(), time.end());
+  for (const bool preferred : {false, true}) {
+    bool fit = true;
+    for (int d = 0; d < D && fit; ++d) {
+      // 1F1B keeps D - d micro-batches in flight on pipeline device d.
+      const int in_flight = preferred ? D - d : 1;
+      fit = !(pm.StaticMb(d) + in_flight * stored_mb[d] + peak_mb[d] > pm.memory().limit_mb);
+    }
+    fits[preferred ? 1 : 0] = fit;
+  }
+}
 
 absl::StatusOr<std::unique_ptr<ShapeCost>> ShapeCosts::Compute(const Shape& shape, Recompute r) const {
   const PipelineModel& pm = *model_;
   auto cost = std::make_unique<ShapeCost>();
   cost->chunks.resize(pm.num_chunks());
   RETURN_IF_ERROR(pm.ChunkCosts(shape, r, std::span<ChunkCost>(cost->chunks)));
-  const int D = pm.num_devices();
-  std::vector<double> time(D, 0);
-  cost->stored_mb.assign(D, 0);
-  cost->peak_mb.assign(D, 0);
-  for (int c = 0; c < pm.num_chunks(); ++c) {
-    const int d = pm.chunks()[c].device;
-    const ChunkCost& cc = cost->chunks[c];
-    time[d] += cc.fw_ms + cc.bw_ms;
-    cost->stored_mb[d] += cc.stored_mb;
-    cost->peak_mb[d] = std::max(cost->peak_mb[d], cc.peak_mb);
-  }
-  cost->time_ms = *std::max_element(time.begin(), time.end());
-  cost->fits[0] = ComputeFits(*cost, false);
-  cost->fits[1] = ComputeFits(*cost, true);
+  cost->stored_mb.assign(pm.num_devices(), 0);
+  cost->peak_mb.assign(pm.num_devices(), 0);
+  Summarize(cost->chunks, cost->stored_mb, cost->peak_mb, &cost->time_ms, cost->fits);
   return cost;
+}
+
+absl::StatusOr<ShapeTime> ShapeCosts::Uncached(const Shape& shape, Recompute r) {
+  ShapeTime t;
+  if (shape.padded()) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const ShapeCost> c, Get(shape, r));
+    t.time_ms = c->time_ms;
+    t.fits[0] = c->fits[0];
+    t.fits[1] = c->fits[1];
+    return t;
+  }
+  const PipelineModel& pm = *model_;
+  absl::InlinedVector<ChunkCost, 16> chunks(pm.num_chunks());
+  absl::InlinedVector<double, 16> stored(pm.num_devices()), peak(pm.num_devices());
+  RETURN_IF_ERROR(pm.ChunkCosts(shape, r, std::span<ChunkCost>(chunks.data(), chunks.size())));
+  Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), std::span<double>(stored.data(), stored.size()),
+            std::span<double>(peak.data(), peak.size()), &t.time_ms, t.fits);
+  return t;
 }
 
 absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& shape, Recompute r) {
@@ -33,12 +68,8 @@ absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& sh
     ASSIGN_OR_RETURN(std::unique_ptr<ShapeCost> cost, Compute(shape, r));
     return std::shared_ptr<const ShapeCost>(std::move(cost));
   }
+  if (const ShapeCost* c = Dense(shape, r)) return Borrowed(c);
   const int row = DenseRowIndex(shape, r);
-  if (row >= 0) {
-    if (const DenseRow* dense = dense_[row].load(std::memory_order_acquire)) {
-      if (const ShapeCost* c = dense->slot[shape.mbs].load(std::memory_order_acquire)) return Borrowed(c);
-    }
-  }
   const uint64_t key = Key(shape, r);
   {
     MutexLock lock(&mu_);
@@ -64,17 +95,6 @@ absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& sh
     dense->slot[shape.mbs].store(result, std::memory_order_release);
   }
   return Borrowed(result);
-}
-
-bool ShapeCosts::ComputeFits(const ShapeCost& c, bool preferred) const {
-  const PipelineModel& pm = *model_;
-  const int D = pm.num_devices();
-  for (int d = 0; d < D; ++d) {
-    // 1F1B keeps D - d micro-batches in flight on pipeline device d.
-    const int in_flight = preferred ? D - d : 1;
-    if (pm.StaticMb(d) + in_flight * c.stored_mb[d] + c.peak_mb[d] > pm.memory().limit_mb) return false;
-  }
-  return true;
 }
 
 }  // namespace dynapipe::planner

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -26,6 +27,12 @@ struct ShapeCost {
   bool fits[2] = {false, false};
 };
 
+// What the partitioner's table needs of a shape: ShapeCost's time and fits.
+struct ShapeTime {
+  double time_ms = 0;
+  bool fits[2] = {false, false};
+};
+
 class ShapeCosts {
  public:
   explicit ShapeCosts(std::shared_ptr<const PipelineModel> model) : model_(std::move(model)) {}
@@ -38,6 +45,14 @@ class ShapeCosts {
   // cost model.
   absl::StatusOr<std::shared_ptr<const ShapeCost>> Get(const Shape& shape, Recompute r);
 
+  // Get's time_ms and fits without keeping the cost: for shapes that compute
+  // less than their grid (nearly every varlen run of samples), this
+  // allocates nothing, where Get builds and hands over a ShapeCost.
+  absl::StatusOr<ShapeTime> Time(const Shape& shape, Recompute r) {
+    if (const ShapeCost* c = shape.padded() ? Dense(shape, r) : nullptr) return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
+    return Uncached(shape, r);
+  }
+
   // Whether one micro-batch of this cost fits on every device when each keeps
   // `in_flight(d)` such micro-batches: model state + in_flight * stored + the
   // transient peak of one, against the memory limit.
@@ -46,8 +61,13 @@ class ShapeCosts {
   const PipelineModel& model() const { return *model_; }
 
  private:
-  bool ComputeFits(const ShapeCost& c, bool preferred) const;
+  // Per device from per-chunk costs: time (slowest device's forward +
+  // backward), stored and peak megabytes, and the fits.
+  void Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
+                 double* time_ms, bool fits[2]) const;
   absl::StatusOr<std::unique_ptr<ShapeCost>> Compute(const Shape& shape, Recompute r) const;
+  // Time() past the lock-free rows.
+  absl::StatusOr<ShapeTime> Uncached(const Shape& shape, Recompute r);
   // A pointer to a cached entry that does not own it.
   static std::shared_ptr<const ShapeCost> Borrowed(const ShapeCost* c) { return {std::shared_ptr<void>(), c}; }
   // Lock-free fast path for decoder-only shapes: rows per (recompute,
@@ -60,6 +80,15 @@ class ShapeCosts {
   static int DenseRowIndex(const Shape& s, Recompute r) {
     if (s.dec_seq != 0 || s.seq % 8 != 0 || s.seq / 8 >= kDenseSeqRows || s.mbs >= kDenseMbs) return -1;
     return static_cast<int>(r) * kDenseSeqRows + s.seq / 8;
+  }
+
+  // The cached cost of a padded decoder-only shape from the lock-free rows,
+  // or null (not computed yet, or not such a shape).
+  const ShapeCost* Dense(const Shape& s, Recompute r) const {
+    const int row = DenseRowIndex(s, r);
+    if (row < 0) return nullptr;
+    const DenseRow* dense = dense_[row].load(std::memory_order_acquire);
+    return dense == nullptr ? nullptr : dense->slot[s.mbs].load(std::memory_order_acquire);
   }
 
   static uint64_t Key(const Shape& s, Recompute r) {
