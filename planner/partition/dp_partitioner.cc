@@ -64,16 +64,9 @@ absl::StatusOr<DpResult> SolveDp(const CostTable& table, const DpOptions& option
 
   std::vector<double> f(n + 1);
   std::vector<int> choice(n + 1), best_choice;
-  DpResult best;
-  best.objective_ms = kInf;
   const bool monotone = table.monotone();
-  for (double cap : caps) {
-    // The bubble term alone already loses to the kept splits: larger caps only grow it.
-    const double bar = static_cast<int>(best.alternatives.size()) < std::max(1, options.keep)
-                           ? kInf
-                           : best.alternatives.back().objective_ms;
-    if (PipelineObjective(cap, 0, options) >= bar) break;
-    ++best.caps_tried;
+  // f and choice: the least total of each prefix with no micro-batch over `cap`.
+  auto solve = [&](double cap) {
     f[0] = 0;
     for (int j = 1; j <= n; ++j) {
       double fj = kInf;
@@ -94,6 +87,26 @@ absl::StatusOr<DpResult> SolveDp(const CostTable& table, const DpOptions& option
       f[j] = fj;
       choice[j] = cj;
     }
+  };
+  // The least total of any split, whatever its largest micro-batch.
+  solve(kInf);
+  const double least_sum = f[n];
+  DpResult best;
+  best.objective_ms = kInf;
+  double previous_cap = -1;
+  for (double cap : caps) {
+    // The bubble term alone already loses to the kept splits: larger caps only grow it.
+    const double bar = static_cast<int>(best.alternatives.size()) < std::max(1, options.keep)
+                           ? kInf
+                           : best.alternatives.back().objective_ms;
+    if (PipelineObjective(cap, 0, options) >= bar) break;
+    // A split this cap or a larger one admits for the first time has a
+    // micro-batch over the previous cap and totals at least least_sum, so
+    // once that bound loses to the kept splits, so does every later cap.
+    if (previous_cap >= 0 && PipelineObjective(previous_cap, least_sum, options) >= bar) break;
+    previous_cap = cap;
+    ++best.caps_tried;
+    solve(cap);
     if (f[n] == kInf) continue;
     // Score with the realised maximum, which is at most the cap.
     double max_t = 0;
