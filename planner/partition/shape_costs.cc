@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/container/inlined_vector.h"
-
 #include "src/common/status_macros.h"
 
 namespace dynapipe::planner {

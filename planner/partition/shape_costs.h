@@ -49,7 +49,9 @@ class ShapeCosts {
   // less than their grid (nearly every varlen run of samples), this
   // allocates nothing, where Get builds and hands over a ShapeCost.
   absl::StatusOr<ShapeTime> Time(const Shape& shape, Recompute r) {
-    if (const ShapeCost* c = shape.padded() ? Dense(shape, r) : nullptr) return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
+    if (const ShapeCost* c = shape.padded() ? Dense(shape, r) : nullptr) {
+      return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
+    }
     return Uncached(shape, r);
   }
 
