@@ -11,6 +11,7 @@
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/cost_model/nnls.h"
 #include "planner/planner.h"
+#include "planner/testing/timed_report.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -90,35 +91,27 @@ std::vector<proto::IterationReport> Execute(const IterationPlan& plan, const Pip
     for (int c = 0; c < layout.num_chunks(); ++c) {
       if (layout.chunks()[c].device == p.pp_rank()) chunk_of.push_back(c);
     }
-    proto::IterationReport r;
-    r.set_rank(p.rank());
-    r.set_iteration(p.iteration());
-    double t = 0;
-    for (int i = 0; i < p.instructions_size(); ++i) {
-      const proto::Instruction& ins = p.instructions(i);
-      double ms = 0.01;
-      if (ins.has_forward() || ins.has_backward()) {
-        const proto::MicroBatch& mb = p.micro_batches(ins.micro_batch());
-        const Shape s{mb.rows(), mb.seq_len(), 0};
-        const Chunk& c = layout.chunks()[chunk_of[ins.chunk()]];
-        ms = ins.has_forward() ? truth.Forward(c, s) : truth.Backward(c, s);
-      } else if (ins.has_load_input()) {
-        ms = 0.2;
-      } else if (ins.has_optimizer_step()) {
-        ms = 7;
-      } else if (ins.has_recv_activation_finish() || ins.has_recv_grad_finish()) {
-        ms = 3;  // waiting: not a cost of this rank
-      }
-      ms *= slowdown * std::max(0.5, noise(rng));
-      if (ins.has_recv_activation_finish() || ins.has_recv_grad_finish()) ms += handoff_ms;
-      auto* timing = r.add_timings();
-      timing->set_index(i);
-      timing->set_start_ms(t);
-      timing->set_end_ms(t + ms);
-      t += ms;
-    }
-    r.set_iteration_ms(t + 0.5);
-    reports.push_back(std::move(r));
+    reports.push_back(testing::TimedReport(
+        p,
+        [&](const proto::Instruction& ins) {
+          double ms = 0.01;
+          if (ins.has_forward() || ins.has_backward()) {
+            const proto::MicroBatch& mb = p.micro_batches(ins.micro_batch());
+            const Shape s{mb.rows(), mb.seq_len(), 0};
+            const Chunk& c = layout.chunks()[chunk_of[ins.chunk()]];
+            ms = ins.has_forward() ? truth.Forward(c, s) : truth.Backward(c, s);
+          } else if (ins.has_load_input()) {
+            ms = 0.2;
+          } else if (ins.has_optimizer_step()) {
+            ms = 7;
+          } else if (ins.has_recv_activation_finish() || ins.has_recv_grad_finish()) {
+            ms = 3;  // waiting: not a cost of this rank
+          }
+          ms *= slowdown * std::max(0.5, noise(rng));
+          if (ins.has_recv_activation_finish() || ins.has_recv_grad_finish()) ms += handoff_ms;
+          return ms;
+        },
+        0.5));
   }
   return reports;
 }

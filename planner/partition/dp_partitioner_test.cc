@@ -57,22 +57,29 @@ double Score(const CostTable& table, const std::vector<int>& ends, const DpOptio
   return PipelineObjective(mx, sum, o);
 }
 
+// Up to `max_n` items, rows of up to a random cap of entries; costs grow
+// with size, or (not monotone) may also shrink, to exercise that path.
+CostTable RandomTable(std::mt19937& rng, int max_n, bool monotone) {
+  const int n = 1 + static_cast<int>(rng() % max_n);
+  const int kcap = 1 + static_cast<int>(rng() % n);
+  CostTable table(n);
+  std::uniform_real_distribution<double> fixed(0.1, 5), per(0.1, 3);
+  for (int j = 1; j <= n; ++j) {
+    double t = fixed(rng);
+    for (int k = 1; k <= std::min(j, kcap); ++k) {
+      t += monotone ? per(rng) : per(rng) - 1.5;
+      table.Push(j, std::max(0.05, t));
+    }
+    table.FinishRow(j);
+  }
+  return table;
+}
+
 TEST_CASE("DP equals brute force on random tables") {
   std::mt19937 rng(17);
   for (int trial = 0; trial < 300; ++trial) {
-    const int n = 1 + static_cast<int>(rng() % 12);
-    const int kcap = 1 + static_cast<int>(rng() % n);
-    CostTable table(n);
-    std::uniform_real_distribution<double> fixed(0.1, 5), per(0.1, 3);
-    for (int j = 1; j <= n; ++j) {
-      // Monotone in k for most trials; some non-monotone to exercise that path.
-      double t = fixed(rng);
-      for (int k = 1; k <= std::min(j, kcap); ++k) {
-        t += trial % 5 == 0 ? per(rng) - 1.5 : per(rng);
-        table.Push(j, std::max(0.05, t));
-      }
-      table.FinishRow(j);
-    }
+    const CostTable table = RandomTable(rng, 12, /*monotone=*/trial % 5 != 0);
+    const int n = table.n();
     DpOptions o{1 + static_cast<int>(rng() % 16), 1 + static_cast<int>(rng() % 2), 1 + static_cast<int>(rng() % 2), 0.0};
     INFO("trial " << trial << " n " << n << " S " << o.stages);
     std::vector<int> bf_ends;
@@ -150,18 +157,8 @@ TEST_CASE("Caps SolveDp skips could not have changed the splits it keeps") {
   std::mt19937 rng(29);
   int64_t tried = 0;
   for (int trial = 0; trial < 600; ++trial) {
-    const int n = 1 + static_cast<int>(rng() % 40);
-    const int kcap = 1 + static_cast<int>(rng() % n);
-    CostTable table(n);
-    std::uniform_real_distribution<double> fixed(0.1, 5), per(0.1, 3);
-    for (int j = 1; j <= n; ++j) {
-      double t = fixed(rng);
-      for (int k = 1; k <= std::min(j, kcap); ++k) {
-        t += trial % 5 == 0 ? per(rng) - 1.5 : per(rng);
-        table.Push(j, std::max(0.05, t));
-      }
-      table.FinishRow(j);
-    }
+    const CostTable table = RandomTable(rng, 40, /*monotone=*/trial % 5 != 0);
+    const int n = table.n();
     const double tolerances[] = {0.0, 0.02, 0.1};
     DpOptions o{1 + static_cast<int>(rng() % 16), 1 + static_cast<int>(rng() % 2), 1 + static_cast<int>(rng() % 4),
                 tolerances[trial % 3]};
@@ -183,7 +180,8 @@ TEST_CASE("Caps SolveDp skips could not have changed the splits it keeps") {
   CHECK(tried < 20000);
 }
 
-TEST_CASE("DP equals brute force under the analytic cost model with memory limits") {
+// An 8-layer GPT on 4 stages under the analytic model, 9 GB per device.
+std::shared_ptr<const PipelineModel> SmallPipeline() {
   proto::ModelSpec model;
   model.set_kind(proto::ModelKind::gpt);
   model.set_num_layers(8);
@@ -196,11 +194,14 @@ TEST_CASE("DP equals brute force under the analytic cost model with memory limit
   dev.set_memory_bandwidth_gbps(2000);
   auto cost = AnalyticCostModel::Create(model, dev, {});
   REQUIRE(cost.ok());
-  MemoryOptions mem;
-  mem.limit_mb = 9000;
-  auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)), mem);
+  auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
+                                  {.limit_mb = 9000});
   REQUIRE(pm.ok());
-  ShapeCosts costs(std::make_shared<PipelineModel>(std::move(*pm)));
+  return std::make_shared<PipelineModel>(std::move(*pm));
+}
+
+TEST_CASE("DP equals brute force under the analytic cost model with memory limits") {
+  ShapeCosts costs(SmallPipeline());
   std::mt19937 rng(3);
   std::lognormal_distribution<double> len(5.5, 1.0);
   int limited = 0;
@@ -232,22 +233,7 @@ TEST_CASE("DP equals brute force under the analytic cost model with memory limit
 }
 
 TEST_CASE("ShapeCosts::Time answers as Get, cached or not, varlen or padded") {
-  proto::ModelSpec model;
-  model.set_kind(proto::ModelKind::gpt);
-  model.set_num_layers(8);
-  model.set_hidden(1024);
-  model.set_heads(16);
-  model.set_vocab(32000);
-  model.set_max_positions(8192);
-  proto::DeviceSpec dev;
-  dev.set_peak_tflops(300);
-  dev.set_memory_bandwidth_gbps(2000);
-  auto cost = AnalyticCostModel::Create(model, dev, {});
-  REQUIRE(cost.ok());
-  auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
-                                  {.limit_mb = 9000});
-  REQUIRE(pm.ok());
-  ShapeCosts costs(std::make_shared<PipelineModel>(std::move(*pm)));
+  ShapeCosts costs(SmallPipeline());
   std::mt19937 rng(5);
   int fits = 0, misses = 0;
   for (int trial = 0; trial < 400; ++trial) {

@@ -9,6 +9,7 @@
 
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/testing/test_specs.h"
+#include "planner/testing/timed_report.h"
 
 namespace dynapipe::planner::service {
 namespace {
@@ -28,25 +29,14 @@ std::vector<Sample> Batch(std::mt19937& rng) {
 std::vector<proto::IterationReport> Execute(const std::vector<proto::ExecutionPlan>& plans) {
   std::vector<proto::IterationReport> reports;
   for (const proto::ExecutionPlan& p : plans) {
-    proto::IterationReport r;
-    r.set_rank(p.rank());
-    r.set_iteration(p.iteration());
-    double t = 0;
-    for (int i = 0; i < p.instructions_size(); ++i) {
-      const proto::Instruction& ins = p.instructions(i);
-      double ms = 0.05;
-      if (ins.has_forward() || ins.has_backward()) {
-        const proto::MicroBatch& mb = p.micro_batches(ins.micro_batch());
-        ms = (ins.has_backward() ? 2 : 1) * (1 + 1e-3 * mb.rows() * mb.seq_len());
-      }
-      auto* timing = r.add_timings();
-      timing->set_index(i);
-      timing->set_start_ms(t);
-      timing->set_end_ms(t + ms);
-      t += ms;
-    }
-    r.set_iteration_ms(t + 0.5);
-    reports.push_back(std::move(r));
+    reports.push_back(testing::TimedReport(
+        p,
+        [&p](const proto::Instruction& ins) {
+          if (!ins.has_forward() && !ins.has_backward()) return 0.05;
+          const proto::MicroBatch& mb = p.micro_batches(ins.micro_batch());
+          return (ins.has_backward() ? 2 : 1) * (1 + 1e-3 * mb.rows() * mb.seq_len());
+        },
+        0.5));
   }
   return reports;
 }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "planner/testing/test_specs.h"
+#include "planner/testing/timed_report.h"
 #include "runtime/data/dataset.h"
 #include "src/common/clock.h"
 #include "src/common/file_util.h"
@@ -342,21 +343,10 @@ TEST_CASE("The cost refit learns from reports and shows in status") {
       REQUIRE(plan.ok());
       // A machine on which a chunk's forward costs 2 ms and its backward
       // 4 ms whatever the shape: nothing like the H100 the job describes.
-      proto::IterationReport r;
+      proto::IterationReport r = testing::TimedReport(
+          *plan, [](const proto::Instruction& ins) { return ins.has_forward() ? 2 : ins.has_backward() ? 4 : 0.05; },
+          1);
       r.set_job_id(*id);
-      r.set_iteration(i);
-      r.set_rank(rank);
-      double t = 0;
-      for (int k = 0; k < plan->instructions_size(); ++k) {
-        const proto::Instruction& ins = plan->instructions(k);
-        const double ms = ins.has_forward() ? 2 : ins.has_backward() ? 4 : 0.05;
-        auto* timing = r.add_timings();
-        timing->set_index(k);
-        timing->set_start_ms(t);
-        timing->set_end_ms(t + ms);
-        t += ms;
-      }
-      r.set_iteration_ms(t + 1);
       REQUIRE(svc.ReportIteration(r).ok());
     }
   }
