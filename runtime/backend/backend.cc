@@ -1,33 +1,33 @@
 #include "runtime/backend/backend.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/backend/cpu_backend.h"
-#ifdef DYNAPIPE_WITH_CUDA
-#include "runtime/backend/cuda_backend.h"
-#endif
 
 namespace dynapipe::runtime {
+namespace {
 
-bool CudaBackendBuilt() {
-#ifdef DYNAPIPE_WITH_CUDA
+std::atomic<CudaBackendFactory> cuda_factory{nullptr};
+
+}  // namespace
+
+bool RegisterCudaBackend(CudaBackendFactory factory) {
+  cuda_factory.store(factory, std::memory_order_release);
   return true;
-#else
-  return false;
-#endif
 }
+
+bool CudaBackendBuilt() { return cuda_factory.load(std::memory_order_acquire) != nullptr; }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   switch (options.kind) {
     case proto::Backend::cpu:
       return CreateCpuBackend(options);
     case proto::Backend::cuda:
-#ifdef DYNAPIPE_WITH_CUDA
-      return CreateCudaBackend(options);
-#else
+      if (const CudaBackendFactory cuda = cuda_factory.load(std::memory_order_acquire)) return cuda(options);
       return absl::FailedPreconditionError(
-          "--backend cuda: this build has no CUDA backend (built with --config=nocuda; build where the CUDA toolkit "
-          "is installed)");
-#endif
+          "--backend cuda: this program has no CUDA backend (dynapipe-executor from a build where the CUDA toolkit "
+          "is installed has it; --config=nocuda builds leave it out)");
     default:
       break;
   }

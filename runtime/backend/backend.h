@@ -114,7 +114,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
 absl::StatusOr<proto::Backend::Value> ParseBackendKind(absl::string_view name);
 absl::StatusOr<CommKind> ParseCommKind(absl::string_view name);
 
-// Whether this build carries the CUDA backend.
+// Whether this program carries the CUDA backend: programs that may run on
+// a GPU link //runtime/backend:backends, which registers it where the build
+// has CUDA; the rest (the dynapipe client, CPU tools) link :backend alone and
+// need no CUDA library to start.
 bool CudaBackendBuilt();
+
+// Called once by the CUDA backend's registration when it is linked in.
+using CudaBackendFactory = absl::StatusOr<std::unique_ptr<Backend>> (*)(const BackendOptions&);
+bool RegisterCudaBackend(CudaBackendFactory factory);
 
 }  // namespace dynapipe::runtime

@@ -45,6 +45,16 @@ TEST_CASE("backend and comm flags: unknown names and impossible pairs fail in on
   CHECK(nccl_on_cpu.status().message().find("--comm nccl") != std::string::npos);
 }
 
+TEST_CASE("A program linking :backends carries the CUDA backend exactly where the build has CUDA", "[backend]") {
+  // The backend registers itself when linked; a registration the linker
+  // dropped would leave dynapipe-executor without --backend cuda.
+#ifdef DYNAPIPE_WITH_CUDA
+  CHECK(CudaBackendBuilt());
+#else
+  CHECK_FALSE(CudaBackendBuilt());
+#endif
+}
+
 TEST_CASE("--backend cuda without a usable GPU fails at once with one clear line", "[backend]") {
   // On a machine with a GPU (and a CUDA build) the backend starts instead;
   // that case belongs to the [gpu] tests.

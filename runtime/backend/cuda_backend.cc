@@ -261,4 +261,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
+namespace {
+
+// CreateBackend finds the CUDA backend through this registration, made when
+// a program links it (the library is alwayslink).
+[[maybe_unused]] const bool registered = RegisterCudaBackend(&CreateCudaBackend);
+
+}  // namespace
+
 }  // namespace dynapipe::runtime

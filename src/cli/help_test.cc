@@ -63,6 +63,22 @@ TEST_CASE("--version on the client and both daemons names the version, commit an
   }
 }
 
+TEST_CASE("the client and the planner start without CUDA libraries; the executor has the CUDA backend", "[cli]") {
+  for (const char* path : {"src/cli/dynapipe", "planner/service/dynapipe-planner"}) {
+    const auto r = testing::RunShell("ldd " + Bin(path));
+    INFO(path << ": " << r.text);
+    CHECK(r.rc == 0);
+    for (const char* lib : {"libcudart", "libcublas", "libnccl"}) CHECK(!absl::StrContains(r.text, lib));
+  }
+  // --backend cuda reaches the CUDA backend where the build has it: here it
+  // fails for want of a device (on a GPU machine, for want of a planner).
+  const auto r = testing::RunShell("timeout 60 " + Bin("runtime/executor/dynapipe-executor") +
+                                   " --backend=cuda --planner=127.0.0.1:1");
+  INFO(r.text);
+  CHECK(r.rc != 0);
+  CHECK(absl::StrContains(r.text, "has no CUDA backend") == !GetBuildInfo().cuda);
+}
+
 TEST_CASE("the daemons answer --help with their usage and flags (exit 0)", "[cli]") {
   for (const auto& [path, flag] : std::vector<std::pair<std::string, std::string>>{
            {"planner/service/dynapipe-planner", "--listen"}, {"runtime/executor/dynapipe-executor", "--device"}}) {
