@@ -40,18 +40,25 @@ std::unique_ptr<Planner> MakePlanner(const PlannerConfig& config) {
   return std::move(*planner);
 }
 
+// The 8-layer GPT most tests plan: `pp` stages x `dp` groups on the test
+// cluster, 8 GB per device.
+PlannerConfig SmallGptConfig(int pp, int dp) {
+  PlannerConfig config;
+  config.model = Gpt(8, 512, 8);
+  config.pp = pp;
+  config.dp = dp;
+  config.cluster = Cluster();
+  config.memory_limit_mb = 8000;
+  return config;
+}
+
 // One GPT-like job (pp 2 x dp 2, 8 GB per device) planned with a
 // materialised and with a varlen attention kernel.
 struct AttentionPlanners {
   std::unique_ptr<Planner> materialized, varlen;
 };
 AttentionPlanners MakeAttentionPlanners(int max_seq_len) {
-  PlannerConfig config;
-  config.model = Gpt(8, 512, 8);
-  config.pp = 2;
-  config.dp = 2;
-  config.cluster = Cluster();
-  config.memory_limit_mb = 8000;
+  PlannerConfig config = SmallGptConfig(2, 2);
   config.max_seq_len = max_seq_len;
   AttentionPlanners planners;
   planners.materialized = MakePlanner(config);
@@ -109,12 +116,8 @@ TEST_CASE("Every plan validates and fits in memory across stages, groups and sch
 }
 
 TEST_CASE("Interleaved layouts plan with interleaved 1F1B or wait-free cyclic") {
-  PlannerConfig config;
-  config.model = Gpt(8, 512, 8);
-  config.pp = 4;
+  PlannerConfig config = SmallGptConfig(4, 1);
   config.layer_to_device = {0, 1, 2, 3, 0, 1, 2, 3};
-  config.cluster = Cluster();
-  config.memory_limit_mb = 8000;
   auto planner = MakePlanner(config);
   std::mt19937 rng(2);
   auto plan = planner->Plan(RandomBatch(rng, 40, 2048), 0);
@@ -124,13 +127,7 @@ TEST_CASE("Interleaved layouts plan with interleaved 1F1B or wait-free cyclic") 
 }
 
 TEST_CASE("Every batching method yields valid plans on the same batch") {
-  PlannerConfig config;
-  config.model = Gpt(8, 512, 8);
-  config.pp = 4;
-  config.dp = 2;
-  config.cluster = Cluster();
-  config.memory_limit_mb = 8000;
-  auto planner = MakePlanner(config);
+  auto planner = MakePlanner(SmallGptConfig(4, 2));
   std::mt19937 rng(4);
   const auto batch = RandomBatch(rng, 64, 2048);
   std::vector<double> ms(kNumBatchings);
@@ -248,13 +245,7 @@ TEST_CASE("A model whose state does not fit is refused at creation") {
 class TamperFixture {
  public:
   TamperFixture() {
-    PlannerConfig config;
-    config.model = Gpt(8, 512, 8);
-    config.pp = 4;
-    config.dp = 2;
-    config.cluster = Cluster();
-    config.memory_limit_mb = 8000;
-    planner_ = MakePlanner(config);
+    planner_ = MakePlanner(SmallGptConfig(4, 2));
     std::mt19937 rng(9);
     batch_ = RandomBatch(rng, 30, 2048);
     auto plan = planner_->Plan(batch_, 3);
@@ -339,12 +330,7 @@ TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
 }
 
 TEST_CASE("Buffer slots are reused: far fewer slots than buffers") {
-  PlannerConfig config;
-  config.model = Gpt(8, 512, 8);
-  config.pp = 4;
-  config.cluster = Cluster();
-  config.memory_limit_mb = 8000;
-  auto planner = MakePlanner(config);
+  auto planner = MakePlanner(SmallGptConfig(4, 1));
   std::mt19937 rng(6);
   auto plan = planner->Plan(RandomBatch(rng, 120, 512), 0);
   REQUIRE(plan.ok());
@@ -368,13 +354,7 @@ TEST_CASE("Executors that run plans in order finish when the simulation said (wi
   double worst = 0;
   int replays = 0;
   for (const auto& [pp, dp] : {std::pair{2, 2}, std::pair{4, 1}}) {
-    PlannerConfig config;
-    config.model = Gpt(8, 512, 8);
-    config.pp = pp;
-    config.dp = dp;
-    config.cluster = Cluster();
-    config.memory_limit_mb = 8000;
-    auto planner = MakePlanner(config);
+    auto planner = MakePlanner(SmallGptConfig(pp, dp));
     for (const Batching b : {Batching::kDynamic, Batching::kPacking, Batching::kTokenBased}) {
       for (int i = 0; i < 3; ++i) {
         auto plan = planner->Plan(RandomBatch(rng, 96, 2048), i, b, {});
