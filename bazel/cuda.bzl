@@ -25,14 +25,17 @@ CUDA_ONLY = select({
     "//conditions:default": ["//bazel:incompatible"],
 })
 
-def dynapipe_cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
-    """Compiles each .cu in `srcs` with nvcc; `hdrs` are visible to them and to users."""
+def dynapipe_cuda_library(name, srcs, hdrs = [], deps = [], nvcc_hdrs = [], visibility = None):
+    """Compiles each .cu in `srcs` with nvcc; `hdrs` are visible to them and to users.
+
+    `nvcc_hdrs`: headers of other packages the .cu files include (exported
+    files, e.g. "//src/common:keyed_normal.h"); their libraries go in `deps`."""
     objs = []
     for src in srcs:
         obj = src[:-len(".cu")] + ".cu.o"
         native.genrule(
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
-            srcs = [src] + hdrs,
+            srcs = [src] + hdrs + nvcc_hdrs,
             outs = [obj],
             cmd = "%s %s -I. -I$(GENDIR) $(location %s) -o $@" % (_NVCC, _NVCC_FLAGS, src),
             message = "nvcc " + src,

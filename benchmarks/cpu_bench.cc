@@ -34,6 +34,10 @@ ABSL_FLAG(int, op_reps, 5, "timed passes per op (median reported), after one war
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
 ABSL_FLAG(std::string, backend, "cpu", "where to train: cpu (fp32) or cuda (bf16, --device)");
 ABSL_FLAG(int, device, 0, "CUDA device index (--backend cuda)");
+ABSL_FLAG(std::string, attention_kernel, dynapipe::runtime::BackendOptions{}.attention_kernel,
+          "--backend cuda: auto, cudnn or tiled (as dynapipe-executor's flag)");
+ABSL_FLAG(bool, matmul_epilogues, dynapipe::runtime::BackendOptions{}.matmul_epilogues,
+          "--backend cuda: glue in cuBLASLt's epilogues (false: separate kernels)");
 
 namespace {
 
@@ -94,7 +98,12 @@ int main(int argc, char** argv) {
   }
   auto dump = benchmarks::ReadBatchDump(absl::GetFlag(FLAGS_dump));
   if (!dump.ok()) return Fail(dump.status());
-  auto backend = runtime::CreateBackend({.kind = *backend_kind, .device = absl::GetFlag(FLAGS_device)});
+  runtime::BackendOptions backend_options;
+  backend_options.kind = *backend_kind;
+  backend_options.device = absl::GetFlag(FLAGS_device);
+  backend_options.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
+  backend_options.matmul_epilogues = absl::GetFlag(FLAGS_matmul_epilogues);
+  auto backend = runtime::CreateBackend(backend_options);
   if (!backend.ok()) return Fail(backend.status());
   Record("config")
       .Set("impl", "ours")

@@ -43,6 +43,15 @@ struct BackendOptions {
   CommKind comm = CommKind::kDefault;
   // Bounds every host wait for device work (a hung kernel, a lost device).
   absl::Duration device_timeout = absl::Minutes(5);
+  // CUDA: the kernel of varlen attention, chosen once at start-up: "auto"
+  // (cuDNN's fused attention where it loads, is new enough and agrees with
+  // the tiled kernel on a start-up check; the tiled kernel otherwise, with
+  // the reason logged), "cudnn" (that, or the backend fails) or "tiled".
+  // Describe() names the outcome. The CPU backend refuses "cudnn".
+  std::string attention_kernel = "auto";
+  // CUDA: the glue around matrix products (bias, residual, GELU and its
+  // gradient, bias gradients) in cuBLASLt's epilogues; false: separate kernels.
+  bool matmul_epilogues = true;
 };
 
 // How a rank joins its job's communicator.

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/backend/cuda/attention_choice.h"
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/model/gpt.h"
 
@@ -97,6 +98,11 @@ std::unique_ptr<InstructionTimer> NewHostTimer() { return std::make_unique<HostT
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options) {
   if (options.comm == CommKind::kNccl) {
     return absl::FailedPreconditionError("--comm nccl: NCCL needs --backend cuda (the cpu backend uses Gloo)");
+  }
+  absl::StatusOr<cuda::AttentionImpl> attention = cuda::ParseAttentionImpl(options.attention_kernel);
+  if (!attention.ok()) return attention.status();
+  if (*attention == cuda::AttentionImpl::kCudnn) {
+    return absl::FailedPreconditionError("--attention-kernel cudnn: cuDNN needs --backend cuda");
   }
   return std::unique_ptr<Backend>(new CpuBackend());
 }

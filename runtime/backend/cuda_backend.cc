@@ -2,12 +2,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/backend/cuda/attention_choice.h"
+#include "runtime/backend/cuda/attention_probe.h"
 #include "runtime/backend/cuda/cuda_status.h"
+#include "runtime/backend/cuda/cudnn_attention.h"
 #include "runtime/backend/cuda/device_memory.h"
 #include "runtime/backend/cuda/elementwise.h"
 #include "runtime/backend/cpu_backend.h"
@@ -129,15 +133,21 @@ class CudaTimer final : public InstructionTimer {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const BackendOptions& o, std::string device_name)
-      : device_(o.device), comm_(o.comm), timeout_(o.device_timeout), name_(std::move(device_name)) {}
+  CudaBackend(const BackendOptions& o, std::string device_name, int sm)
+      : device_(o.device),
+        comm_(o.comm),
+        timeout_(o.device_timeout),
+        name_(std::move(device_name)),
+        sm_(sm),
+        epilogues_(o.matmul_epilogues) {}
 
-  // Creates the stream, the pool and the wait event on the current device.
-  absl::Status Init() {
+  // Creates the stream, the pool and the wait event on the current device,
+  // then chooses the attention kernel.
+  absl::Status Init(cuda::AttentionImpl attention) {
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     pool_ = std::make_unique<BufferPool>(&allocator_, &fences_, timeout_);
-    return absl::OkStatus();
+    return ChooseAttention(attention);
   }
 
   ~CudaBackend() override {
@@ -146,6 +156,7 @@ class CudaBackend final : public Backend {
     // device does not finish in time, leak rather than block in cudaFree.
     // The destroying thread may not be bound to the device.
     (void)cudaSetDevice(device_);
+    cudnn_attention_.reset();
     if (done_ != nullptr) {
       if (absl::Status s = Wait("destroying the backend"); !s.ok()) {
         spdlog::error("CUDA backend: {}; leaking its memory pool", s.message());
@@ -159,7 +170,9 @@ class CudaBackend final : public Backend {
 
   proto::Backend::Value kind() const override { return proto::Backend::cuda; }
   std::string Describe() const override {
-    return absl::StrCat("cuda:", device_, " ", name_, " (bf16, ", comm_ == CommKind::kGloo ? "gloo" : "nccl", ")");
+    return absl::StrCat("cuda:", device_, " ", name_, " (bf16, ", comm_ == CommKind::kGloo ? "gloo" : "nccl",
+                        "; attention: ", attention_line_, "; matmul glue: ",
+                        epilogues_ ? "cuBLASLt epilogues" : "separate kernels", ")");
   }
   absl::Status BindThread() override { return cuda::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"); }
   model::DType activation_dtype() const override { return model::DType::kBF16; }
@@ -168,8 +181,15 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<model::Stage>> CreateStage(const model::GptConfig& config,
                                                             const model::StageOptions& options) override {
+    model::CudaKernels kernels;
+    kernels.matmul_epilogues = epilogues_;
+    const int head_dim = config.heads > 0 ? config.hidden / config.heads : 0;
+    if (cudnn_attention_ != nullptr &&
+        std::find(cudnn_head_dims_.begin(), cudnn_head_dims_.end(), head_dim) != cudnn_head_dims_.end()) {
+      kernels.cudnn_attention = cudnn_attention_.get();
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<model::CudaGptStage> stage,
-                     model::CudaGptStage::Create(config, options, stream_, pool_.get(), timeout_));
+                     model::CudaGptStage::Create(config, options, stream_, pool_.get(), timeout_, kernels));
     return std::unique_ptr<model::Stage>(std::move(stage));
   }
 
@@ -221,6 +241,36 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The head dimensions the start-up check covers: GPT-350M's and GPT-1.3B's
+  // (other dimensions run the tiled kernel).
+  static constexpr int kCheckedHeadDims[] = {64, 128};
+
+  // Decides which attention kernel runs (attention_choice.h): loads cuDNN,
+  // checks it against the tiled kernel per head dimension, logs the outcome.
+  absl::Status ChooseAttention(cuda::AttentionImpl requested) {
+    cuda::CudnnFacts facts;
+    facts.sm = sm_;
+    const absl::StatusOr<const cuda::CudnnApi*> api = cuda::LoadCudnn();
+    facts.loaded = api.status();
+    if (api.ok()) facts.version = (*api)->version;
+    if (requested != cuda::AttentionImpl::kTiled && cuda::CudnnPrerequisites(facts).ok()) {
+      absl::StatusOr<std::unique_ptr<cuda::CudnnAttention>> att = cuda::CudnnAttention::Create(*api, stream_);
+      for (const int hd : kCheckedHeadDims) {
+        const absl::Status r = att.ok() ? cuda::ProbeCudnnAttention(**att, hd, stream_, cuda::WaitSeconds(timeout_))
+                                        : att.status();
+        facts.probes.push_back({hd, r});
+      }
+      if (att.ok()) cudnn_attention_ = std::move(*att);
+    }
+    ASSIGN_OR_RETURN(const cuda::AttentionDecision decision, cuda::DecideAttention(requested, facts));
+    cudnn_head_dims_ = decision.cudnn_head_dims;
+    if (cudnn_head_dims_.empty()) cudnn_attention_.reset();
+    attention_line_ = decision.line;
+    spdlog::info("cuda:{}: attention: {}{}", device_, attention_line_,
+                 api.ok() ? absl::StrCat(" [cuDNN at ", (*api)->library_path, "]") : "");
+    return absl::OkStatus();
+  }
+
   // Waits for the work queued on the stream so far, with the deadline.
   absl::Status Wait(const char* what) {
     CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream_));
@@ -231,6 +281,11 @@ class CudaBackend final : public Backend {
   const CommKind comm_;
   const absl::Duration timeout_;
   const std::string name_;
+  const int sm_;
+  const bool epilogues_;
+  std::string attention_line_;
+  std::vector<int> cudnn_head_dims_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;  // bound to stream_; null: tiled everywhere
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   cuda::CudaAllocator allocator_;
@@ -256,8 +311,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
-  auto backend = std::make_unique<CudaBackend>(options, prop.name);
-  RETURN_IF_ERROR(backend->Init());
+  ASSIGN_OR_RETURN(const cuda::AttentionImpl attention, cuda::ParseAttentionImpl(options.attention_kernel));
+  auto backend = std::make_unique<CudaBackend>(options, prop.name, prop.major * 10 + prop.minor);
+  RETURN_IF_ERROR(backend->Init(attention));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

@@ -43,6 +43,7 @@ constexpr absl::Duration kPlanWait = absl::Seconds(5);  // per FetchPlan call; b
 Executor::Executor(ExecutorOptions options, std::unique_ptr<Backend> backend)
     : options_(std::move(options)), backend_(std::move(backend)) {
   DP_CHECK(backend_ != nullptr);
+  backend_description_ = backend_->Describe();
 }
 
 Executor::~Executor() {
@@ -398,12 +399,15 @@ std::string Executor::HealthProblem() const {
 
 std::string Executor::StatusJson() const {
   MutexLock l(&mu_);
+  const auto escape = [](const std::string& v) {
+    return absl::StrReplaceAll(v, {{"\\", "\\\\"}, {"\"", "\\\""}});
+  };
   return absl::StrFormat(
-      R"({"executor_id":"%s","node":"%s","device":%d,"state":"%s","job":"%s","rank":%d,"last_iteration":%d,)"
-      R"("last_loss":%.6f,"last_iteration_ms":%.3f,"last_error":"%s"})",
-      executor_id_, options_.node, options_.device, running_job_.empty() ? "idle" : "running", running_job_,
-      running_job_.empty() ? -1 : assignment_.rank(), last_iteration_, last_loss_, last_iteration_ms_,
-      absl::StrReplaceAll(last_error_, {{"\\", "\\\\"}, {"\"", "\\\""}}));
+      R"({"executor_id":"%s","node":"%s","device":%d,"backend":"%s","state":"%s","job":"%s","rank":%d,)"
+      R"("last_iteration":%d,"last_loss":%.6f,"last_iteration_ms":%.3f,"last_error":"%s"})",
+      executor_id_, options_.node, options_.device, escape(backend_description_),
+      running_job_.empty() ? "idle" : "running", running_job_, running_job_.empty() ? -1 : assignment_.rank(),
+      last_iteration_, last_loss_, last_iteration_ms_, escape(last_error_));
 }
 
 }  // namespace dynapipe::runtime::executor

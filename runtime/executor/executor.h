@@ -72,6 +72,7 @@ class Executor {
 
   ExecutorOptions options_;
   std::unique_ptr<Backend> backend_;  // used by the thread running jobs
+  std::string backend_description_;   // Describe(), for /status (set once)
   std::unique_ptr<rpc::PlannerClient> client_;
   http::Metrics metrics_;
   std::string metrics_job_;  // the job whose series metrics_ holds (the run loop's thread only)

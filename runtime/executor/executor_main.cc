@@ -28,6 +28,11 @@ ABSL_FLAG(std::string, node, "", "node name (default: the host name)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (fp32, Gloo) or cuda (bf16, NCCL)");
 ABSL_FLAG(std::string, comm, "default",
           "communicator: default (the backend's own), gloo (cuda: staged through the host) or nccl");
+ABSL_FLAG(std::string, attention_kernel, dynapipe::runtime::BackendOptions{}.attention_kernel,
+          "cuda: the varlen attention kernel: auto (cuDNN's fused attention where it loads and passes a start-up "
+          "check against the tiled kernel, else tiled; the log and /status say which), cudnn (or fail) or tiled");
+ABSL_FLAG(bool, matmul_epilogues, dynapipe::runtime::BackendOptions{}.matmul_epilogues,
+          "cuda: bias, residual, GELU and bias-gradient glue in cuBLASLt's epilogues (false: separate kernels)");
 ABSL_FLAG(std::string, token_file, "",
           "file (mode 0600) holding the planner's API token; without one, only loopback addresses unless --insecure");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate of the planner (enables TLS)");
@@ -101,6 +106,8 @@ int main(int argc, char** argv) {
   o.backend.kind = *backend;
   o.backend.device = o.executor.device;
   o.backend.comm = *comm;
+  o.backend.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
+  o.backend.matmul_epilogues = absl::GetFlag(FLAGS_matmul_epilogues);
   o.http_host = absl::GetFlag(FLAGS_http_host);
   if (o.http_host == "auto") o.http_host = o.executor.listen_address;
   if (const std::string port = absl::GetFlag(FLAGS_http_port); port == "auto") {

@@ -45,7 +45,7 @@ absl::Status CheckCudaConfig(const GptConfig& config) {
 absl::StatusOr<std::unique_ptr<CudaGptStage>> CudaGptStage::Create(const GptConfig& config,
                                                                    const StageOptions& options,
                                                                    cudaStream_t compute_stream, BufferPool* pool,
-                                                                   absl::Duration wait_timeout) {
+                                                                   absl::Duration wait_timeout, CudaKernels kernels) {
   RETURN_IF_ERROR(CheckCudaConfig(config));
   ASSIGN_OR_RETURN(GptLayout layout, GptLayout::Make(config, options));
   for (const ParamInfo& p : layout.params()) {
@@ -56,24 +56,29 @@ absl::StatusOr<std::unique_ptr<CudaGptStage>> CudaGptStage::Create(const GptConf
   }
   if (pool == nullptr) return absl::InvalidArgumentError("CudaGptStage: pool is null");
   std::unique_ptr<CudaGptStage> stage(
-      new CudaGptStage(std::move(layout), compute_stream, pool, cuda::WaitSeconds(wait_timeout)));
+      new CudaGptStage(std::move(layout), compute_stream, pool, cuda::WaitSeconds(wait_timeout), kernels));
   RETURN_IF_ERROR(stage->Init());
   return stage;
 }
 
-CudaGptStage::CudaGptStage(GptLayout layout, cudaStream_t stream, BufferPool* pool, std::chrono::seconds wait_timeout)
+CudaGptStage::CudaGptStage(GptLayout layout, cudaStream_t stream, BufferPool* pool, std::chrono::seconds wait_timeout,
+                           CudaKernels kernels)
     : layout_(std::move(layout)),
       stream_(stream),
       pool_(pool),
       wait_timeout_(wait_timeout),
       attention_mode_(layout_.config().attention == AttentionKernel::kMaterialized ? cuda::AttentionMode::kMaterialized
                                                                                    : cuda::AttentionMode::kVarlen),
+      kernels_(kernels),
       decay_runs_(layout_.DecayRuns(true)),
       no_decay_runs_(layout_.DecayRuns(false)),
       norm_runs_(layout_.NormRuns()) {}
 
 absl::Status CudaGptStage::Init() {
-  ASSIGN_OR_RETURN(matmul_, cuda::Matmul::Create());
+  cuda::Matmul::Options mo;
+  mo.epilogues = kernels_.matmul_epilogues;
+  mo.warn = [](std::string_view m) { spdlog::warn("{}", m); };
+  ASSIGN_OR_RETURN(matmul_, cuda::Matmul::Create(std::move(mo)));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   void* host = nullptr;
   CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, sizeof(HostScalars)));
@@ -88,11 +93,13 @@ absl::Status CudaGptStage::Init() {
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(grads_, 0, P * kF32, stream_));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m_, 0, P * kF32, stream_));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(v_, 0, P * kF32, stream_));
-  // The initial values are computed once on the host (4 bytes per
-  // parameter, until the upload is done) and uploaded to the masters.
-  std::vector<float> init(P);
-  layout_.Initialize(init);
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(master_, init.data(), P * kF32, cudaMemcpyHostToDevice, stream_));
+  // The initial values are drawn on the device, from the layout's rules and
+  // the generator the CPU stage uses (the same bits: layout.h).
+  for (const InitRule& r : layout_.InitRules()) {
+    const int64_t n = static_cast<int64_t>(r.size);
+    RETURN_IF_ERROR(r.normal ? cuda::FillKeyedNormal(master_ + r.offset, r.key, r.std, n, stream_)
+                             : cuda::FillF32(master_ + r.offset, r.value, n, stream_));
+  }
   RETURN_IF_ERROR(
       cuda::CastF32ToBf16(master_, reinterpret_cast<uint16_t*>(compute_), static_cast<int64_t>(P), stream_));
   return WaitStream("CudaGptStage::Create");

@@ -49,12 +49,25 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "runtime/backend/cuda/attention.h"
+#include "runtime/backend/cuda/cudnn_attention.h"
 #include "runtime/backend/cuda/matmul.h"
 #include "runtime/memory/buffer_pool.h"
 #include "runtime/model/layout.h"
 #include "runtime/model/stage.h"
 
 namespace dynapipe::runtime::model {
+
+// Kernel choices made once per process (the CUDA backend, at start-up) and
+// shared by its stages.
+struct CudaKernels {
+  // cuDNN's fused attention for varlen attention where a micro-batch's
+  // sequences fit it (attention.h's tiled kernel otherwise, and always where
+  // null); it must be bound to the stages' stream and outlive them.
+  cuda::CudnnAttention* cudnn_attention = nullptr;
+  // cuBLASLt epilogues for the bias, residual, GELU and bias-gradient glue
+  // (separate kernels where false).
+  bool matmul_epilogues = true;
+};
 
 class CudaGptStage final : public Stage {
  public:
@@ -69,7 +82,8 @@ class CudaGptStage final : public Stage {
   // `compute_stream`. `wait_timeout` bounds every host wait for the stream.
   static absl::StatusOr<std::unique_ptr<CudaGptStage>> Create(const GptConfig& config, const StageOptions& options,
                                                               cudaStream_t compute_stream, BufferPool* pool,
-                                                              absl::Duration wait_timeout = absl::Minutes(5));
+                                                              absl::Duration wait_timeout = absl::Minutes(5),
+                                                              CudaKernels kernels = {});
   // Waits (bounded) for the stream's work, which may still use the stash and
   // the device arrays; leaks the arrays with an error logged if it does not
   // finish.
@@ -139,7 +153,8 @@ class CudaGptStage final : public Stage {
   struct Stash;
   struct LayerActs;
   struct HostScalars;
-  CudaGptStage(GptLayout layout, cudaStream_t stream, BufferPool* pool, std::chrono::seconds wait_timeout);
+  CudaGptStage(GptLayout layout, cudaStream_t stream, BufferPool* pool, std::chrono::seconds wait_timeout,
+               CudaKernels kernels);
   absl::Status Init();
   // Waits for the work queued on the stream so far, with the deadline.
   absl::Status WaitStream(const char* what);
@@ -158,8 +173,15 @@ class CudaGptStage final : public Stage {
                                                     Recompute recompute);
   // Fills every activation of layer `l` from a.x; writes the layer's output
   // to `out` unless it is null (recomputation needs no output).
-  absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B, int64_t T,
+  absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s,
                             bf16* out);  // (B, T, C) or null
+  // The layer's attention, forward and backward, through cuDNN where the
+  // stash holds a batch for it, else the tiled kernel.
+  absl::Status AttentionForward(LayerActs& a, const Stash& s);
+  absl::Status AttentionBackward(bf16* dqkv, const bf16* datty, const LayerActs& a, const Stash& s);
+  // The stash's cuDNN batch (uploaded on the stream), or none where the
+  // micro-batch takes the tiled kernel; the first reason for that is logged.
+  absl::Status PrepareCudnnBatch(const TokenBatch& batch, Stash& s);
   // The last stage's loss of a stash (head, cross-entropy, one copy back).
   absl::StatusOr<double> Loss(const Stash& s);
 
@@ -168,6 +190,8 @@ class CudaGptStage final : public Stage {
   BufferPool* pool_;
   std::chrono::seconds wait_timeout_;
   cuda::AttentionMode attention_mode_;
+  CudaKernels kernels_;
+  std::string tiled_reason_;  // why the last micro-batch took the tiled kernel (logged when it changes)
   std::vector<ParamRun> decay_runs_, no_decay_runs_, norm_runs_;
 
   std::unique_ptr<cuda::Matmul> matmul_;

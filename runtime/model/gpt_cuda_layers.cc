@@ -8,10 +8,10 @@
 #include "runtime/backend/cuda/cuda_status.h"
 #include "runtime/backend/cuda/elementwise.h"
 #include "runtime/backend/cuda/embedding.h"
-#include "runtime/backend/cuda/gelu.h"
 #include "runtime/backend/cuda/layernorm.h"
 #include "runtime/model/gpt_cuda.h"
 #include "runtime/model/gpt_cuda_stash.h"
+#include "src/common/logging.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::runtime::model {
@@ -39,9 +39,69 @@ absl::Status CopyD2D(void* dst, const void* src, size_t bytes, cudaStream_t stre
 
 }  // namespace
 
-absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B,
-                                        int64_t T, bf16* out) {
-  const int64_t N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
+absl::Status CudaGptStage::PrepareCudnnBatch(const TokenBatch& batch, Stash& s) {
+  std::string why;
+  if (kernels_.cudnn_attention == nullptr) {
+    return absl::OkStatus();  // the process chose the tiled kernel (logged by the backend)
+  } else if (attention_mode_ != cuda::AttentionMode::kVarlen) {
+    why = "materialized attention (the packing baseline) computes every causal pair of a row";
+  } else if (!cuda::CudnnAttentionSupportsHeadDim(config().hidden / config().heads)) {
+    why = absl::StrCat("head dimension ", config().hidden / config().heads, " is not a multiple of 8 up to 128");
+  } else {
+    absl::StatusOr<cuda::CudnnAttentionBatch> b = cuda::MakeCudnnAttentionBatch(
+        batch.segments.data(), batch.rows, batch.seq, config().hidden, config().heads);
+    if (b.ok()) {
+      s.cudnn = std::move(*b);
+      s.cudnn_host.resize(s.cudnn->DeviceBytes());
+      s.cudnn->Pack(s.cudnn_host.data());
+      ASSIGN_OR_RETURN(s.cudnn_device, Get(s.cudnn_host.size()));
+      // Pageable source, kept with the stash (as the ints in RunForward).
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.cudnn_device.data(), s.cudnn_host.data(), s.cudnn_host.size(),
+                                           cudaMemcpyHostToDevice, stream_));
+      s.cudnn_arrays = cuda::CudnnAttention::Locate(*s.cudnn, s.cudnn_device.data());
+      return absl::OkStatus();
+    }
+    why = std::string(b.status().message());
+  }
+  if (why != tiled_reason_) {
+    spdlog::info("attention: the tiled kernel runs this micro-batch, not cuDNN: {}", why);
+    tiled_reason_ = why;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaGptStage::AttentionForward(LayerActs& a, const Stash& s) {
+  const int64_t B = s.rows, T = s.seq, C = config().hidden, NH = config().heads;
+  if (!s.cudnn.has_value()) {
+    return cuda::AttentionForward(a.atty.as<bf16>(), a.lse.as<float>(), a.qkv.as<const bf16>(), s.segments, B, T, C,
+                                  NH, attention_mode_, stream_);
+  }
+  cuda::CudnnAttention& att = *kernels_.cudnn_attention;
+  ASSIGN_OR_RETURN(const size_t bytes, att.ForwardWorkspace(*s.cudnn, B, T, C, NH));
+  ASSIGN_OR_RETURN(Buffer ws, Get(std::max<size_t>(bytes, 256)));
+  // cuDNN writes the tokens of sequences only: padding rows must read as 0.
+  RETURN_IF_ERROR(Zero(a.atty, stream_));
+  return att.Forward(a.atty.as<bf16>(), a.lse.as<float>(), a.qkv.as<const bf16>(), *s.cudnn, s.cudnn_arrays, B, T, C,
+                     NH, ws.data(), ws.bytes(), stream_);
+}
+
+absl::Status CudaGptStage::AttentionBackward(bf16* dqkv, const bf16* datty, const LayerActs& a, const Stash& s) {
+  const int64_t B = s.rows, T = s.seq, C = config().hidden, NH = config().heads;
+  if (!s.cudnn.has_value()) {
+    ASSIGN_OR_RETURN(Buffer scratch, GetF32(cuda::AttentionBackwardScratchElements(B, T, C, NH)));
+    return cuda::AttentionBackward(dqkv, datty, a.qkv.as<const bf16>(), a.atty.as<const bf16>(),
+                                   a.lse.as<const float>(), s.segments, B, T, C, NH, attention_mode_,
+                                   scratch.as<float>(), stream_);
+  }
+  cuda::CudnnAttention& att = *kernels_.cudnn_attention;
+  ASSIGN_OR_RETURN(const size_t bytes, att.BackwardWorkspace(*s.cudnn, B, T, C, NH));
+  ASSIGN_OR_RETURN(Buffer ws, Get(bytes));
+  return att.Backward(dqkv, datty, a.qkv.as<const bf16>(), a.atty.as<const bf16>(), a.lse.as<const float>(), *s.cudnn,
+                      s.cudnn_arrays, B, T, C, NH, ws.data(), ws.bytes(), stream_);
+}
+
+absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, bf16* out) {
+  const int64_t B = s.rows, T = s.seq, N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
   cudaStream_t st = stream_;
   ASSIGN_OR_RETURN(a.ln1, GetBf16(N * C));
   ASSIGN_OR_RETURN(a.ln1_mean, GetF32(N));
@@ -52,23 +112,24 @@ absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a,
   RETURN_IF_ERROR(matmul_->Forward(a.qkv.as<bf16>(), a.ln1.as<const bf16>(), W(l.qkv_w), W(l.qkv_b), N, C, 3 * C, st));
   ASSIGN_OR_RETURN(a.atty, GetBf16(N * C));
   ASSIGN_OR_RETURN(a.lse, GetF32(B * NH * T));
-  RETURN_IF_ERROR(cuda::AttentionForward(a.atty.as<bf16>(), a.lse.as<float>(), a.qkv.as<const bf16>(), segments, B, T,
-                                         C, NH, attention_mode_, st));
+  RETURN_IF_ERROR(AttentionForward(a, s));
+  // Residual adds in the products' epilogues (C = the residual, one rounding).
   ASSIGN_OR_RETURN(a.x2, GetBf16(N * C));
-  RETURN_IF_ERROR(matmul_->Forward(a.x2.as<bf16>(), a.atty.as<const bf16>(), W(l.proj_w), W(l.proj_b), N, C, C, st));
-  RETURN_IF_ERROR(cuda::ResidualAdd(a.x2.as<bf16>(), a.x2.as<const bf16>(), a.x.as<const bf16>(), N * C, st));
+  RETURN_IF_ERROR(matmul_->ForwardResidual(a.x2.as<bf16>(), a.atty.as<const bf16>(), W(l.proj_w), W(l.proj_b),
+                                           a.x.as<const bf16>(), N, C, C, st));
   ASSIGN_OR_RETURN(a.ln2, GetBf16(N * C));
   ASSIGN_OR_RETURN(a.ln2_mean, GetF32(N));
   ASSIGN_OR_RETURN(a.ln2_rstd, GetF32(N));
   RETURN_IF_ERROR(cuda::LayerNormForward(a.ln2.as<bf16>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
                                          a.x2.as<const bf16>(), W(l.ln2_w), W(l.ln2_b), N, C, st));
+  // GELU in the fc product's epilogue, which also keeps its input (a.fc).
   ASSIGN_OR_RETURN(a.fc, GetBf16(N * F));
   ASSIGN_OR_RETURN(a.gelu, GetBf16(N * F));
-  RETURN_IF_ERROR(matmul_->Forward(a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b), N, C, F, st));
-  RETURN_IF_ERROR(cuda::GeluForward(a.gelu.as<bf16>(), a.fc.as<const bf16>(), N * F, st));
+  RETURN_IF_ERROR(matmul_->ForwardGelu(a.gelu.as<bf16>(), a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w),
+                                       W(l.fc_b), N, C, F, st));
   if (out != nullptr) {
-    RETURN_IF_ERROR(matmul_->Forward(out, a.gelu.as<const bf16>(), W(l.mproj_w), W(l.mproj_b), N, F, C, st));
-    RETURN_IF_ERROR(cuda::ResidualAdd(out, out, a.x2.as<const bf16>(), N * C, st));
+    RETURN_IF_ERROR(matmul_->ForwardResidual(out, a.gelu.as<const bf16>(), W(l.mproj_w), W(l.mproj_b),
+                                             a.x2.as<const bf16>(), N, F, C, st));
   }
   return absl::OkStatus();
 }
@@ -123,6 +184,7 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
   s->segments = dints + o_seg;
   s->scored = dints + o_scored;
   s->targets = dints + o_targets;
+  RETURN_IF_ERROR(PrepareCudnnBatch(batch, *s));
 
   ASSIGN_OR_RETURN(Buffer x, GetBf16(N * C));
   if (o.first) {
@@ -147,7 +209,7 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
       ASSIGN_OR_RETURN(next, GetBf16(N * C));
       out = next.as<bf16>();
     }
-    RETURN_IF_ERROR(LayerForward(layers[i], a, s->segments, B, T, out));
+    RETURN_IF_ERROR(LayerForward(layers[i], a, *s, out));
     // kSelective keeps everything: the attention's stash is its lse already.
     if (recompute == Recompute::kFull) {
       Buffer keep = std::move(a.x);
@@ -235,7 +297,7 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
   std::unique_ptr<Stash> s = std::move(it->second);
   stash_.erase(it);
   const int64_t B = s->rows, T = s->seq, N = B * T, C = config().hidden, F = config().ffn, V = config().vocab,
-                NH = config().heads, M = s->scored_count;
+                M = s->scored_count;
   cudaStream_t st = stream_;
   const size_t head = layout_.head(), lnf_w = layout_.lnf_w(), lnf_b = layout_.lnf_b();
 
@@ -274,27 +336,23 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
   }
   const std::vector<GptLayout::Layer>& layers = layout_.layers();
   if (!layers.empty()) {
-    ASSIGN_OR_RETURN(Buffer dF1, GetBf16(N * F));
-    ASSIGN_OR_RETURN(Buffer dF2, GetBf16(N * F));
+    ASSIGN_OR_RETURN(Buffer dF, GetBf16(N * F));
     ASSIGN_OR_RETURN(Buffer dln, GetBf16(N * C));
     ASSIGN_OR_RETURN(Buffer datty, GetBf16(N * C));
     ASSIGN_OR_RETURN(Buffer dqkv, GetBf16(N * 3 * C));
-    ASSIGN_OR_RETURN(Buffer scratch, GetF32(cuda::AttentionBackwardScratchElements(B, T, C, NH)));
     bf16* dr = dres.as<bf16>();
     for (size_t i = layers.size(); i-- > 0;) {
       const GptLayout::Layer& l = layers[i];
       LayerActs& a = s->layers[i];
       // kFull: the whole layer again from its input (the same kernels on the
       // same values, so the same activations), without its output product.
-      if (a.ln1.empty()) RETURN_IF_ERROR(LayerForward(l, a, s->segments, B, T, nullptr));
-      // MLP branch.
-      RETURN_IF_ERROR(Zero(dF1, st));
-      RETURN_IF_ERROR(matmul_->Backward(dF1.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const bf16>(),
-                                        W(l.mproj_w), N, F, C, st));
-      RETURN_IF_ERROR(Zero(dF2, st));
-      RETURN_IF_ERROR(cuda::GeluBackward(dF2.as<bf16>(), a.fc.as<const bf16>(), dF1.as<const bf16>(), N * F, st));
+      if (a.ln1.empty()) RETURN_IF_ERROR(LayerForward(l, a, *s, nullptr));
+      // MLP branch: the GELU's gradient in the mproj product's epilogue.
+      RETURN_IF_ERROR(matmul_->BackwardThroughGelu(dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr,
+                                                   a.gelu.as<const bf16>(), W(l.mproj_w), a.fc.as<const bf16>(), N,
+                                                   F, C, st));
       RETURN_IF_ERROR(Zero(dln, st));
-      RETURN_IF_ERROR(matmul_->Backward(dln.as<bf16>(), G(l.fc_w), G(l.fc_b), dF2.as<const bf16>(),
+      RETURN_IF_ERROR(matmul_->Backward(dln.as<bf16>(), G(l.fc_w), G(l.fc_b), dF.as<const bf16>(),
                                         a.ln2.as<const bf16>(), W(l.fc_w), N, C, F, st));
       RETURN_IF_ERROR(cuda::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), dln.as<const bf16>(), a.x2.as<const bf16>(),
                                               W(l.ln2_w), a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(),
@@ -304,9 +362,7 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
       RETURN_IF_ERROR(matmul_->Backward(datty.as<bf16>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const bf16>(),
                                         W(l.proj_w), N, C, C, st));
       RETURN_IF_ERROR(Zero(dqkv, st));
-      RETURN_IF_ERROR(cuda::AttentionBackward(dqkv.as<bf16>(), datty.as<const bf16>(), a.qkv.as<const bf16>(),
-                                              a.atty.as<const bf16>(), a.lse.as<const float>(), s->segments, B, T, C,
-                                              NH, attention_mode_, scratch.as<float>(), st));
+      RETURN_IF_ERROR(AttentionBackward(dqkv.as<bf16>(), datty.as<const bf16>(), a, *s));
       RETURN_IF_ERROR(Zero(dln, st));
       RETURN_IF_ERROR(matmul_->Backward(dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), dqkv.as<const bf16>(),
                                         a.ln1.as<const bf16>(), W(l.qkv_w), N, C, 3 * C, st));

@@ -5,6 +5,7 @@
 // optimizer) and gpt_cuda_layers.cc (forward, backward).
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "runtime/memory/buffer_pool.h"
@@ -27,7 +28,7 @@ struct CudaGptStage::LayerActs {
   Buffer x;                        // layer input (N, C) bf16
   Buffer ln1, ln1_mean, ln1_rstd;  // (N, C) bf16, (N), (N) fp32
   Buffer qkv;                      // (N, 3C) bf16
-  Buffer atty, lse;                // (N, C) bf16, (B, NH, T) fp32
+  Buffer atty, lse;                // (N, C) bf16, (B, NH, T) fp32 (tiled) or (N, NH) (cuDNN)
   Buffer x2;                       // after the attention residual (N, C) bf16
   Buffer ln2, ln2_mean, ln2_rstd;  // as ln1
   Buffer fc, gelu;                 // (N, F) bf16 each
@@ -47,6 +48,12 @@ struct CudaGptStage::Stash {
   const int32_t* segments = nullptr;   // (N) device
   const int32_t* scored = nullptr;     // (M) device
   const int32_t* targets = nullptr;    // (M) device
+  // cuDNN's description of the micro-batch's sequences (host) and its
+  // device copy, where cuDNN's attention runs it.
+  std::optional<cuda::CudnnAttentionBatch> cudnn;
+  std::vector<unsigned char> cudnn_host;
+  Buffer cudnn_device;
+  cuda::CudnnAttention::DeviceBatch cudnn_arrays;
   std::vector<LayerActs> layers;
   // Last stage: only scored rows go through the head.
   int64_t scored_count = 0;            // M

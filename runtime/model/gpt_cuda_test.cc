@@ -142,8 +142,9 @@ struct Gpu {
   BufferPool pool{&allocator, &fences};
 
   // A CUDA stage with bf16-rounded initial weights (the CPU stage's).
-  std::unique_ptr<CudaGptStage> Stage(const GptConfig& config, const StageOptions& options) {
-    auto s = CudaGptStage::Create(config, options, stream.get(), &pool);
+  std::unique_ptr<CudaGptStage> Stage(const GptConfig& config, const StageOptions& options,
+                                      CudaKernels kernels = {}) {
+    auto s = CudaGptStage::Create(config, options, stream.get(), &pool, absl::Minutes(5), kernels);
     REQUIRE_OK(s.status());
     RoundParams(**s);
     return std::move(*s);
@@ -169,7 +170,7 @@ struct Gpu {
 
 // One forward + backward of `batch` on the CPU and on the device from the same
 // bf16 weights: the loss, every parameter's gradient and the gradient norm.
-void CheckOneStep(const GptConfig& config, const TokenBatch& batch) {
+void CheckOneStep(const GptConfig& config, const TokenBatch& batch, bool cudnn_attention = false) {
   const float scale = 1.0f / static_cast<float>(batch.loss_tokens);
   BufferPool cpu_pool(CpuAllocator());
   std::unique_ptr<GptStage> cpu = CpuStage(config, WholeModel(), &cpu_pool);
@@ -179,7 +180,17 @@ void CheckOneStep(const GptConfig& config, const TokenBatch& batch) {
   REQUIRE(*cpu_loss > 1.0);  // ~ln(97) at initialisation: not vacuous
 
   Gpu gpu;
-  std::unique_ptr<CudaGptStage> stage = gpu.Stage(config, WholeModel());
+  std::unique_ptr<cuda::CudnnAttention> attention;
+  CudaKernels kernels;
+  if (cudnn_attention) {
+    auto api = cuda::LoadCudnn();
+    REQUIRE_OK(api.status());
+    auto a = cuda::CudnnAttention::Create(*api, gpu.stream.get());
+    REQUIRE_OK(a.status());
+    attention = std::move(*a);
+    kernels.cudnn_attention = attention.get();
+  }
+  std::unique_ptr<CudaGptStage> stage = gpu.Stage(config, WholeModel(), kernels);
   REQUIRE(Params(*stage) == Params(*cpu));
   auto loss = stage->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone);
   REQUIRE_OK(loss.status());
@@ -220,6 +231,13 @@ TEST_CASE("CUDA stage matches the CPU stage on a packed batch, varlen and materi
   GptConfig materialized = TinyConfig();
   materialized.attention = AttentionKernel::kMaterialized;
   CheckOneStep(materialized, PackedBatch(materialized.vocab));
+}
+
+TEST_CASE("CUDA stage with cuDNN's fused attention matches the CPU stage on padded and packed batches", "[gpu]") {
+  GptConfig config = TinyConfig();
+  config.hidden = 128;  // head dimension 64
+  CheckOneStep(config, PaddedBatch(config.vocab), /*cudnn_attention=*/true);
+  CheckOneStep(config, PackedBatch(config.vocab), /*cudnn_attention=*/true);
 }
 
 TEST_CASE("CUDA stage: initial weights are the CPU stage's, bit for bit; state is 18 bytes per parameter", "[gpu]") {

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <numbers>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/keyed_normal.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::runtime::model {
@@ -66,37 +66,18 @@ absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
 
 namespace {
 
-// splitmix64's finaliser.
-uint64_t Mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// What InitNormal draws from for one tensor: FNV-1a of the name mixed with the seed.
-uint64_t TensorKey(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ULL;
-  return Mix(seed ^ Mix(h));
-}
-
-// Box-Muller over two counter-based uniforms: value `index` of the tensor `key`.
-float KeyedNormal(uint64_t key, uint64_t index, float std) {
-  const uint64_t base = key + 2 * index;
-  const double u1 = (static_cast<double>(Mix(base) >> 11) + 0.5) * 0x1.0p-53;
-  const double u2 = static_cast<double>(Mix(base + 1) >> 11) * 0x1.0p-53;
-  return static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
-}
-
 // Values drawn per task; below a few tasks' worth, one thread does it all.
 constexpr size_t kInitChunk = size_t{1} << 20;
 
 }  // namespace
 
+uint64_t InitKey(uint64_t seed, const std::string& name) {
+  return keyed_normal::StreamKey(seed, name.data(), name.size());
+}
+
 float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std) {
-  // Stable across processes, builds and stage splits.
-  return KeyedNormal(TensorKey(seed, name), index, std);
+  // Stable across processes, builds, stage splits and backends.
+  return keyed_normal::Normal(InitKey(seed, name), index, std);
 }
 
 absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOptions& options) {
@@ -187,8 +168,30 @@ std::vector<ParamRun> GptLayout::NormRuns() const {
   return Runs(params_, [](const ParamInfo& p) { return p.in_norm; });
 }
 
-void GptLayout::Initialize(std::span<float> out, int threads) const {
+std::vector<InitRule> GptLayout::InitRules() const {
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.num_layers));
+  std::vector<InitRule> rules;
+  rules.reserve(params_.size());
+  for (const ParamInfo& p : params_) {
+    InitRule r;
+    r.offset = p.offset;
+    r.size = p.size;
+    const std::string_view n = p.name;
+    if (n.ends_with("ln1.w") || n.ends_with("ln2.w") || n == "lnf.w") {
+      r.value = 1.0f;
+    } else if (n.ends_with(".b")) {
+      r.value = 0.0f;
+    } else {
+      r.normal = true;
+      r.std = n.ends_with("proj.w") ? residual_std : 0.02f;
+      r.key = InitKey(options_.seed, p.name);
+    }
+    rules.push_back(r);
+  }
+  return rules;
+}
+
+void GptLayout::Initialize(std::span<float> out, int threads) const {
   // Random tensors are cut into chunks of kInitChunk values; every value
   // depends only on (seed, name, index), so any split gives the same bits.
   struct Task {
@@ -198,24 +201,19 @@ void GptLayout::Initialize(std::span<float> out, int threads) const {
     float std;
   };
   std::vector<Task> tasks;
-  for (const ParamInfo& p : params_) {
-    float* w = out.data() + p.offset;
-    const std::string_view n = p.name;
-    if (n.ends_with("ln1.w") || n.ends_with("ln2.w") || n == "lnf.w") {
-      std::fill(w, w + p.size, 1.0f);
-    } else if (n.ends_with(".b")) {
-      std::fill(w, w + p.size, 0.0f);
-    } else {
-      const float std = n.ends_with("proj.w") ? residual_std : 0.02f;
-      const uint64_t key = TensorKey(options_.seed, p.name);
-      for (size_t b = 0; b < p.size; b += kInitChunk) tasks.push_back({w, key, b, std::min(p.size, b + kInitChunk), std});
+  for (const InitRule& r : InitRules()) {
+    float* w = out.data() + r.offset;
+    if (!r.normal) {
+      std::fill(w, w + r.size, r.value);
+      continue;
     }
+    for (size_t b = 0; b < r.size; b += kInitChunk) tasks.push_back({w, r.key, b, std::min(r.size, b + kInitChunk), r.std});
   }
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t t = next++; t < tasks.size(); t = next++) {
       const Task& k = tasks[t];
-      for (size_t i = k.begin; i < k.end; ++i) k.w[i] = KeyedNormal(k.key, i, k.std);
+      for (size_t i = k.begin; i < k.end; ++i) k.w[i] = keyed_normal::Normal(k.key, i, k.std);
     }
   };
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

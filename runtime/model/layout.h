@@ -96,6 +96,18 @@ struct ParamInfo {
   bool in_norm = false;  // counts in the global gradient norm
 };
 
+// How one parameter tensor starts: a constant, or N(0, std) values drawn from
+// the stream `key` (keyed_normal::Normal(key, i, std) for value i), which
+// every backend evaluates to the same bits.
+struct InitRule {
+  size_t offset = 0;  // in the flat parameter array
+  size_t size = 0;
+  bool normal = false;
+  float value = 0;  // the constant, where !normal
+  float std = 0;
+  uint64_t key = 0;
+};
+
 // A run of consecutive parameters [offset, offset + size) sharing a group.
 struct ParamRun {
   size_t offset = 0;
@@ -137,6 +149,9 @@ class GptLayout {
   // `threads` <= 0: one per hardware thread, for models of a few million
   // values and more (a GPT-350M takes ~18 s on one thread).
   void Initialize(std::span<float> out, int threads = 0) const;
+  // The rules Initialize follows, one per parameter in layout order (a
+  // device fills its own memory from them).
+  std::vector<InitRule> InitRules() const;
 
  private:
   GptLayout(const GptConfig& c, const StageOptions& o) : config_(c), options_(o) {}
@@ -150,7 +165,9 @@ class GptLayout {
   size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;
 };
 
-// Deterministic N(0, std) value number `index` of the tensor `name`.
+// Deterministic N(0, std) value number `index` of the tensor `name`
+// (src/common/keyed_normal.h over InitKey(seed, name)).
 float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float std);
+uint64_t InitKey(uint64_t seed, const std::string& name);
 
 }  // namespace dynapipe::runtime::model

@@ -2,6 +2,7 @@
 
 #include "runtime/backend/cuda/cast.h"
 #include "runtime/backend/cuda/cuda_status.h"
+#include "src/common/keyed_normal.h"
 
 namespace dynapipe::runtime::cuda {
 namespace {
@@ -17,6 +18,13 @@ __global__ void FillF32Kernel(float* out, float value, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] = value;
+  }
+}
+
+__global__ void FillKeyedNormalKernel(float* out, uint64_t key, float std, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = keyed_normal::Normal(key, static_cast<uint64_t>(i), std);
   }
 }
 
@@ -41,6 +49,12 @@ absl::Status FillF32(float* out, float value, int64_t n, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   FillF32Kernel<<<Blocks(n), kThreads, 0, stream>>>(out, value, n);
   return CudaStatus(cudaGetLastError(), "FillF32 launch");
+}
+
+absl::Status FillKeyedNormal(float* out, uint64_t key, float std, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  FillKeyedNormalKernel<<<Blocks(n), kThreads, 0, stream>>>(out, key, std, n);
+  return CudaStatus(cudaGetLastError(), "FillKeyedNormal launch");
 }
 
 absl::Status CastF32ToBf16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream) {

@@ -16,6 +16,11 @@ namespace dynapipe::runtime::cuda {
 absl::Status FillF32(float* out,  // (n)
                      float value, int64_t n, cudaStream_t stream);
 
+// out[i] = keyed_normal::Normal(key, i, std) for i < n: the same bits as the
+// host generator (src/common/keyed_normal.h).
+absl::Status FillKeyedNormal(float* out,  // (n)
+                             uint64_t key, float std, int64_t n, cudaStream_t stream);
+
 // out[i] = bf16(in[i]), round to nearest even; bf16 is stored as uint16_t bits.
 absl::Status CastF32ToBf16(const float* in,  // (n)
                            uint16_t* out,    // (n)

@@ -7,6 +7,7 @@
 
 #include "runtime/backend/cuda/cuda_status.h"
 #include "runtime/backend/cuda/test_util.h"
+#include "src/common/keyed_normal.h"
 
 namespace dynapipe::runtime::cuda {
 namespace {
@@ -60,6 +61,23 @@ TEST_CASE("CastF32ToBf16 rounds like the reference and CastBf16ToF32 is exact", 
   cudaFree(d_in);
   cudaFree(d_bf16);
   cudaFree(d_back);
+}
+
+TEST_CASE("FillKeyedNormal draws the host generator's bits", "[gpu]") {
+  const int64_t n = (int64_t{1} << 22) + 3;  // several grid-stride rounds and a ragged end
+  float* d = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), n * sizeof(float)) == cudaSuccess);
+  std::vector<float> got(n);
+  int64_t mismatches = 0;
+  for (const auto& [key, std] : {std::pair<uint64_t, float>{keyed_normal::StreamKey(1, "wte", 3), 0.02f},
+                                 std::pair<uint64_t, float>{keyed_normal::StreamKey(9, "h.7.mlp.proj.w", 14), 0.0035f},
+                                 std::pair<uint64_t, float>{~uint64_t{0} - 5, 1.0f}}) {
+    REQUIRE(FillKeyedNormal(d, key, std, n, nullptr).ok());
+    REQUIRE(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int64_t i = 0; i < n; ++i) mismatches += got[i] != keyed_normal::Normal(key, static_cast<uint64_t>(i), std);
+  }
+  CHECK(mismatches == 0);
+  cudaFree(d);
 }
 
 TEST_CASE("CudaStatus carries the CUDA error name") {

@@ -21,14 +21,23 @@ __global__ void GeluForwardKernel(bf16* out, const bf16* inp, int64_t n) {
   }
 }
 
+__device__ __forceinline__ float GeluGrad(float x) {
+  const float th = tanhf(kGeluK * (x + kGeluC * x * x * x));
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * x * x);
+}
+
 __global__ void GeluBackwardKernel(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float x = ToF32(inp[i]);
-    const float th = tanhf(kGeluK * (x + kGeluC * x * x * x));
-    const float sech2 = 1.0f - th * th;
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * x * x);
-    dinp[i] = ToBf16(ToF32(dinp[i]) + grad * ToF32(dout[i]));
+    dinp[i] = ToBf16(ToF32(dinp[i]) + GeluGrad(ToF32(inp[i])) * ToF32(dout[i]));
+  }
+}
+
+__global__ void GeluBackwardInPlaceKernel(bf16* d, const bf16* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    d[i] = ToBf16(GeluGrad(ToF32(inp[i])) * ToF32(d[i]));
   }
 }
 
@@ -50,6 +59,14 @@ absl::Status GeluBackward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t
   }
   GeluBackwardKernel<<<GridFor(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
   return CudaStatus(cudaGetLastError(), "GeluBackward launch");
+}
+
+absl::Status GeluBackwardInPlace(bf16* d, const bf16* inp, int64_t n, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("GeluBackwardInPlace: n must be >= 0, got ", n));
+  if (n == 0) return absl::OkStatus();
+  if (d == nullptr || inp == nullptr) return absl::InvalidArgumentError("GeluBackwardInPlace: null device pointer");
+  GeluBackwardInPlaceKernel<<<GridFor(n), kThreads, 0, stream>>>(d, inp, n);
+  return CudaStatus(cudaGetLastError(), "GeluBackwardInPlace launch");
 }
 
 }  // namespace dynapipe::runtime::cuda

@@ -24,4 +24,10 @@ absl::Status GeluBackward(__nv_bfloat16* dinp,       // (n), +=
                           const __nv_bfloat16* dout, // (n)
                           int64_t n, cudaStream_t stream);
 
+// d = gelu'(inp) * d in place (read, multiply in fp32, round once): the
+// gradient through a GELU whose output gradient is already in d.
+absl::Status GeluBackwardInPlace(__nv_bfloat16* d,          // (n), in and out
+                                 const __nv_bfloat16* inp,  // (n)
+                                 int64_t n, cudaStream_t stream);
+
 }  // namespace dynapipe::runtime::cuda

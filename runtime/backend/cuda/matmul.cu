@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -10,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/backend/cuda/cuda_status.h"
 #include "runtime/backend/cuda/device_util.cuh"
+#include "runtime/backend/cuda/gelu.h"
 #include "runtime/backend/cuda/matmul.h"
+#include "src/common/status_macros.h"
 
 // Row-major <-> column-major mapping.
 //
@@ -39,6 +43,17 @@
 //             A = inp,  col-major (C, N)  ld C,  transa = N
 //             B = dout, col-major (OC, N) ld OC, transb = T -> (N, OC)
 //             C = D = dweight (fp32), col-major (C, OC) ld C; m = C, n = OC, k = N.
+//
+// Epilogues in that mapping:
+//   bias (forward): a vector of m = OC values added to every column of D,
+//     i.e. to every row-major output row.
+//   GELU_AUX_BIAS (forward): D = gelu(A B + bias) and aux = A B + bias, aux
+//     col-major (OC, N) with ld OC: the row-major (N, OC) pre-activation.
+//   DGELU (dinp): D = gelu'(aux) * (A B), aux col-major (C, N) ld C: the
+//     row-major (N, C) pre-activation of the GELU that produced inp.
+//   BGRADB (dweight): the sums of op(B) = dout (N, OC) over k = N, one per
+//     column of D: n = OC values, in D's type (fp32) -- the bias gradient.
+//   residual (forward): C = residual with D's layout and beta = 1.
 
 namespace dynapipe::runtime::cuda {
 namespace {
@@ -62,11 +77,6 @@ absl::Status LtStatus(cublasStatus_t s, const char* what) {
     if (dp_lt_status_ != CUBLAS_STATUS_SUCCESS) return LtStatus(dp_lt_status_, name); \
   } while (false)
 
-#define DP_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    const absl::Status dp_status_ = (expr);       \
-    if (!dp_status_.ok()) return dp_status_;      \
-  } while (false)
 
 absl::Status CheckSizes(const char* fn, int64_t N, int64_t C, int64_t OC) {
   if (N < 0) return absl::InvalidArgumentError(absl::StrCat(fn, ": N must be >= 0, got ", N));
@@ -146,14 +156,33 @@ __global__ void ColumnSumFinalizeKernel(const float* __restrict__ partial, float
   }
 }
 
+// dst[i] += src[i] (fp32), the epilogue's bias gradient into the accumulated one.
+__global__ void AccumulateKernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] += src[i];
+  }
+}
+
+// The tail of the workspace kept for BGRADB's fp32 bias gradients.
+constexpr size_t kBgradReserveBytes = size_t{256} << 10;
+
 }  // namespace
 
 // ---- plans -----------------------------------------------------------------
 
 struct Matmul::Impl {
-  enum class Op : int { kForward = 0, kForwardBias = 1, kBackwardInput = 2, kBackwardWeight = 3 };
+  enum class Op : int {
+    kForward = 0,
+    kForwardBias = 1,
+    kBackwardInput = 2,
+    kBackwardWeight = 3,
+    kForwardGelu = 4,        // GELU_AUX (or GELU_AUX_BIAS with a bias)
+    kBackwardInputGelu = 5,  // DGELU
+    kBackwardWeightBgrad = 6,
+  };
 
-  // One column-major Lt product D = op(A) op(B) (+ bias), C == D.
+  // One column-major Lt product D = op(A) op(B) (+ epilogue), C laid out as D.
   struct Spec {
     cublasOperation_t transa, transb;
     uint64_t a_rows, a_cols;
@@ -163,15 +192,39 @@ struct Matmul::Impl {
     uint64_t d_rows, d_cols;
     int64_t ldd;
     cudaDataType_t d_type;
-    bool bias;
+    cublasLtEpilogue_t epilogue;
+    int64_t aux_ld;  // GELU epilogues: the aux matrix's leading dimension
   };
 
-  // Descriptors and the heuristic's algorithm for one (op, m, n, k, bias
-  // alignment); the bias pointer attribute is reset on every call.
+  // The forward product's spec (see the mapping at the top).
+  static Spec ForwardSpec(int64_t N, int64_t C, int64_t OC, cublasLtEpilogue_t epilogue) {
+    const uint64_t n = N, c = C, oc = OC;
+    const bool aux = epilogue == CUBLASLT_EPILOGUE_GELU_AUX || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    return {CUBLAS_OP_T, CUBLAS_OP_N, c, oc, C, c, n, C, oc, n, OC, CUDA_R_16BF, epilogue, aux ? OC : 0};
+  }
+
+  // The input gradient's spec.
+  static Spec InputGradSpec(int64_t N, int64_t C, int64_t OC, cublasLtEpilogue_t epilogue) {
+    const uint64_t n = N, c = C, oc = OC;
+    return {CUBLAS_OP_N, CUBLAS_OP_N, c, oc, C, oc, n, OC, c, n, C, CUDA_R_16BF, epilogue,
+            epilogue == CUBLASLT_EPILOGUE_DGELU ? C : 0};
+  }
+
+  // Pointers the epilogue reads or writes; the descriptor's attributes are
+  // reset from them on every call.
+  struct EpiloguePointers {
+    const void* bias = nullptr;  // bias (forward) or bias gradient (BGRADB, written)
+    const void* aux = nullptr;   // GELU input (written forward, read backward)
+  };
+
+  // Descriptors and the heuristic's algorithm for one (op, m, n, k, pointer
+  // alignments); `supported` is false where the heuristic offered none for
+  // the epilogue (the caller then takes the unfused path, every time).
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool supported = true;
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -183,13 +236,17 @@ struct Matmul::Impl {
     }
   };
 
-  // (op, m, n, k, bias alignment or 0).
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int>;
+  // (op, m, n, k, bias alignment or 0, aux alignment or 0).
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int>;
 
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+  size_t workspace_bytes = 0;  // all of it
+  size_t lt_bytes = 0;         // what cuBLASLt may use: the rest holds BGRADB's output
+  bool epilogues = true;
+  std::function<void(std::string_view)> warn;
   std::map<Key, std::unique_ptr<Plan>> plans;
+  EpilogueCounts counts;
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -200,27 +257,61 @@ struct Matmul::Impl {
     if (handle != nullptr) cublasLtDestroy(handle);
   }
 
-  absl::Status BuildPlan(const Spec& s, const void* bias, Plan* plan) {
+  // fp32 room for BGRADB's output past cuBLASLt's part of the workspace, or
+  // null where OC does not fit (or no room was kept).
+  float* BgradScratch(int64_t OC) const {
+    if (!epilogues || lt_bytes == workspace_bytes) return nullptr;
+    if (static_cast<size_t>(OC) * sizeof(float) > workspace_bytes - lt_bytes) return nullptr;
+    return reinterpret_cast<float*>(static_cast<char*>(workspace) + lt_bytes);
+  }
+
+  static absl::Status SetAttr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* value,
+                              size_t size, const char* name) {
+    const cublasStatus_t st = cublasLtMatmulDescSetAttribute(desc, attr, value, size);
+    if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+    return LtStatus(st, name);
+  }
+
+  static absl::Status SetPointers(cublasLtMatmulDesc_t desc, const Spec& s, const EpiloguePointers& p) {
+    if (p.bias != nullptr) {
+      RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias),
+                                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
+    }
+    if (s.aux_ld > 0) {
+      RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux),
+                                 "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status BuildPlan(const Spec& s, const EpiloguePointers& p, Plan* plan) {
     DP_LT_RETURN_IF_ERROR("cublasLtMatmulDescCreate",
                           cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const int32_t ta = s.transa, tb = s.transb;
-    DP_LT_RETURN_IF_ERROR("cublasLtMatmulDescSetAttribute(TRANSA)",
-                          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    DP_LT_RETURN_IF_ERROR("cublasLtMatmulDescSetAttribute(TRANSB)",
-                          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    if (s.bias) {
-      const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      const int32_t bias_type = CUDA_R_16BF;
-      DP_LT_RETURN_IF_ERROR("cublasLtMatmulDescSetAttribute(EPILOGUE)",
-                            cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                           sizeof(epilogue)));
-      DP_LT_RETURN_IF_ERROR("cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)",
-                            cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                           &bias_type, sizeof(bias_type)));
-      DP_LT_RETURN_IF_ERROR("cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
-                            cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                           sizeof(bias)));
+    RETURN_IF_ERROR(SetAttr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta),
+                               "cublasLtMatmulDescSetAttribute(TRANSA)"));
+    RETURN_IF_ERROR(SetAttr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb),
+                               "cublasLtMatmulDescSetAttribute(TRANSB)"));
+    if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      const uint32_t epilogue = s.epilogue;
+      RETURN_IF_ERROR(SetAttr(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue),
+                                 "cublasLtMatmulDescSetAttribute(EPILOGUE)"));
     }
+    if (p.bias != nullptr) {
+      // A bias in bf16 (forward), a bias gradient in D's type (fp32).
+      const int32_t bias_type = s.epilogue == CUBLASLT_EPILOGUE_BGRADB ? CUDA_R_32F : CUDA_R_16BF;
+      RETURN_IF_ERROR(SetAttr(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type),
+                                 "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)"));
+    }
+    if (s.aux_ld > 0) {
+      const int64_t ld = s.aux_ld;
+      const int32_t aux_type = CUDA_R_16BF;
+      RETURN_IF_ERROR(SetAttr(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld),
+                                 "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)"));
+      RETURN_IF_ERROR(SetAttr(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                 sizeof(aux_type), "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_DATA_TYPE)"));
+    }
+    RETURN_IF_ERROR(SetPointers(plan->desc, s, p));
     DP_LT_RETURN_IF_ERROR("cublasLtMatrixLayoutCreate(A)",
                           cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, s.a_rows, s.a_cols, s.lda));
     DP_LT_RETURN_IF_ERROR("cublasLtMatrixLayoutCreate(B)",
@@ -232,7 +323,7 @@ struct Matmul::Impl {
     DP_LT_RETURN_IF_ERROR("cublasLtMatmulPreferenceCreate", cublasLtMatmulPreferenceCreate(&pref));
     const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)>
         pref_owner(pref, cublasLtMatmulPreferenceDestroy);
-    const uint64_t max_ws = workspace_bytes;
+    const uint64_t max_ws = lt_bytes;
     const uint32_t align = kLtAlignment;
     DP_LT_RETURN_IF_ERROR("cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)",
                           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -245,41 +336,59 @@ struct Matmul::Impl {
     }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    DP_LT_RETURN_IF_ERROR("cublasLtMatmulAlgoGetHeuristic",
-                          cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
-                                                         pref, 1, &result, &found));
-    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-      return absl::InternalError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic found no algorithm for m=", s.d_rows,
-                                              " n=", s.d_cols, " transa=", ta, " transb=", tb,
-                                              " bias=", s.bias ? "yes" : "no"));
+    const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d,
+                                                                    plan->d, pref, 1, &result, &found);
+    if (heuristic == CUBLAS_STATUS_SUCCESS && found >= 1 && result.state == CUBLAS_STATUS_SUCCESS) {
+      plan->algo = result.algo;
+      return absl::OkStatus();
     }
-    plan->algo = result.algo;
-    return absl::OkStatus();
+    if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT && s.epilogue != CUBLASLT_EPILOGUE_BIAS) {
+      // No algorithm with this epilogue: the caller takes the unfused path.
+      if (warn) {
+        warn(absl::StrCat("cuBLASLt offers no algorithm for epilogue ", static_cast<int>(s.epilogue), " at m=",
+                          s.d_rows, " n=", s.d_cols, " transa=", ta, " transb=", tb, " (",
+                          heuristic == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusName(heuristic),
+                          "); this shape uses separate kernels"));
+      }
+      plan->supported = false;
+      return absl::OkStatus();
+    }
+    if (heuristic != CUBLAS_STATUS_SUCCESS) return LtStatus(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    return absl::InternalError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic found no algorithm for m=", s.d_rows,
+                                            " n=", s.d_cols, " transa=", ta, " transb=", tb));
   }
 
-  // D = alpha op(A) op(B) + beta D (+ bias), through the cached plan for `key`.
-  absl::Status Run(Op op, const Spec& s, int64_t k, const void* A, const void* B, void* D, const void* bias,
-                   float beta, cudaStream_t stream) {
+  // The cached plan for `op` and this spec, built on first use.
+  absl::StatusOr<Plan*> PlanFor(Op op, const Spec& s, int64_t k, const EpiloguePointers& p) {
     const Key key{static_cast<int>(op), static_cast<int64_t>(s.d_rows), static_cast<int64_t>(s.d_cols), k,
-                  s.bias ? PointerAlignment(bias) : 0};
+                  p.bias != nullptr ? PointerAlignment(p.bias) : 0, p.aux != nullptr ? PointerAlignment(p.aux) : 0};
     auto it = plans.find(key);
     if (it == plans.end()) {
       auto plan = std::make_unique<Plan>();
-      DP_RETURN_IF_ERROR(BuildPlan(s, bias, plan.get()));
+      RETURN_IF_ERROR(BuildPlan(s, p, plan.get()));
       it = plans.emplace(key, std::move(plan)).first;
     }
-    Plan& plan = *it->second;
-    if (s.bias) {
-      DP_LT_RETURN_IF_ERROR("cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
-                            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                           sizeof(bias)));
-    }
+    return it->second.get();
+  }
+
+  // D = alpha op(A) op(B) + beta C (+ epilogue) through `plan`; C = D unless
+  // `c` is given (same layout).
+  absl::Status Run(Plan& plan, const Spec& s, const EpiloguePointers& p, const void* A, const void* B, void* D,
+                   const void* c, float beta, cudaStream_t stream) {
+    RETURN_IF_ERROR(SetPointers(plan.desc, s, p));
     const float alpha = 1.0f;
-    // In place: C and D are the same pointer with the same layout.
     DP_LT_RETURN_IF_ERROR("cublasLtMatmul",
-                          cublasLtMatmul(handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D,
-                                         plan.d, &plan.algo, workspace, workspace_bytes, stream));
+                          cublasLtMatmul(handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta,
+                                         c != nullptr ? c : D, plan.d, D, plan.d, &plan.algo, workspace, lt_bytes,
+                                         stream));
     return absl::OkStatus();
+  }
+
+  // A product without an epilogue of its own (bias at most).
+  absl::Status RunPlain(Op op, const Spec& s, int64_t k, const EpiloguePointers& p, const void* A, const void* B,
+                        void* D, const void* c, float beta, cudaStream_t stream) {
+    ASSIGN_OR_RETURN(Plan * plan, PlanFor(op, s, k, p));
+    return Run(*plan, s, p, A, B, D, c, beta, stream);
   }
 
   // dbias += column sums of dout, in fp32, deterministic for a given
@@ -305,18 +414,49 @@ struct Matmul::Impl {
     }
     float* partial = static_cast<float*>(workspace);
     ColumnSumKernel<<<grid, block, 0, stream>>>(dout, partial, nullptr, N, OC, rows_per_slice);
-    DP_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "Matmul::Backward ColumnSumKernel launch"));
+    RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "Matmul::Backward ColumnSumKernel launch"));
     ColumnSumFinalizeKernel<<<GridFor(OC), kThreads, 0, stream>>>(partial, dbias, slices, OC);
     return CudaStatus(cudaGetLastError(), "Matmul::Backward ColumnSumFinalizeKernel launch");
   }
+
+  // dweight += inp^T dout and dbias += column sums of dout: one product with
+  // the BGRADB epilogue into the workspace's tail, then an fp32 add, where
+  // the library has it; else the product and the column-sum kernels.
+  absl::Status WeightAndBiasGradient(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int64_t N,
+                                     int64_t C, int64_t OC, cudaStream_t stream) {
+    const uint64_t n = N, c = C, oc = OC;
+    Spec s{CUBLAS_OP_N, CUBLAS_OP_T, c, n, C, oc, n, OC, c, oc, C, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT, 0};
+    if (float* scratch = dbias != nullptr ? BgradScratch(OC) : nullptr; scratch != nullptr) {
+      s.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      const EpiloguePointers p{scratch, nullptr};
+      ASSIGN_OR_RETURN(Plan * plan, PlanFor(Op::kBackwardWeightBgrad, s, N, p));
+      if (plan->supported) {
+        ++counts.fused;
+        RETURN_IF_ERROR(Run(*plan, s, p, inp, dout, dweight, nullptr, 1.0f, stream));
+        AccumulateKernel<<<GridFor(OC), kThreads, 0, stream>>>(dbias, scratch, OC);
+        return CudaStatus(cudaGetLastError(), "Matmul::Backward AccumulateKernel launch");
+      }
+      ++counts.fallback;
+      s.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    }
+    RETURN_IF_ERROR(RunPlain(Op::kBackwardWeight, s, N, {}, inp, dout, dweight, nullptr, 1.0f, stream));
+    if (dbias != nullptr) RETURN_IF_ERROR(BiasGradient(dbias, dout, N, OC, stream));
+    return absl::OkStatus();
+  }
 };
 
-absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(size_t workspace_bytes) {
+absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(Options options) {
   auto impl = std::make_unique<Impl>();
   DP_LT_RETURN_IF_ERROR("cublasLtCreate", cublasLtCreate(&impl->handle));
-  if (workspace_bytes > 0) {
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->workspace, workspace_bytes));  // 256-byte aligned
-    impl->workspace_bytes = workspace_bytes;
+  impl->epilogues = options.epilogues;
+  impl->warn = std::move(options.warn);
+  if (options.workspace_bytes > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->workspace, options.workspace_bytes));  // 256-byte aligned
+    impl->workspace_bytes = options.workspace_bytes;
+    // Keep the tail for BGRADB where that leaves cuBLASLt at least as much.
+    impl->lt_bytes = options.workspace_bytes >= 2 * kBgradReserveBytes
+                         ? options.workspace_bytes - kBgradReserveBytes
+                         : options.workspace_bytes;
   }
   return std::unique_ptr<Matmul>(new Matmul(std::move(impl)));
 }
@@ -326,50 +466,133 @@ Matmul::~Matmul() = default;
 Matmul::Matmul(Matmul&&) noexcept = default;
 Matmul& Matmul::operator=(Matmul&&) noexcept = default;
 
+Matmul::EpilogueCounts Matmul::epilogue_counts() const {
+  return impl_ != nullptr ? impl_->counts : EpilogueCounts{};
+}
+
+#define DP_MATMUL_CHECK_LIVE(fn) \
+  if (impl_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(fn, " on a moved-from Matmul"))
+
 absl::Status Matmul::Forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int64_t C,
                              int64_t OC, cudaStream_t stream) {
   constexpr const char* kFn = "Matmul::Forward";
-  if (impl_ == nullptr) return absl::FailedPreconditionError("Matmul::Forward on a moved-from Matmul");
-  DP_RETURN_IF_ERROR(CheckSizes(kFn, N, C, OC));
+  DP_MATMUL_CHECK_LIVE(kFn);
+  RETURN_IF_ERROR(CheckSizes(kFn, N, C, OC));
   if (N == 0) return absl::OkStatus();
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "out", out, true));
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "inp", inp, true));
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "weight", weight, true));
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "bias", bias, false));
+  RETURN_IF_ERROR(CheckPointer(kFn, "out", out, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "inp", inp, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "weight", weight, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "bias", bias, false));
   const bool has_bias = bias != nullptr;
-  const uint64_t n = N, c = C, oc = OC;
-  const Impl::Spec s{CUBLAS_OP_T, CUBLAS_OP_N, c, oc, C, c, n, C, oc, n, OC, CUDA_R_16BF, has_bias};
-  return impl_->Run(has_bias ? Impl::Op::kForwardBias : Impl::Op::kForward, s, C, weight, inp, out, bias, 0.0f,
-                    stream);
+  const Impl::Spec s = Impl::ForwardSpec(N, C, OC, has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  return impl_->RunPlain(has_bias ? Impl::Op::kForwardBias : Impl::Op::kForward, s, C, {bias, nullptr}, weight, inp,
+                         out, nullptr, 0.0f, stream);
+}
+
+absl::Status Matmul::ForwardResidual(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                                     const bf16* residual, int64_t N, int64_t C, int64_t OC, cudaStream_t stream) {
+  constexpr const char* kFn = "Matmul::ForwardResidual";
+  DP_MATMUL_CHECK_LIVE(kFn);
+  RETURN_IF_ERROR(CheckSizes(kFn, N, C, OC));
+  if (N == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointer(kFn, "out", out, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "inp", inp, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "weight", weight, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "bias", bias, false));
+  RETURN_IF_ERROR(CheckPointer(kFn, "residual", residual, true));
+  const bool has_bias = bias != nullptr;
+  const Impl::Spec s = Impl::ForwardSpec(N, C, OC, has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  // C = residual with beta 1: the sum is formed in fp32 and rounded once.
+  return impl_->RunPlain(has_bias ? Impl::Op::kForwardBias : Impl::Op::kForward, s, C, {bias, nullptr}, weight, inp,
+                         out, residual, 1.0f, stream);
+}
+
+absl::Status Matmul::ForwardGelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias,
+                                 int64_t N, int64_t C, int64_t OC, cudaStream_t stream) {
+  constexpr const char* kFn = "Matmul::ForwardGelu";
+  DP_MATMUL_CHECK_LIVE(kFn);
+  RETURN_IF_ERROR(CheckSizes(kFn, N, C, OC));
+  if (OC % 8 != 0) return absl::InvalidArgumentError(absl::StrCat(kFn, ": OC must be a multiple of 8, got ", OC));
+  if (N == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointer(kFn, "out", out, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "pre", pre, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "inp", inp, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "weight", weight, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "bias", bias, false));
+  if (impl_->epilogues) {
+    const Impl::Spec s =
+        Impl::ForwardSpec(N, C, OC, bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX);
+    const Impl::EpiloguePointers p{bias, pre};
+    ASSIGN_OR_RETURN(Impl::Plan * plan, impl_->PlanFor(Impl::Op::kForwardGelu, s, C, p));
+    if (plan->supported) {
+      ++impl_->counts.fused;
+      return impl_->Run(*plan, s, p, weight, inp, out, nullptr, 0.0f, stream);
+    }
+    ++impl_->counts.fallback;
+  }
+  RETURN_IF_ERROR(Forward(pre, inp, weight, bias, N, C, OC, stream));
+  return GeluForward(out, pre, N * OC, stream);
 }
 
 absl::Status Matmul::Backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                               const bf16* weight, int64_t N, int64_t C, int64_t OC, cudaStream_t stream) {
   constexpr const char* kFn = "Matmul::Backward";
-  if (impl_ == nullptr) return absl::FailedPreconditionError("Matmul::Backward on a moved-from Matmul");
-  DP_RETURN_IF_ERROR(CheckSizes(kFn, N, C, OC));
+  DP_MATMUL_CHECK_LIVE(kFn);
+  RETURN_IF_ERROR(CheckSizes(kFn, N, C, OC));
   if (N == 0) return absl::OkStatus();
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "dinp", dinp, false));
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "dweight", dweight, true));
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "dout", dout, true));
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "inp", inp, true));
-  DP_RETURN_IF_ERROR(CheckPointer(kFn, "weight", weight, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "dinp", dinp, false));
+  RETURN_IF_ERROR(CheckPointer(kFn, "dweight", dweight, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "dout", dout, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "inp", inp, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "weight", weight, true));
   if (reinterpret_cast<uintptr_t>(dbias) % alignof(float) != 0) {
     return absl::InvalidArgumentError("Matmul::Backward: dbias is not float-aligned");
   }
-  const uint64_t n = N, c = C, oc = OC;
   if (dinp != nullptr) {
-    const Impl::Spec s{CUBLAS_OP_N, CUBLAS_OP_N, c, oc, C, oc, n, OC, c, n, C, CUDA_R_16BF, false};
-    DP_RETURN_IF_ERROR(impl_->Run(Impl::Op::kBackwardInput, s, OC, weight, dout, dinp, nullptr, 1.0f, stream));
+    const Impl::Spec s = Impl::InputGradSpec(N, C, OC, CUBLASLT_EPILOGUE_DEFAULT);
+    RETURN_IF_ERROR(
+        impl_->RunPlain(Impl::Op::kBackwardInput, s, OC, {}, weight, dout, dinp, nullptr, 1.0f, stream));
   }
-  {
-    const Impl::Spec s{CUBLAS_OP_N, CUBLAS_OP_T, c, n, C, oc, n, OC, c, oc, C, CUDA_R_32F, false};
-    DP_RETURN_IF_ERROR(impl_->Run(Impl::Op::kBackwardWeight, s, N, inp, dout, dweight, nullptr, 1.0f, stream));
+  return impl_->WeightAndBiasGradient(dweight, dbias, dout, inp, N, C, OC, stream);
+}
+
+absl::Status Matmul::BackwardThroughGelu(bf16* dpre, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                                         const bf16* weight, const bf16* gelu_pre, int64_t N, int64_t C, int64_t OC,
+                                         cudaStream_t stream) {
+  constexpr const char* kFn = "Matmul::BackwardThroughGelu";
+  DP_MATMUL_CHECK_LIVE(kFn);
+  RETURN_IF_ERROR(CheckSizes(kFn, N, C, OC));
+  if (C % 8 != 0) return absl::InvalidArgumentError(absl::StrCat(kFn, ": C must be a multiple of 8, got ", C));
+  if (N == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointer(kFn, "dpre", dpre, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "dweight", dweight, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "dout", dout, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "inp", inp, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "weight", weight, true));
+  RETURN_IF_ERROR(CheckPointer(kFn, "gelu_pre", gelu_pre, true));
+  if (reinterpret_cast<uintptr_t>(dbias) % alignof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kFn, ": dbias is not float-aligned"));
   }
-  if (dbias != nullptr) {
-    DP_RETURN_IF_ERROR(impl_->BiasGradient(dbias, dout, N, OC, stream));
+  bool fused = false;
+  if (impl_->epilogues) {
+    const Impl::Spec s = Impl::InputGradSpec(N, C, OC, CUBLASLT_EPILOGUE_DGELU);
+    const Impl::EpiloguePointers p{nullptr, gelu_pre};
+    ASSIGN_OR_RETURN(Impl::Plan * plan, impl_->PlanFor(Impl::Op::kBackwardInputGelu, s, OC, p));
+    if (plan->supported) {
+      ++impl_->counts.fused;
+      RETURN_IF_ERROR(impl_->Run(*plan, s, p, weight, dout, dpre, nullptr, 0.0f, stream));
+      fused = true;
+    } else {
+      ++impl_->counts.fallback;
+    }
   }
-  return absl::OkStatus();
+  if (!fused) {
+    const Impl::Spec s = Impl::InputGradSpec(N, C, OC, CUBLASLT_EPILOGUE_DEFAULT);
+    RETURN_IF_ERROR(
+        impl_->RunPlain(Impl::Op::kBackwardInput, s, OC, {}, weight, dout, dpre, nullptr, 0.0f, stream));
+    RETURN_IF_ERROR(GeluBackwardInPlace(dpre, gelu_pre, N * C, stream));
+  }
+  return impl_->WeightAndBiasGradient(dweight, dbias, dout, inp, N, C, OC, stream);
 }
 
 }  // namespace dynapipe::runtime::cuda

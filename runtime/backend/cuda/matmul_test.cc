@@ -175,5 +175,99 @@ TEST_CASE("Matmul is movable and checks its arguments", "[gpu]") {
   CheckForward(mm, s, true, 5);
 }
 
+std::unique_ptr<Matmul> NewMatmul(bool epilogues) {
+  auto mm = Matmul::Create(Matmul::Options{size_t{32} << 20, epilogues, nullptr});
+  INFO(mm.status().ToString());
+  REQUIRE(mm.ok());
+  return std::move(*mm);
+}
+
+// The fused operations of the GPT layer against the CPU's separate steps:
+// out = gelu(inp W^T + b) with its input kept; out = inp W^T + b + residual;
+// dpre = gelu'(pre) * (dout W) with dW, db accumulated. `fused_calls`: how
+// many of the three products ran with an epilogue (a fallback is correct too,
+// but on sm_80 / sm_90 all should fuse).
+void CheckFusedLayer(Matmul& mm, const Shape& s, uint64_t seed, int64_t* fused_calls) {
+  INFO(Describe(s));
+  const Layer l(s, seed);
+  Stream stream;
+  const Matmul::EpilogueCounts before = mm.epilogue_counts();
+  // Forward with GELU.
+  std::vector<float> want_pre(s.N * s.OC), want_out(s.N * s.OC);
+  cpu::MatmulForward(want_pre.data(), l.inp.data(), l.weight.data(), l.bias.data(), s.N, s.C, s.OC);
+  const std::vector<float> pre_rounded = RoundBf16(want_pre);
+  cpu::GeluForward(want_out.data(), pre_rounded.data(), s.N * s.OC);
+  DeviceArray<bf16> inp = UploadBf16(l.inp), weight = UploadBf16(l.weight), bias = UploadBf16(l.bias);
+  DeviceArray<bf16> out = UploadBf16(RandomNormal(s.N * s.OC, seed + 9, 100.0f));
+  DeviceArray<bf16> pre = UploadBf16(RandomNormal(s.N * s.OC, seed + 10, 100.0f));
+  REQUIRE_OK(mm.ForwardGelu(out.get(), pre.get(), inp.get(), weight.get(), bias.get(), s.N, s.C, s.OC, stream.get()));
+  // Forward with the residual, in place too.
+  const std::vector<float> residual = RoundBf16(RandomNormal(s.N * s.OC, seed + 11));
+  std::vector<float> want_res(s.N * s.OC);
+  cpu::MatmulForward(want_res.data(), l.inp.data(), l.weight.data(), l.bias.data(), s.N, s.C, s.OC);
+  for (size_t i = 0; i < want_res.size(); ++i) want_res[i] += residual[i];
+  DeviceArray<bf16> res = UploadBf16(residual), res_out(s.N * s.OC), in_place = UploadBf16(residual);
+  REQUIRE_OK(mm.ForwardResidual(res_out.get(), inp.get(), weight.get(), bias.get(), res.get(), s.N, s.C, s.OC,
+                                stream.get()));
+  REQUIRE_OK(mm.ForwardResidual(in_place.get(), inp.get(), weight.get(), bias.get(), in_place.get(), s.N, s.C, s.OC,
+                                stream.get()));
+  // Backward through a GELU feeding this layer: inp = gelu(gpre).
+  const std::vector<float> gpre = RoundBf16(RandomNormal(s.N * s.C, seed + 12));
+  std::vector<float> ginp(s.N * s.C);
+  cpu::GeluForward(ginp.data(), gpre.data(), s.N * s.C);
+  ginp = RoundBf16(ginp);
+  const std::vector<float> dweight0 = RandomNormal(s.OC * s.C, seed + 5), dbias0 = RandomNormal(s.OC, seed + 6);
+  std::vector<float> dx(s.N * s.C, 0.0f), want_dweight = dweight0, want_dbias = dbias0, want_dpre(s.N * s.C, 0.0f);
+  cpu::MatmulBackward(dx.data(), want_dweight.data(), want_dbias.data(), l.dout.data(), ginp.data(), l.weight.data(),
+                      s.N, s.C, s.OC);
+  cpu::GeluBackward(want_dpre.data(), gpre.data(), dx.data(), s.N * s.C);
+  DeviceArray<bf16> d_gpre = UploadBf16(gpre), d_ginp = UploadBf16(ginp), dout = UploadBf16(l.dout);
+  DeviceArray<bf16> dpre = UploadBf16(RandomNormal(s.N * s.C, seed + 13, 100.0f));  // overwritten
+  DeviceArray<float> dweight(dweight0), dbias(dbias0);
+  REQUIRE_OK(mm.BackwardThroughGelu(dpre.get(), dweight.get(), dbias.get(), dout.get(), d_ginp.get(), weight.get(),
+                                    d_gpre.get(), s.N, s.C, s.OC, stream.get()));
+  stream.Sync();
+  CHECK(RelativeError(DownloadBf16(pre), want_pre) <= 1e-2);
+  CHECK(RelativeError(DownloadBf16(out), want_out) <= 2e-2);
+  CHECK(RelativeError(DownloadBf16(res_out), want_res) <= 1e-2);
+  CHECK(RelativeError(DownloadBf16(in_place), want_res) <= 1e-2);
+  CHECK(RelativeError(DownloadBf16(dpre), want_dpre) <= 2e-2);
+  CHECK(RelativeError(dweight.Download(), want_dweight) <= 1e-4);
+  CHECK(RelativeError(dbias.Download(), want_dbias) <= 1e-4);
+  const Matmul::EpilogueCounts after = mm.epilogue_counts();
+  *fused_calls += after.fused - before.fused;
+}
+
+// Multiples of 8 (the GELU epilogues' leading dimensions): GPT-2's MLP both
+// ways, a small one, and rows not a multiple of anything.
+const std::vector<Shape> kFusedShapes = {{37, 72, 200}, {1000, 40, 200}, {512, 768, 3072}, {300, 3072, 768}};
+
+TEST_CASE("Matmul's fused GELU, residual and bias-gradient epilogues match the CPU; they fuse on this device",
+          "[gpu]") {
+  auto fused = NewMatmul(true);
+  int64_t fused_calls = 0;
+  uint64_t seed = 3000;
+  for (const Shape& s : kFusedShapes) CheckFusedLayer(*fused, s, seed += 20, &fused_calls);
+  // Three epilogues per shape: GELU_AUX_BIAS, DGELU, BGRADB.
+  CHECK(fused_calls == 3 * static_cast<int64_t>(kFusedShapes.size()));
+  CHECK(fused->epilogue_counts().fallback == 0);
+}
+
+TEST_CASE("Matmul without epilogues gives the same results through separate kernels", "[gpu]") {
+  auto separate = NewMatmul(false);
+  int64_t fused_calls = 0;
+  uint64_t seed = 4000;
+  for (const Shape& s : kFusedShapes) CheckFusedLayer(*separate, s, seed += 20, &fused_calls);
+  CHECK(fused_calls == 0);
+}
+
+TEST_CASE("Matmul's GELU operations refuse leading dimensions the epilogues cannot take", "[gpu]") {
+  auto mm = NewMatmul(true);
+  CHECK(mm->ForwardGelu(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 16, 12, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(mm->BackwardThroughGelu(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 12, 16, nullptr)
+            .code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dynapipe::runtime::cuda
