@@ -47,14 +47,13 @@ absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
     const auto t0 = std::chrono::steady_clock::now();
     for (const DumpStep& s : it.steps) {
       if (s.forward) {
-        ASSIGN_OR_RETURN(const double loss,
-                         stage->Forward(s.micro_batch, it.batches[s.micro_batch], nullptr, nullptr, it.loss_scale,
-                                        it.recompute[s.micro_batch]));
-        r.loss += loss;
+        RETURN_IF_ERROR(stage->Forward(s.micro_batch, it.batches[s.micro_batch], nullptr, nullptr, it.loss_scale,
+                                       it.recompute[s.micro_batch]));
       } else {
         RETURN_IF_ERROR(stage->Backward(s.micro_batch, nullptr, nullptr));
       }
     }
+    ASSIGN_OR_RETURN(r.loss, stage->TakeLoss());  // one wait per iteration, as the executor
     double sum = 0;
     RETURN_IF_ERROR(stage->AddGradSumOfSquares(&sum));
     r.grad_norm = std::sqrt(sum);

@@ -408,13 +408,17 @@ absl::Status Core::Wait(Op* op, absl::Time deadline) {
         FinishLocked(op, AbortedLocked(op->label));
         return op->result;
       }
+      // After an abort a transfer's event may still complete (NCCL's kernels
+      // exit early when aborted), which says nothing about its data: every
+      // transfer not seen complete before the abort ends ABORTED, naming the
+      // cause (the failure elsewhere that aborted the communicator).
+      if (aborted_) {
+        FinishLocked(op, AbortedLocked(op->label));
+        return op->result;
+      }
       const cudaError_t q = cudaEventQuery(op->done);
       if (q == cudaSuccess) {
         FinishLocked(op, absl::OkStatus());
-        return op->result;
-      }
-      if (aborted_) {
-        FinishLocked(op, AbortedLocked(op->label));
         return op->result;
       }
       if (q != cudaErrorNotReady) {

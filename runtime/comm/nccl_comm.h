@@ -36,7 +36,11 @@
 //   outside the lock so other threads' waits return ABORTED meanwhile), and
 //   the failed wait names the operation and peer (WithLostPeer for
 //   transfers; never on ABORTED, which only repeats a cause found elsewhere).
-//   Later operations return ABORTED with the cause.
+//   Every transfer not seen complete before the abort, and every later
+//   operation, returns ABORTED with the cause (and the cause's peer): an
+//   aborted kernel may still let a transfer's event complete, which says
+//   nothing about its data. A wait in another thread returns at once; the
+//   thread that aborts returns once NCCL no longer touches any buffer.
 // - Threads: one thread issues operations; Abort may come from any thread.
 //
 // NCCL refuses two ranks on one GPU: tests on a single GPU run one rank

@@ -180,12 +180,16 @@ TEST_CASE("a transfer that cannot start ends at its deadline, naming the peer, a
   const absl::Status s = (*recv)->Wait(start + absl::Seconds(1));
   const absl::Duration took = absl::Now() - start;
   opener.join();
-  INFO(s.ToString());
+  INFO(s.ToString() << " after " << absl::FormatDuration(took));
   CHECK(absl::IsDeadlineExceeded(s));
   CHECK(LostPeer(s) == std::optional<int>(0));
   CHECK(took < absl::Seconds(15));  // the deadline plus ncclCommAbort
   CHECK((*recv)->Wait(In(1)) == s);  // final
+  // The send half of the exchange was not seen complete before the abort:
+  // ABORTED, naming the cause's peer (its own event may complete once the
+  // aborted kernels exit, which says nothing about its data).
   const absl::Status sent = (*send)->Wait(In(1));
+  INFO(sent.ToString());
   CHECK(absl::IsAborted(sent));
   CHECK(LostPeer(sent) == std::optional<int>(0));  // the cause's peer
   auto again = comm->Send(0, 1, src.get(), 4096);
@@ -204,16 +208,30 @@ TEST_CASE("Abort from another thread ends a wait promptly without blaming a peer
   auto send = comm->Send(0, 1, src.get(), 4096);
   auto recv = comm->Recv(0, 1, dst.get(), 4096);
   REQUIRE(comm->GroupEnd().ok());
+  // Abort returns once NCCL no longer touches the buffers, which here means
+  // once the gate opens (the blocked kernels can exit): that comes 1.5 s
+  // after the abort. The wait must not wait for it.
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     comm->Abort();
+  });
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1800));
     gate.Open();
   });
+  const absl::Time start = absl::Now();
   const absl::Status s = (*recv)->Wait(In(30));
+  const absl::Duration took = absl::Now() - start;
   stopper.join();
-  INFO(s.ToString());
+  opener.join();
+  INFO(s.ToString() << " after " << absl::FormatDuration(took));
   CHECK(absl::IsAborted(s));
   CHECK(!LostPeer(s).has_value());
+  CHECK(took < absl::Milliseconds(300) + absl::Seconds(2));  // the abort's time plus 2 s at most
+  // The send, launched with it, ends ABORTED too, whatever its event does.
+  const absl::Status sent = (*send)->Wait(In(1));
+  INFO(sent.ToString());
+  CHECK(absl::IsAborted(sent));
   compute.Sync();
 }
 

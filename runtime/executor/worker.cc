@@ -89,7 +89,6 @@ struct Worker::Iter {
   int64_t iteration = 0;
   Clock::time_point start;
   float loss_scale = 0;
-  double loss_sum = 0;
   std::map<int, model::TokenBatch> batches;  // by micro-batch
   std::vector<Buffer> slots;
   std::map<int, std::unique_ptr<comm::Request>> pending;  // by slot
@@ -329,10 +328,8 @@ absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* 
         ASSIGN_OR_RETURN(Buffer * dst, fresh(ins.forward().output_buffers(0), hidden_bytes));
         out = dst->data();
       }
-      ASSIGN_OR_RETURN(const double loss,
-                       st->Forward(ins.micro_batch(), *b, in, out, it->loss_scale, ToRecompute(ins.forward().recompute())));
-      it->loss_sum += loss;
-      return absl::OkStatus();
+      // The loss stays with the stage (on a device) until the iteration's end.
+      return st->Forward(ins.micro_batch(), *b, in, out, it->loss_scale, ToRecompute(ins.forward().recompute()));
     }
     case proto::Instruction::kBackward: {
       ASSIGN_OR_RETURN(model::Stage * st, chunk());
@@ -431,7 +428,8 @@ absl::Status Worker::OptimizerStep(const proto::ExecutionPlan& plan, Iter* it) {
   double sums[2] = {0, 0};
   ASSIGN_OR_RETURN(sums[0], GradSumOfSquares());
   for (auto& c : chunks_) {
-    if (c->options().last) sums[1] += it->loss_sum;
+    ASSIGN_OR_RETURN(const double loss, c->TakeLoss());  // 0 on other stages than the last
+    sums[1] += loss;
   }
   if (comm_->size() > 1) {
     std::vector<int> world(comm_->size());

@@ -205,8 +205,21 @@ absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, con
 // gradients. The stage's input and output keep the full batch's shape:
 // hidden states are gathered on the way in and scattered (zeros in
 // padding) on the way out; gradients likewise.
-absl::StatusOr<double> GptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in_v,
-                                         void* hidden_out_v, float loss_scale, Recompute recompute) {
+absl::Status GptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
+                               float loss_scale, Recompute recompute) {
+  ASSIGN_OR_RETURN(const double loss, ForwardImpl(mb, batch, hidden_in, hidden_out, loss_scale, recompute));
+  loss_total_ += loss;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> GptStage::TakeLoss() {
+  const double loss = loss_total_;
+  loss_total_ = 0;
+  return loss;
+}
+
+absl::StatusOr<double> GptStage::ForwardImpl(int mb, const TokenBatch& batch, const void* hidden_in_v,
+                                             void* hidden_out_v, float loss_scale, Recompute recompute) {
   const auto* hidden_in = static_cast<const float*>(hidden_in_v);
   auto* hidden_out = static_cast<float*>(hidden_out_v);
   const bool compact = config().attention == AttentionKernel::kVarlen && mb != kInferKey &&
@@ -474,13 +487,13 @@ absl::Status GptStage::Infer(const TokenBatch& batch, const void* hidden_in, voi
   // stage computes the head for every position by scoring them all.
   const int64_t N = batch.rows * batch.seq, C = config().hidden, V = config().vocab;
   if (!options().last) {
-    RETURN_IF_ERROR(Forward(kInferKey, batch, hidden_in, out, 0.0f, Recompute::kFull).status());
+    RETURN_IF_ERROR(ForwardImpl(kInferKey, batch, hidden_in, out, 0.0f, Recompute::kFull).status());
     stash_.erase(kInferKey);
     return absl::OkStatus();
   }
   TokenBatch all = batch;
   for (int64_t k = 0; k < N; ++k) all.targets[k] = std::max(all.targets[k], 0);
-  RETURN_IF_ERROR(Forward(kInferKey, all, hidden_in, nullptr, 0.0f, Recompute::kFull).status());
+  RETURN_IF_ERROR(ForwardImpl(kInferKey, all, hidden_in, nullptr, 0.0f, Recompute::kFull).status());
   const Stash& s = *stash_.at(kInferKey);
   cpu::MatmulForward(static_cast<float*>(out), s.lnf.as<const float>(), P(layout_.head()),
                      static_cast<const float*>(nullptr), N, C, V);

@@ -41,8 +41,9 @@ class GptStage final : public Stage {
   const GptLayout& layout() const override { return layout_; }
   DType activation_dtype() const override { return DType::kF32; }
   size_t state_bytes() const override { return (2 * layout_.num_params() + m_.size() + v_.size()) * sizeof(float); }
-  absl::StatusOr<double> Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
-                                 float loss_scale, Recompute recompute) override;
+  absl::Status Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out, float loss_scale,
+                       Recompute recompute) override;
+  absl::StatusOr<double> TakeLoss() override;
   using Stage::Backward;
   absl::Status Backward(int mb, const void* dhidden_out, void* dhidden_in, const GradsReady& ready) override;
   absl::Status Infer(const TokenBatch& batch, const void* hidden_in, void* out) override;
@@ -57,10 +58,11 @@ class GptStage final : public Stage {
   absl::Status ExportState(StageState* out) override;
   absl::Status ImportState(const StageState& in) override;
 
-  // Forward keeping everything (kNone).
-  absl::StatusOr<double> Forward(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
-                                 float loss_scale) {
-    return Forward(mb, batch, hidden_in, hidden_out, loss_scale, Recompute::kNone);
+  // Forward keeping everything (kNone), returning this micro-batch's loss.
+  using Stage::ForwardLoss;
+  absl::StatusOr<double> ForwardLoss(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
+                                     float loss_scale) {
+    return Stage::ForwardLoss(mb, batch, hidden_in, hidden_out, loss_scale, Recompute::kNone);
   }
 
   // Host views for CPU-only code (evaluation, reference tests).
@@ -77,6 +79,10 @@ class GptStage final : public Stage {
   struct Stash;
   struct LayerActs;
   GptStage(GptLayout layout, BufferPool* pool);
+  // Forward returning the micro-batch's loss (Forward adds it to the total;
+  // Infer drops it).
+  absl::StatusOr<double> ForwardImpl(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
+                                     float loss_scale, Recompute recompute);
   // Forward and backward over every cell of the batch (padding included).
   // Forward/Backward call them directly, or, when training with varlen
   // attention on a batch with padding, on the batch's real tokens only
@@ -100,6 +106,7 @@ class GptStage final : public Stage {
   std::vector<ParamRun> owned_;
   std::vector<float> m_, v_;
   std::map<int, std::unique_ptr<Stash>> stash_;
+  double loss_total_ = 0;  // TakeLoss
   static constexpr int kInferKey = -1;  // Infer's private stash key
 };
 

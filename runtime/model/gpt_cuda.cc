@@ -83,6 +83,8 @@ absl::Status CudaGptStage::Init() {
   void* host = nullptr;
   CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, sizeof(HostScalars)));
   host_ = new (host) HostScalars();
+  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&loss_slots_), kLossSlots * kF32));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(loss_slots_, 0, kLossSlots * kF32, stream_));
   const size_t P = layout_.num_params();
   if (P == 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&master_), P * kF32));
@@ -124,7 +126,7 @@ CudaGptStage::~CudaGptStage() {
   }
   matmul_.reset();
   for (void* p : {static_cast<void*>(master_), static_cast<void*>(compute_), static_cast<void*>(grads_),
-                  static_cast<void*>(m_), static_cast<void*>(v_)}) {
+                  static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(loss_slots_)}) {
     if (p != nullptr) cudaFree(p);
   }
   if (host_ != nullptr) cudaFreeHost(host_);

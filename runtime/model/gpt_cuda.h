@@ -97,13 +97,16 @@ class CudaGptStage final : public Stage {
   const GptLayout& layout() const override { return layout_; }
   DType activation_dtype() const override { return DType::kBF16; }
   size_t state_bytes() const override { return layout_.num_params() * kStateBytesPerParam; }
-  // The last stage waits for the stream (one device -> host copy of the loss
-  // per micro-batch); other stages return 0 without waiting. `hidden_in` is
-  // copied into the stash by the first work the call queues.
-  absl::StatusOr<double> Forward(int mb, const TokenBatch& batch,
-                                 const void* hidden_in,  // (B, T, C) bf16, or null on the first stage
-                                 void* hidden_out,       // (B, T, C) bf16, or null on the last stage
-                                 float loss_scale, Recompute recompute) override;
+  // Enqueued, never waits: the last stage's loss stays on the device, in one
+  // slot per micro-batch, until TakeLoss. `hidden_in` is copied into the
+  // stash by the first work the call queues.
+  absl::Status Forward(int mb, const TokenBatch& batch,
+                       const void* hidden_in,  // (B, T, C) bf16, or null on the first stage
+                       void* hidden_out,       // (B, T, C) bf16, or null on the last stage
+                       float loss_scale, Recompute recompute) override;
+  // One copy of the pending slots and one wait; the slots' fp32 losses are
+  // summed in double in micro-batch order (as the host summed them before).
+  absl::StatusOr<double> TakeLoss() override;
   // `ready` hears of every gradient at once, once the whole backward is
   // queued (the kernels run layer by layer, but the stream orders them).
   using Stage::Backward;
@@ -148,6 +151,10 @@ class CudaGptStage final : public Stage {
 
   // fp32 master + bf16 copy + fp32 gradient, m, v.
   static constexpr size_t kStateBytesPerParam = 4 + 2 + 4 + 4 + 4;
+  // Micro-batch losses held on the device between TakeLoss calls; more
+  // forwards than this in one iteration fold the slots into the host total
+  // (a wait) and go on.
+  static constexpr int kLossSlots = 1024;
 
  private:
   struct Stash;
@@ -182,8 +189,11 @@ class CudaGptStage final : public Stage {
   // The stash's cuDNN batch (uploaded on the stream), or none where the
   // micro-batch takes the tiled kernel; the first reason for that is logged.
   absl::Status PrepareCudnnBatch(const TokenBatch& batch, Stash& s);
-  // The last stage's loss of a stash (head, cross-entropy, one copy back).
-  absl::StatusOr<double> Loss(const Stash& s);
+  // The last stage's loss of a stash (head, cross-entropy) into the next
+  // loss slot; enqueued.
+  absl::Status Loss(const Stash& s);
+  // Copies the pending slots back, waits, adds them to loss_folded_, zeroes them.
+  absl::Status FoldLosses();
 
   GptLayout layout_;
   cudaStream_t stream_;
@@ -200,7 +210,10 @@ class CudaGptStage final : public Stage {
   float* grads_ = nullptr;   // device (P)
   float* m_ = nullptr;       // device (P)
   float* v_ = nullptr;       // device (P)
-  HostScalars* host_ = nullptr;  // pinned: the loss and the sum of squares coming back
+  HostScalars* host_ = nullptr;  // pinned: the losses and the sum of squares coming back
+  float* loss_slots_ = nullptr;  // device (kLossSlots), zero where not pending
+  int pending_losses_ = 0;       // slots written since the last fold
+  double loss_folded_ = 0;       // host total of folded slots not yet taken
   cudaEvent_t done_ = nullptr;   // for WaitStream
   std::map<int, std::unique_ptr<Stash>> stash_;
 };

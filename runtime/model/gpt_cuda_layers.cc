@@ -235,36 +235,48 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
   return s;
 }
 
-absl::StatusOr<double> CudaGptStage::Loss(const Stash& s) {
+absl::Status CudaGptStage::Loss(const Stash& s) {
   const int64_t M = s.scored_count, C = config().hidden, V = config().vocab;
-  if (M == 0) return 0.0;
+  if (M == 0) return absl::OkStatus();
+  if (pending_losses_ == kLossSlots) RETURN_IF_ERROR(FoldLosses());
   cudaStream_t st = stream_;
   // Loss only: the logits (M, V) are not kept; Backward recomputes them.
   ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
-  ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
   ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
   RETURN_IF_ERROR(
       matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(layout_.head()), nullptr, M, C, V, st));
-  RETURN_IF_ERROR(Zero(loss_sum, st));
-  RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), nullptr,
-                                            logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_->loss, loss_sum.data(), kF32, cudaMemcpyDeviceToHost, st));
-  RETURN_IF_ERROR(WaitStream("CudaGptStage::Forward loss"));
-  return static_cast<double>(host_->loss);
+  // The slot is zero (Init, FoldLosses): the kernel adds into it.
+  return cuda::SoftmaxCrossEntropy(loss_slots_ + pending_losses_++, row_loss.as<float>(), nullptr,
+                                   logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st);
 }
 
-absl::StatusOr<double> CudaGptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in,
-                                             void* hidden_out, float loss_scale, Recompute recompute) {
+absl::Status CudaGptStage::FoldLosses() {
+  if (pending_losses_ == 0) return absl::OkStatus();
+  const size_t bytes = static_cast<size_t>(pending_losses_) * kF32;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_->losses, loss_slots_, bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(loss_slots_, 0, bytes, stream_));
+  RETURN_IF_ERROR(WaitStream("CudaGptStage: the micro-batches' losses"));
+  for (int i = 0; i < pending_losses_; ++i) loss_folded_ += static_cast<double>(host_->losses[i]);
+  pending_losses_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaGptStage::TakeLoss() {
+  RETURN_IF_ERROR(FoldLosses());
+  const double loss = loss_folded_;
+  loss_folded_ = 0;
+  return loss;
+}
+
+absl::Status CudaGptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
+                                   float loss_scale, Recompute recompute) {
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " forwarded twice"));
   ASSIGN_OR_RETURN(std::unique_ptr<Stash> s,
                    RunForward(batch, static_cast<const bf16*>(hidden_in), static_cast<bf16*>(hidden_out), recompute));
   s->loss_scale = loss_scale;
-  double loss = 0;
-  if (options().last) {
-    ASSIGN_OR_RETURN(loss, Loss(*s));
-  }
+  if (options().last) RETURN_IF_ERROR(Loss(*s));
   stash_[mb] = std::move(s);
-  return loss;
+  return absl::OkStatus();
 }
 
 absl::Status CudaGptStage::Infer(const TokenBatch& batch, const void* hidden_in, void* out_v) {

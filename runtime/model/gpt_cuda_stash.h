@@ -16,8 +16,8 @@ namespace dynapipe::runtime::model {
 // Values coming back to the host, in pinned memory so the copies are truly
 // asynchronous and WaitStream bounds the wait.
 struct CudaGptStage::HostScalars {
-  float loss = 0;
   double sum_squares = 0;
+  float losses[kLossSlots] = {};  // TakeLoss's copy of the device's slots
 };
 
 // What backward needs from one layer's forward (device buffers from the

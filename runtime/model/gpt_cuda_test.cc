@@ -174,7 +174,7 @@ void CheckOneStep(const GptConfig& config, const TokenBatch& batch, bool cudnn_a
   const float scale = 1.0f / static_cast<float>(batch.loss_tokens);
   BufferPool cpu_pool(CpuAllocator());
   std::unique_ptr<GptStage> cpu = CpuStage(config, WholeModel(), &cpu_pool);
-  auto cpu_loss = cpu->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone);
+  auto cpu_loss = cpu->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone);
   REQUIRE_OK(cpu_loss.status());
   REQUIRE_OK(cpu->Backward(0, nullptr, nullptr));
   REQUIRE(*cpu_loss > 1.0);  // ~ln(97) at initialisation: not vacuous
@@ -192,10 +192,10 @@ void CheckOneStep(const GptConfig& config, const TokenBatch& batch, bool cudnn_a
   }
   std::unique_ptr<CudaGptStage> stage = gpu.Stage(config, WholeModel(), kernels);
   REQUIRE(Params(*stage) == Params(*cpu));
-  auto loss = stage->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone);
+  auto loss = stage->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone);
   REQUIRE_OK(loss.status());
   CHECK(stage->in_flight() == 1);
-  CHECK(stage->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone).status().code() ==
+  CHECK(stage->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   REQUIRE_OK(stage->Backward(0, nullptr, nullptr));
   CHECK(stage->in_flight() == 0);
@@ -213,7 +213,7 @@ void CheckOneStep(const GptConfig& config, const TokenBatch& batch, bool cudnn_a
   // The whole model holds every parameter once: its norm group is everything.
   CHECK(std::abs(sq - HostSumOfSquares(grads)) <= 1e-9 * sq);
   // Gradients accumulate across micro-batches: a second pass doubles them.
-  REQUIRE_OK(stage->Forward(1, batch, nullptr, nullptr, scale, Recompute::kNone).status());
+  REQUIRE_OK(stage->ForwardLoss(1, batch, nullptr, nullptr, scale, Recompute::kNone).status());
   REQUIRE_OK(stage->Backward(1, nullptr, nullptr));
   std::vector<float> twice = gpu.Grads(*stage);
   for (float& g : twice) g *= 0.5f;
@@ -240,6 +240,29 @@ TEST_CASE("CUDA stage with cuDNN's fused attention matches the CPU stage on padd
   CheckOneStep(config, PackedBatch(config.vocab), /*cudnn_attention=*/true);
 }
 
+TEST_CASE("the CUDA stage keeps micro-batch losses on the device until TakeLoss, past its slots too", "[gpu]") {
+  const GptConfig config = TinyConfig();
+  const TokenBatch batch = PackedBatch(config.vocab);
+  const float scale = 1.0f / static_cast<float>(batch.loss_tokens);
+  Gpu gpu;
+  std::unique_ptr<CudaGptStage> stage = gpu.Stage(config, WholeModel());
+  auto one = stage->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone);
+  REQUIRE_OK(one.status());
+  REQUIRE_OK(stage->Backward(0, nullptr, nullptr));
+  // More forwards than slots: the stage folds them on the way and still
+  // returns every micro-batch's loss once. The weights do not change, so
+  // each micro-batch's loss is `one`.
+  const int n = CudaGptStage::kLossSlots + 5;
+  for (int mb = 0; mb < n; ++mb) {
+    REQUIRE_OK(stage->Forward(mb, batch, nullptr, nullptr, scale, Recompute::kNone));
+    REQUIRE_OK(stage->Backward(mb, nullptr, nullptr));
+  }
+  auto total = stage->TakeLoss();
+  REQUIRE_OK(total.status());
+  CHECK(std::abs(*total - n * *one) <= 1e-6 * n * *one);
+  CHECK(*stage->TakeLoss() == 0.0);
+}
+
 TEST_CASE("CUDA stage: initial weights are the CPU stage's, bit for bit; state is 18 bytes per parameter", "[gpu]") {
   BufferPool cpu_pool(CpuAllocator());
   auto cpu = GptStage::Create(TinyConfig(), WholeModel(), &cpu_pool);
@@ -263,12 +286,12 @@ TEST_CASE("CUDA stages chained through device buffers give the whole stage's los
   const float scale = 1.0f / static_cast<float>(batch.loss_tokens);
   BufferPool cpu_pool(CpuAllocator());
   std::unique_ptr<GptStage> cpu = CpuStage(config, WholeModel(), &cpu_pool);
-  REQUIRE_OK(cpu->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone).status());
+  REQUIRE_OK(cpu->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone).status());
   REQUIRE_OK(cpu->Backward(0, nullptr, nullptr));
 
   Gpu gpu;
   std::unique_ptr<CudaGptStage> whole = gpu.Stage(config, WholeModel());
-  auto whole_loss = whole->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone);
+  auto whole_loss = whole->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone);
   REQUIRE_OK(whole_loss.status());
 
   std::unique_ptr<CudaGptStage> s0 = gpu.Stage(config, FirstHalf());
@@ -277,10 +300,10 @@ TEST_CASE("CUDA stages chained through device buffers give the whole stage's los
   CHECK(s1->HasSharedEmbedding());
   const int64_t H = s0->HiddenElements(batch);
   Buffer h = gpu.Bf16(H), dh = gpu.Bf16(H);
-  auto l0 = s0->Forward(0, batch, nullptr, h.data(), scale, Recompute::kNone);
+  auto l0 = s0->ForwardLoss(0, batch, nullptr, h.data(), scale, Recompute::kNone);
   REQUIRE_OK(l0.status());
   CHECK(*l0 == 0.0);
-  auto l1 = s1->Forward(0, batch, h.data(), nullptr, scale, Recompute::kNone);
+  auto l1 = s1->ForwardLoss(0, batch, h.data(), nullptr, scale, Recompute::kNone);
   REQUIRE_OK(l1.status());
   INFO("whole " << *whole_loss << " split " << *l1);
   // The same kernels on the same bf16 values: equal up to the order of
@@ -321,8 +344,8 @@ struct CpuSplit {
   CpuSplit(const GptConfig& config, const TokenBatch& batch, float scale)
       : first(CpuStage(config, FirstHalf(), &pool)), last(CpuStage(config, SecondHalf(), &pool)) {
     std::vector<float> h(first->HiddenElements(batch)), dh(h.size());
-    REQUIRE_OK(first->Forward(0, batch, nullptr, h.data(), scale, Recompute::kNone).status());
-    REQUIRE_OK(last->Forward(0, batch, h.data(), nullptr, scale, Recompute::kNone).status());
+    REQUIRE_OK(first->ForwardLoss(0, batch, nullptr, h.data(), scale, Recompute::kNone).status());
+    REQUIRE_OK(last->ForwardLoss(0, batch, h.data(), nullptr, scale, Recompute::kNone).status());
     REQUIRE_OK(last->Backward(0, nullptr, dh.data()));
     REQUIRE_OK(first->Backward(0, dh.data(), nullptr));
   }
@@ -354,8 +377,8 @@ TEST_CASE("the last stage's gradient norm leaves out its tied wte copy, as on th
   std::unique_ptr<CudaGptStage> s0 = gpu.Stage(config, FirstHalf());
   std::unique_ptr<CudaGptStage> s1 = gpu.Stage(config, SecondHalf());
   Buffer h = gpu.Bf16(s0->HiddenElements(batch)), dh = gpu.Bf16(s0->HiddenElements(batch));
-  REQUIRE_OK(s0->Forward(0, batch, nullptr, h.data(), scale, Recompute::kNone).status());
-  REQUIRE_OK(s1->Forward(0, batch, h.data(), nullptr, scale, Recompute::kNone).status());
+  REQUIRE_OK(s0->ForwardLoss(0, batch, nullptr, h.data(), scale, Recompute::kNone).status());
+  REQUIRE_OK(s1->ForwardLoss(0, batch, h.data(), nullptr, scale, Recompute::kNone).status());
   REQUIRE_OK(s1->Backward(0, nullptr, dh.data()));
   REQUIRE_OK(s0->Backward(0, dh.data(), nullptr));
 
@@ -420,7 +443,7 @@ TEST_CASE("weight decay shrinks matrices only: biases and LayerNorm gains stay p
   CHECK(kept > 0);
   // The bf16 compute copy follows the masters: a forward still runs and is finite.
   const TokenBatch batch = PaddedBatch(config.vocab);
-  auto loss = stage->Forward(0, batch, nullptr, nullptr, 1.0f / batch.loss_tokens, Recompute::kNone);
+  auto loss = stage->ForwardLoss(0, batch, nullptr, nullptr, 1.0f / batch.loss_tokens, Recompute::kNone);
   REQUIRE_OK(loss.status());
   CHECK(std::isfinite(*loss));
   REQUIRE_OK(stage->Backward(0, nullptr, nullptr));
@@ -438,7 +461,7 @@ TEST_CASE("Recompute::kFull and kSelective give kNone's loss and gradients, kFul
   auto run = [&](int mb, Recompute r, double* loss, size_t* kept) {
     REQUIRE_OK(stage->ZeroGrads());
     const size_t base = gpu.pool.stats().in_use_bytes;
-    auto l = stage->Forward(mb, batch, nullptr, nullptr, scale, r);
+    auto l = stage->ForwardLoss(mb, batch, nullptr, nullptr, scale, r);
     REQUIRE_OK(l.status());
     *loss = *l;
     *kept = gpu.pool.stats().in_use_bytes - base;
@@ -475,7 +498,7 @@ TEST_CASE("Infer: the logits of every position match the CPU's; a split chains t
   Gpu gpu;
   std::unique_ptr<CudaGptStage> whole = gpu.Stage(config, WholeModel());
   // A micro-batch in flight is not disturbed by inference.
-  REQUIRE_OK(whole->Forward(0, batch, nullptr, nullptr, 1.0f / batch.loss_tokens, Recompute::kNone).status());
+  REQUIRE_OK(whole->ForwardLoss(0, batch, nullptr, nullptr, 1.0f / batch.loss_tokens, Recompute::kNone).status());
   Buffer logits = gpu.Bf16(N * V);
   REQUIRE_OK(whole->Infer(batch, nullptr, logits.data()));
   CHECK(whole->in_flight() == 1);
@@ -525,11 +548,11 @@ TEST_CASE("out of pool memory is an error the stage survives, not an abort", "[g
   auto stage = CudaGptStage::Create(config, WholeModel(), stream.get(), &pool);
   REQUIRE_OK(stage.status());
   allocator.limit = 16 << 10;  // far below one micro-batch's activations
-  auto loss = (*stage)->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone);
+  auto loss = (*stage)->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone);
   CHECK(loss.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK((*stage)->in_flight() == 0);
   allocator.limit = std::numeric_limits<size_t>::max();
-  REQUIRE_OK((*stage)->Forward(0, batch, nullptr, nullptr, scale, Recompute::kNone).status());
+  REQUIRE_OK((*stage)->ForwardLoss(0, batch, nullptr, nullptr, scale, Recompute::kNone).status());
   REQUIRE_OK((*stage)->Backward(0, nullptr, nullptr));
 }
 
@@ -557,7 +580,7 @@ std::vector<double> Trajectory(Stage& stage) {
     REQUIRE_OK(stage.ZeroGrads());
     double loss = 0;
     for (int mb = 0; mb < 2; ++mb) {
-      auto l = stage.Forward(mb, batches[mb], nullptr, nullptr, scale, Recompute::kNone);
+      auto l = stage.ForwardLoss(mb, batches[mb], nullptr, nullptr, scale, Recompute::kNone);
       REQUIRE_OK(l.status());
       loss += *l;
     }

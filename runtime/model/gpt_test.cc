@@ -91,10 +91,14 @@ Result RunSplit(const std::vector<proto::MicroBatch>& mbs, const data::Dataset& 
   for (size_t m = 0; m < mbs.size(); ++m) {
     auto b = BuildTokenBatch(mbs[m], ds, 64);
     REQUIRE(b.ok());
-    auto loss = (*stage)->Forward(static_cast<int>(m), *b, nullptr, nullptr, scale, recompute);
-    REQUIRE(loss.ok());
-    r.loss += *loss;
+    REQUIRE((*stage)->Forward(static_cast<int>(m), *b, nullptr, nullptr, scale, recompute).ok());
   }
+  // The stage keeps the losses until the iteration's end (as the executor
+  // takes them), then starts again from 0.
+  auto loss = (*stage)->TakeLoss();
+  REQUIRE(loss.ok());
+  r.loss = *loss;
+  CHECK(*(*stage)->TakeLoss() == 0.0);
   // What forward kept for backward, all micro-batches in flight.
   if (peak_bytes != nullptr) *peak_bytes = pool.stats().in_use_bytes;
   for (size_t m = mbs.size(); m-- > 0;) REQUIRE((*stage)->Backward(static_cast<int>(m), nullptr, nullptr).ok());
@@ -231,9 +235,9 @@ TEST_CASE("stages chained give the whole model's loss and gradients; initialisat
   CHECK(!(*s1)->HasSharedEmbedding());
   const int64_t H = (*s0)->HiddenElements(*batch);
   std::vector<float> h0(H), h1(H), d1(H), d0(H);
-  REQUIRE((*s0)->Forward(0, *batch, nullptr, h0.data(), scale).ok());
-  REQUIRE((*s1)->Forward(0, *batch, h0.data(), h1.data(), scale).ok());
-  auto loss = (*s2)->Forward(0, *batch, h1.data(), nullptr, scale);
+  REQUIRE((*s0)->ForwardLoss(0, *batch, nullptr, h0.data(), scale).ok());
+  REQUIRE((*s1)->ForwardLoss(0, *batch, h0.data(), h1.data(), scale).ok());
+  auto loss = (*s2)->ForwardLoss(0, *batch, h1.data(), nullptr, scale);
   REQUIRE(loss.ok());
   CHECK(std::abs(*loss - whole.loss) <= 1e-6 * whole.loss);
   REQUIRE((*s2)->Backward(0, nullptr, d1.data()).ok());
@@ -299,7 +303,7 @@ TEST_CASE("varlen training runs on the real tokens only; padding gets zero hidde
     Run r;
     r.h.assign(H, 1.0f);
     r.d.assign(H, 1.0f);
-    REQUIRE((*st)->Forward(0, *batch, in.data(), r.h.data(), scale).ok());
+    REQUIRE((*st)->ForwardLoss(0, *batch, in.data(), r.h.data(), scale).ok());
     r.kept = pool.stats().in_use_bytes;
     REQUIRE((*st)->Backward(0, dout.data(), r.d.data()).ok());
     return r;

@@ -164,8 +164,8 @@ class CpuProfiledStage final : public ProfiledStage {
     pool_.ResetPeak();
     StageRun r;
     const auto t0 = Clock::now();
-    RETURN_IF_ERROR(stage_->Forward(0, batch, o.first ? nullptr : in.data(), o.last ? nullptr : out.data(),
-                                    1.0f / static_cast<float>(batch.loss_tokens))
+    RETURN_IF_ERROR(stage_->ForwardLoss(0, batch, o.first ? nullptr : in.data(), o.last ? nullptr : out.data(),
+                                        1.0f / static_cast<float>(batch.loss_tokens))
                         .status());
     r.fw_ms = MsSince(t0);
     const size_t stored = pool_.stats().in_use_bytes - base;

@@ -58,12 +58,24 @@ class Stage {
 
   // Forward of micro-batch `mb`. The first stage reads batch.tokens and
   // positions, later stages `hidden_in` (rows, seq, hidden). Stages other
-  // than the last write `hidden_out`. The last stage returns the loss summed
+  // than the last write `hidden_out`. The last stage adds the loss summed
   // over scored tokens, each weighted by `loss_scale` (1 / loss tokens of the
-  // global batch); other stages return 0. `recompute` decides what is kept
-  // for backward. `hidden_in` may be reused by work ordered after the call.
-  virtual absl::StatusOr<double> Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
-                                         float loss_scale, Recompute recompute) = 0;
+  // global batch), to its loss total (TakeLoss) without waiting for a
+  // device; other stages add nothing. `recompute` decides what is kept for
+  // backward. `hidden_in` may be reused by work ordered after the call.
+  virtual absl::Status Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
+                               float loss_scale, Recompute recompute) = 0;
+  // The loss total of the micro-batches forwarded since the last call (0 on
+  // other stages than the last), which starts again from 0. On a device this
+  // is the one wait for the losses of an iteration.
+  virtual absl::StatusOr<double> TakeLoss() = 0;
+  // Forward, then TakeLoss: this micro-batch's loss (plus any not yet taken)
+  // at once, for tests and tools.
+  absl::StatusOr<double> ForwardLoss(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
+                                     float loss_scale, Recompute recompute = Recompute::kNone) {
+    if (absl::Status s = Forward(mb, batch, hidden_in, hidden_out, loss_scale, recompute); !s.ok()) return s;
+    return TakeLoss();
+  }
   // Backward of micro-batch `mb`, accumulating parameter gradients.
   // `dhidden_out`: gradient of this stage's output (null on the last stage).
   // `dhidden_in`: receives the gradient of the stage input (not written on

@@ -210,7 +210,7 @@ Run ForwardBackward(const Golden& g, const TokenBatch& batch, const std::vector<
   for (size_t s = 1; s < S; ++s) hidden[s].resize(stages[s]->HiddenElements(batch));
   Run run;
   for (size_t s = 0; s < S; ++s) {
-    auto loss = stages[s]->Forward(0, batch, s > 0 ? hidden[s].data() : nullptr,
+    auto loss = stages[s]->ForwardLoss(0, batch, s > 0 ? hidden[s].data() : nullptr,
                                    s + 1 < S ? hidden[s + 1].data() : nullptr, LossScale(batch));
     INFO(loss.status().ToString());
     REQUIRE(loss.ok());
