@@ -17,6 +17,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/batch_dump.h"
+#ifdef DYNAPIPE_KERNEL_TRACE
+#include "benchmarks/kernel_trace.h"
+#endif
 #include "benchmarks/op_timings.h"
 #include "benchmarks/train_on_dump.h"
 #include "runtime/backend/backend.h"
@@ -38,6 +41,9 @@ ABSL_FLAG(std::string, attention_kernel, dynapipe::runtime::BackendOptions{}.att
           "--backend cuda: auto, cudnn or tiled (as dynapipe-executor's flag)");
 ABSL_FLAG(bool, matmul_epilogues, dynapipe::runtime::BackendOptions{}.matmul_epilogues,
           "--backend cuda: glue in cuBLASLt's epilogues (false: separate kernels)");
+ABSL_FLAG(int, kernel_trace, -1,
+          "--backend cuda: record every kernel of this iteration (CUPTI) and print one "
+          "{\"kind\":\"kernel\",\"name\":..,\"ns\":..} line each (-1: none)");
 
 namespace {
 
@@ -115,7 +121,38 @@ int main(int argc, char** argv) {
       .Print();
 
   if (absl::GetFlag(FLAGS_train)) {
-    auto trained = benchmarks::TrainOnDump(*dump, kernel, **backend);
+    const int trace_at = absl::GetFlag(FLAGS_kernel_trace);
+    if (trace_at >= 0 && !cuda) {
+      std::fprintf(stderr, "cpu_bench: --kernel-trace needs --backend cuda\n");
+      return 2;
+    }
+    benchmarks::AroundIteration around;
+#ifdef DYNAPIPE_KERNEL_TRACE
+    std::unique_ptr<benchmarks::KernelTrace> trace;
+    if (trace_at >= 0) {
+      around = [&](size_t i, bool begin) -> absl::Status {
+        if (static_cast<int>(i) != trace_at) return absl::OkStatus();
+        if (begin) {
+          auto t = benchmarks::KernelTrace::Start();
+          if (!t.ok()) return t.status();
+          trace = std::move(*t);
+          return absl::OkStatus();
+        }
+        auto kernels = trace->Stop();
+        if (!kernels.ok()) return kernels.status();
+        for (const auto& k : *kernels) {
+          Record("kernel").Set("iteration", static_cast<double>(i)).Set("name", k.name).Set("ns", static_cast<double>(k.ns)).Print();
+        }
+        return absl::OkStatus();
+      };
+    }
+#else
+    if (trace_at >= 0) {
+      std::fprintf(stderr, "cpu_bench: --kernel-trace: this build has no CUDA\n");
+      return 2;
+    }
+#endif
+    auto trained = benchmarks::TrainOnDump(*dump, kernel, **backend, around);
     if (!trained.ok()) return Fail(trained.status());
     const int warmup = absl::GetFlag(FLAGS_warmup);
     double seconds = 0, tokens = 0;
@@ -129,6 +166,8 @@ int main(int argc, char** argv) {
           .Set("grad_norm", r.grad_norm)
           .Set("seconds", r.seconds)
           .Set("real_tokens", static_cast<double>(r.real_tokens))
+          .Set("queue_seconds", r.queue_seconds)
+          .Set("compute_seconds", r.compute_seconds)
           .Set("warmup", warm)
           .Print();
       if (warm) continue;

@@ -218,13 +218,16 @@ TEST_CASE("The GPU benchmark's driver runs end to end (both sides on the CPU)", 
       "OMP_NUM_THREADS=1 /usr/bin/python3 ", rf, "/benchmarks/gpu_vs_torch.py --device-kind cpu --out ", root,
       "/results --bin ", root, "/bin --job ", root, "/tiny.pbtxt --lengths-file ", rf,
       "/tests/data/flan-like-lengths.txt --samples 300 --max-lengths 512 --methods dynamic,packing --iterations 2 "
-      "--rounds 1 2>&1"));
+      "--rounds 1 --torch torch= 2>&1"));
   INFO(out.text);
   REQUIRE(out.rc == 0);
   const testing::ShellOutput table = testing::RunShell(absl::StrCat("cat ", root, "/results/gpu-bench.md"));
   CHECK(table.text.find("| 512 | dynamic |") != std::string::npos);
   CHECK(table.text.find("| 512 | packing |") != std::string::npos);
   CHECK(table.text.find("failures") == std::string::npos);
+  // Both of our variants ran (the second with the tiled kernel and separate glue, a no-op on the CPU).
+  CHECK(table.text.find("ours-tiled tokens/s") != std::string::npos);
+  CHECK(table.text.find("ours / ours-tiled") != std::string::npos);
   // The work folder (dataset, dumps) is temporary: only the two result files stay.
   CHECK(testing::RunShell(absl::StrCat("ls ", root, "/results | wc -l")).text == "2\n");
 }

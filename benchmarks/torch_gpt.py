@@ -329,10 +329,29 @@ def make_optimizer(model, opt, fused=False):
 # ---------------------------------------------------------------------------
 # Training, as our worker does it.
 
-def train(d, warmup, device="cpu", precision="fp32", attention_factory=MaterializedAttention):
-    """fp32 parameters and AdamW; with precision bf16 the forward runs under bf16 autocast."""
+def kernel_records(prof, iteration):
+    """One {"kind": "kernel"} line per device kernel, copy and fill of a torch.profiler run (CUPTI's
+    records, as //benchmarks:cpu_bench --kernel-trace prints ours)."""
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name
+        low = name.lower()
+        if low.startswith("memcpy"):
+            name = "[memcpy]"
+        elif low.startswith("memset"):
+            name = "[memset]"
+        emit("kernel", iteration=iteration, name=name, ns=int(round(e.time_range.elapsed_us() * 1000)))
+
+
+def train(d, warmup, device="cpu", precision="fp32", attention_factory=MaterializedAttention, compile_model=False,
+          trace_iteration=-1):
+    """fp32 parameters and AdamW; with precision bf16 the forward runs under bf16 autocast. compile_model:
+    the loss through torch.compile (dynamic shapes; the varlen attention's data-dependent indexing breaks
+    the graph there, as it does for a user). trace_iteration: that iteration's kernels as "kernel" lines."""
     cfg, opt = model_config(d), d["optimizer"]
     model = Gpt(cfg, make_params(d["params"], torch.float32, device), attention_factory)
+    loss_fn = torch.compile(model.loss, dynamic=True) if compile_model else model.loss
     optimizer = make_optimizer(model, opt, fused=device == "cuda")
     clip = float(opt["grad_clip"])
     batches = [[batch_tensors(b, device) for b in it["batches"]] for it in d["iterations"]]
@@ -347,6 +366,10 @@ def train(d, warmup, device="cpu", precision="fp32", attention_factory=Materiali
         real = sum(b["real_tokens"] for b in it["batches"])
         if cuda:
             torch.cuda.synchronize()
+        prof = None
+        if i == trace_iteration:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.perf_counter()
         for g in optimizer.param_groups:
             g["lr"] = it["lr"]
@@ -354,7 +377,7 @@ def train(d, warmup, device="cpu", precision="fp32", attention_factory=Materiali
         for forward, mb in it["steps"]:
             if forward:
                 with autocast():
-                    pending[mb] = model.loss(batches[i][mb], it["loss_scale"])
+                    pending[mb] = loss_fn(batches[i][mb], it["loss_scale"])
                 losses.append(pending[mb].detach())
             else:
                 pending.pop(mb).backward()
@@ -367,6 +390,9 @@ def train(d, warmup, device="cpu", precision="fp32", attention_factory=Materiali
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            kernel_records(prof, i)
         loss, norm = sum(float(x) for x in losses), float(norm)
         emit("iteration", iteration=i, loss=loss, grad_norm=norm, seconds=dt, real_tokens=real,
              warmup=i < warmup)
@@ -507,6 +533,10 @@ def main():
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                     help="bf16: the forward under bf16 autocast (fp32 weights and optimizer)")
+    ap.add_argument("--compile", action="store_true",
+                    help="train through torch.compile (dynamic shapes), PyTorch's second peer on the GPU")
+    ap.add_argument("--kernel-trace", type=int, default=-1, metavar="I",
+                    help="--device cuda: print every kernel of iteration I (torch.profiler) as a \"kernel\" line")
     ap.add_argument("--check-golden", metavar="PREFIX", help="compare with a make_golden.py file and exit")
     ap.add_argument("--self-test", action="store_true",
                     help="check the varlen attention's token layout against the masked reference and exit")
@@ -528,12 +558,12 @@ def main():
     factory, note = pick_attention(args.device, args.precision)
     fields = dict(impl="torch", torch=torch.__version__, dump=args.dump, method=d["job"]["method"],
                   attention=factory.name if hasattr(factory, "name") else VarlenAttention.name, attention_note=note,
-                  device=args.device, precision=args.precision, threads=torch.get_num_threads())
+                  device=args.device, precision=args.precision, threads=torch.get_num_threads(), compiled=args.compile)
     if args.device == "cuda":
         fields["gpu"] = torch.cuda.get_device_name()
     emit("config", **fields)
     if not args.no_train:
-        train(d, args.warmup, args.device, args.precision, factory)
+        train(d, args.warmup, args.device, args.precision, factory, args.compile, args.kernel_trace)
     if not args.no_ops:
         its = [int(x) for x in args.op_iterations.split(",") if x]
         time_ops(d, its, args.op_reps)

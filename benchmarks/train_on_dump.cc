@@ -12,7 +12,7 @@ namespace dynapipe::benchmarks {
 
 absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
                                                           runtime::model::AttentionKernel attention,
-                                                          runtime::Backend& backend) {
+                                                          runtime::Backend& backend, const AroundIteration& around) {
   runtime::model::GptConfig config = dump.config;
   config.attention = attention;
   runtime::model::StageOptions o;
@@ -44,7 +44,14 @@ absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
     const IterationDump& it = dump.iterations[i];
     TrainedIteration r;
     r.real_tokens = it.real_tokens();
+    if (around) {
+      RETURN_IF_ERROR(backend.Synchronize());
+      RETURN_IF_ERROR(around(i, true));
+    }
     const auto t0 = std::chrono::steady_clock::now();
+    const auto since_t0 = [&t0] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     for (const DumpStep& s : it.steps) {
       if (s.forward) {
         RETURN_IF_ERROR(stage->Forward(s.micro_batch, it.batches[s.micro_batch], nullptr, nullptr, it.loss_scale,
@@ -53,7 +60,9 @@ absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
         RETURN_IF_ERROR(stage->Backward(s.micro_batch, nullptr, nullptr));
       }
     }
+    r.queue_seconds = since_t0();
     ASSIGN_OR_RETURN(r.loss, stage->TakeLoss());  // one wait per iteration, as the executor
+    r.compute_seconds = since_t0();
     double sum = 0;
     RETURN_IF_ERROR(stage->AddGradSumOfSquares(&sum));
     r.grad_norm = std::sqrt(sum);
@@ -68,7 +77,8 @@ absl::StatusOr<std::vector<TrainedIteration>> TrainOnDump(const BatchDump& dump,
     RETURN_IF_ERROR(stage->OptimizerStep(args));
     RETURN_IF_ERROR(stage->ZeroGrads());
     RETURN_IF_ERROR(backend.Synchronize());  // the device's work, not just its queueing
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.seconds = since_t0();
+    if (around) RETURN_IF_ERROR(around(i, false));
     out.push_back(r);
   }
   return out;

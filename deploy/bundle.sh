@@ -8,7 +8,7 @@
 #   deploy/bundle.sh [--gpu-checks] [--out DIR]
 #
 #   --gpu-checks   also carry the CUDA kernel tests (for validating a GPU
-#                  machine: bin/dynapipe-env bin/matmul_test, ...)
+#                  machine: bin/dynapipe-env bin/matmul_test, ...); xz-compressed
 #   --out DIR      where the tarball goes (default out/bundle)
 #
 # On the target: tar -xzf dynapipe-bundle.tar.gz && dynapipe/bin/dynapipe-env dynapipe/bin/dynapipe-executor ...
@@ -23,7 +23,7 @@ file=dynapipe-bundle.tar.gz
 out=out/bundle
 while [ $# -gt 0 ]; do
   case "$1" in
-    --gpu-checks) target=//deploy:gpu_bundle; file=dynapipe-gpu-bundle.tar.gz ;;
+    --gpu-checks) target=//deploy:gpu_bundle; file=dynapipe-gpu-bundle.tar.xz ;;
     --out) out="$2"; shift ;;
     *) echo "bundle: unknown argument '$1' (usage: deploy/bundle.sh [--gpu-checks] [--out DIR])" >&2; exit 2 ;;
   esac
@@ -37,4 +37,4 @@ mkdir -p "$out"
 cp -f "bazel-bin/deploy/$file" "$out/$file"
 chmod u+w "$out/$file"
 echo "bundle: $out/$file ($(du -h "$out/$file" | cut -f1))"
-tar -xzOf "$out/$file" --wildcards '*/MANIFEST' | sed -n 2p | sed 's/^/bundle: /'
+tar -xOf "$out/$file" --wildcards '*/MANIFEST' | sed -n 2p | sed 's/^/bundle: /'

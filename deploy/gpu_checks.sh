@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # The whole GPU validation in one command, on a machine with a GPU and nothing
 # of ours installed (a lent device machine, or a cluster node): the CUDA test
-# binaries, a one-rank end-to-end training job, and the GPU profiler.
+# binaries, a few of them again under compute-sanitizer's memcheck on small
+# shapes, a one-rank end-to-end training job (then the same job killed after
+# its first checkpoint and resumed, its losses against the uninterrupted
+# run's), and the GPU profiler.
 #
-#   deploy/bundle.sh --gpu-checks                 # here: out/bundle/dynapipe-gpu-bundle.tar.gz
-#   bash deploy/gpu_checks.sh BUNDLE.tar.gz OUT   # there
+#   deploy/bundle.sh --gpu-checks                 # here: out/bundle/dynapipe-gpu-bundle.tar.xz
+#   bash deploy/gpu_checks.sh BUNDLE.tar.xz OUT   # there
 #
 # Needs only bash, coreutils, tar, grep, sed and awk there, plus the NVIDIA
 # driver and the CUDA runtime, cuBLAS and NCCL (bin/dynapipe-env finds them).
 # Redis comes with the bundle; no curl, python or network is used.
 #
-# Time: at most about 8 minutes in all (TOTAL_BUDGET_S). Every step runs
-# under `timeout -k`, so a hang is a failure, never a stuck session:
+# Time: at most about 5 minutes in all (TOTAL_BUDGET_S), so that this and
+# deploy/gpu_bench.sh fit one 9-minute device call. Every step runs under
+# `timeout -k`, so a hang is a failure, never a stuck session:
 #   test binaries   each at most TEST_LIMIT_S, all together TESTS_BUDGET_S
-#   end-to-end job  E2E_BUDGET_S: dataset, Redis, planner, one CUDA executor
+#   memcheck        MEMCHECK_BUDGET_S: compute-sanitizer on small cases
+#   end-to-end job  E2E_BUDGET_S: dataset, Redis, planner, one CUDA executor;
+#                   then RESUME_BUDGET_S: the job killed and resumed
 #   profiler        PROFILE_BUDGET_S, a small grid
 #
 # OUT gets at most 7 files, each written as the run goes (a run killed
@@ -27,13 +33,21 @@
 #   planner.log, executor.log, redis.log   the daemons' output
 #   profile.json            the cost profile of the cuda-tiny model
 # Exit status 0 only when every test binary, the job and the profiler passed.
+#
+# GPU_CHECKS_BACKEND=cpu is a dry run of the script itself on a machine
+# without a GPU (deploy/gpu_checks_test): the job and its resume on a CPU
+# executor (fp32, Gloo), the kernel tests, memcheck and the profiler skipped.
 set -uo pipefail
 
-TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-450}  # + timeout -k and daemon shutdown grace: under 8 minutes
-TEST_LIMIT_S=${TEST_LIMIT_S:-90}
-TESTS_BUDGET_S=${TESTS_BUDGET_S:-240}
-E2E_BUDGET_S=${E2E_BUDGET_S:-150}
-PROFILE_BUDGET_S=${PROFILE_BUDGET_S:-60}
+BACKEND=${GPU_CHECKS_BACKEND:-cuda}
+
+TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-330}  # + timeout -k and daemon shutdown grace: under 6 minutes
+TEST_LIMIT_S=${TEST_LIMIT_S:-60}
+TESTS_BUDGET_S=${TESTS_BUDGET_S:-120}
+MEMCHECK_BUDGET_S=${MEMCHECK_BUDGET_S:-40}
+E2E_BUDGET_S=${E2E_BUDGET_S:-80}
+RESUME_BUDGET_S=${RESUME_BUDGET_S:-70}
+PROFILE_BUDGET_S=${PROFILE_BUDGET_S:-20}
 KILL_AFTER_S=10  # timeout -k: SIGKILL this long after SIGTERM
 
 usage="usage: gpu_checks.sh BUNDLE.tar.gz OUT_DIR"
@@ -90,7 +104,7 @@ limited() {  # limited SECS CMD...: CMD under timeout -k (SECS at least 1)
 } | tee -a "$summary" "$log"
 command -v nvidia-smi >/dev/null && limited 20 nvidia-smi >>"$log" 2>&1
 
-if ! limited 60 tar -xzf "$bundle" -C "$work"; then
+if ! limited 60 tar -xf "$bundle" -C "$work"; then
   say "gpu_checks: cannot unpack $bundle"
   exit 1
 fi
@@ -104,12 +118,15 @@ missing="$(limited 60 "$env_run" ldd "$root/bin/dynapipe-executor" 2>&1 | awk '/
 [ -n "$missing" ] && echo "missing libraries: $missing" | tee -a "$summary" "$log"
 
 failed=0
+dry_run=0
+[ "$BACKEND" = cpu ] && dry_run=1
 
 # ---------------------------------------------------------- the test binaries
 tests_deadline=$((SECONDS + TESTS_BUDGET_S))
 passed_tests=0
 total_tests=0
 for t in "$root"/bin/*_test; do
+  [ $dry_run -eq 1 ] && break
   name="$(basename "$t")"
   total_tests=$((total_tests + 1))
   secs=$(left "$tests_deadline")
@@ -146,11 +163,63 @@ for t in "$root"/bin/*_test; do
   say "$name: $verdict, ${took}s: ${result:-no Catch2 summary}${skipped:+; $skipped}"
 done
 
+# ------------------------------------------------------------- memcheck
+# A few kernels' tests again under compute-sanitizer's memcheck, on cases
+# with small shapes (it runs every kernel 10-100 times slower): the new
+# attention paths, the fused matmul glue, the initialiser.
+sanitizer=""
+for s in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}; do
+  command -v "$s" >/dev/null 2>&1 && { sanitizer="$(command -v "$s")"; break; }
+done
+memcheck_deadline=$((SECONDS + MEMCHECK_BUDGET_S))
+memcheck_failed=0
+memcheck_cases=(
+  "cast_test|FillKeyedNormal draws the host generator's bits"
+  "attention_test|Attention matches the CPU on a single token"
+  "cudnn_attention_test|cuDNN attention passes the start-up check for head dimensions 64 and 128"
+  "matmul_test|Matmul's GELU operations refuse leading dimensions the epilogues cannot take"
+  "layers_test|GeluForward/Backward match the CPU backend"
+)
+if [ $dry_run -eq 1 ]; then
+  say "memcheck: skipped (cpu dry run)"
+elif [ -z "$sanitizer" ]; then
+  say "memcheck: NOT RUN (no compute-sanitizer on this machine)"
+  memcheck_failed=1
+else
+  for c in "${memcheck_cases[@]}"; do
+    bin="${c%%|*}" name="${c#*|}"
+    secs=$(left "$memcheck_deadline")
+    if [ "$secs" -lt 5 ]; then
+      say "memcheck $bin: NOT RUN (memcheck budget of ${MEMCHECK_BUDGET_S}s spent)"
+      memcheck_failed=$((memcheck_failed + 1))
+      continue
+    fi
+    echo "===== memcheck $bin \"$name\" (limit ${secs}s)" >>"$log"
+    start=$SECONDS
+    limited "$secs" "$env_run" "$sanitizer" --tool memcheck --error-exitcode 86 --print-limit 20 \
+      "$root/bin/$bin" "$name" >>"$log" 2>&1 </dev/null
+    rc=$?
+    case $rc in
+      0) verdict=ok ;;
+      86) verdict="FAIL (memory errors; see gpu-checks.log)" ;;
+      124 | 137) verdict="FAIL (timed out after ${secs}s)" ;;
+      *) verdict="FAIL (exit $rc)" ;;
+    esac
+    [ "$verdict" = ok ] || memcheck_failed=$((memcheck_failed + 1))
+    say "memcheck $bin \"$name\": $verdict, $((SECONDS - start))s"
+  done
+fi
+failed=$((failed + memcheck_failed))
+
 # ------------------------------------------------------ the end-to-end job
 # One CUDA executor trains configs/jobs/cuda-tiny.pbtxt through a planner and
 # Redis on loopback, all from the unpacked bundle (its folder is the data root,
 # so the job's relative dataset and checkpoint paths land inside it).
 job_file="configs/jobs/cuda-tiny.pbtxt"
+if [ $dry_run -eq 1 ]; then  # the CPU backend computes in fp32
+  sed 's/dtype: bf16/dtype: fp32/' "$root/$job_file" >"$work/cuda-tiny-cpu.pbtxt"
+  job_file="$work/cuda-tiny-cpu.pbtxt"
+fi
 e2e_result=""
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -181,6 +250,18 @@ daemon() {  # daemon LOG SECS CMD...: CMD in the background under timeout; sets 
 }
 last_line() { grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -1 | cut -c1-300; }
 
+planner_pid="" executor_pid="" grpc_port="" job=""
+
+start_executor() {  # start_executor SECS: one executor on device 0, CUDA and NCCL (sets executor_pid)
+  local comm=nccl
+  [ "$BACKEND" = cpu ] && comm=gloo
+  note "e2e: dynapipe-executor --backend $BACKEND --comm $comm --device 0"
+  daemon "$out/executor.log" "$1" "$env_run" bin/dynapipe-executor --backend="$BACKEND" --comm="$comm" \
+    --device=0 --node=gpu-checks --planner="127.0.0.1:$grpc_port" --token-file="$work/token" --data-root="$root" \
+    --http-port=0 --port-file="$work/executor.port"
+  executor_pid=$pid
+}
+
 run_e2e() {
   local deadline=$((SECONDS + E2E_BUDGET_S))
   cd "$root" || return 1
@@ -204,7 +285,7 @@ run_e2e() {
     local p=$((20000 + RANDOM % 40000))
     port_in_use "$p" && continue
     note "e2e: redis-server on 127.0.0.1:$p"
-    daemon "$out/redis.log" "$(left $((deadline + 30)))" bin/redis-server --port "$p" --bind 127.0.0.1 --save '' \
+    daemon "$out/redis.log" "$(left $((deadline + RESUME_BUDGET_S + 30)))" bin/redis-server --port "$p" --bind 127.0.0.1 --save '' \
       --appendonly no --daemonize no --dir "$work"
     if wait_for $((SECONDS + 10)) "$pid" redis_ping "$p"; then redis_port=$p; fi
   done
@@ -215,26 +296,21 @@ run_e2e() {
 
   # The planner picks its own ports and writes them once it serves.
   note "e2e: dynapipe-planner"
-  daemon "$out/planner.log" "$(left $((deadline + 30)))" bin/dynapipe-planner --listen=127.0.0.1:0 --http-port=0 \
+  daemon "$out/planner.log" "$(left $((deadline + RESUME_BUDGET_S + 30)))" bin/dynapipe-planner --listen=127.0.0.1:0 --http-port=0 \
     --redis="127.0.0.1:$redis_port" --token-file="$work/token" --data-root="$root" \
     --port-file="$work/planner.port"
-  local planner_pid=$pid
+  planner_pid=$pid
   if ! wait_for $((SECONDS + 20)) "$planner_pid" test -s "$work/planner.port"; then
     e2e_result="FAIL (planner did not start: $(last_line "$out/planner.log"))"
     return 1
   fi
-  local grpc_port http_port
+  local http_port
   read -r grpc_port http_port <"$work/planner.port"
   note "e2e: planner on 127.0.0.1:$grpc_port, status on http://127.0.0.1:$http_port/status"
   export DYNAPIPE_PLANNER="127.0.0.1:$grpc_port" DYNAPIPE_TOKEN_FILE="$work/token"
 
-  note "e2e: dynapipe-executor --backend cuda --comm nccl --device 0"
-  daemon "$out/executor.log" "$(left $((deadline + 30)))" "$env_run" bin/dynapipe-executor --backend=cuda --comm=nccl \
-    --device=0 --node=gpu-checks --planner="127.0.0.1:$grpc_port" --token-file="$work/token" --data-root="$root" \
-    --http-port=0 --port-file="$work/executor.port"
-  local executor_pid=$pid
+  start_executor "$(left $((deadline + RESUME_BUDGET_S + 30)))"
 
-  local job
   if ! job="$(limited "$(left "$deadline")" bin/dynapipe submit "$job_file" 2>>"$e2e_log")" || [ -z "$job" ]; then
     e2e_result="FAIL (submit refused: $(last_line "$e2e_log"))"
     return 1
@@ -306,6 +382,81 @@ run_e2e() {
   return 1
 }
 
+# The job's losses, "ITERATION LOSS" a line, from `dynapipe history`.
+losses() {
+  limited 10 bin/dynapipe history "$1" --limit 100000 2>>"$e2e_log" |
+    awk '{ for (i = 1; i <= NF; ++i) { if ($i == "iteration") it = $(i + 1); if ($i == "loss") print it, $(i + 1) } }'
+}
+job_state() { limited 10 bin/dynapipe status "$1" 2>/dev/null | awk '{print $3; exit}'; }
+
+# The same job killed (SIGKILL to its executor) once its first checkpoint is
+# written, then resubmitted with checkpoint.resume: its iterations after the
+# checkpoint must have the uninterrupted job's losses (within 1e-3, the
+# history's 4 decimals). Runs in the root, with the e2e job's daemons.
+run_resume() {
+  local deadline=$((SECONDS + RESUME_BUDGET_S)) uninterrupted=$1
+  local dir="out/cuda-tiny-resume/checkpoints" file="$work/cuda-tiny-resume.pbtxt"
+  sed -e 's/^name: "cuda-tiny"/name: "cuda-tiny-resume"/' -e "s|out/cuda-tiny/checkpoints|$dir|" "$job_file" >"$file"
+  note "resume: $(date -u +%H:%M:%SZ) $file (checkpoints in $dir)"
+  local first
+  if ! first="$(limited 10 bin/dynapipe submit "$file" 2>>"$e2e_log")" || [ -z "$first" ]; then
+    resume_result="FAIL (submit refused: $(last_line "$e2e_log"))"
+    return 1
+  fi
+  # Past the first checkpoint (interval 25): its shards on disk and a few
+  # more iterations run.
+  local done_its=0
+  until [ -n "$(ls "$dir" 2>/dev/null)" ] && [ "$done_its" -ge 28 ]; do
+    done_its=$(losses "$first" | wc -l)
+    if [ $SECONDS -ge $deadline ] || [ "$(job_state "$first")" = succeeded ]; then
+      resume_result="FAIL (no checkpoint to resume from: $done_its iterations, $(ls "$dir" 2>/dev/null | wc -l) checkpoint(s))"
+      return 1
+    fi
+    sleep 0.2
+  done
+  note "resume: SIGKILL to the executor after $done_its iterations of $first"
+  kill -KILL -- "-$executor_pid" "$executor_pid" 2>/dev/null
+  wait "$executor_pid" 2>/dev/null
+  # The planner fails the job once the executor's heartbeats stop.
+  until [ "$(job_state "$first")" = failed ]; do
+    if [ $SECONDS -ge $deadline ]; then
+      resume_result="FAIL (the killed executor's job never failed: $(job_state "$first"))"
+      return 1
+    fi
+    sleep 0.5
+  done
+  start_executor "$(left $((deadline + 30)))"
+  sed -i 's/^\(checkpoint { dir: .* interval: 25\) }$/\1 resume: true }/' "$file"
+  local second
+  if ! second="$(limited 10 bin/dynapipe submit "$file" 2>>"$e2e_log")" || [ -z "$second" ]; then
+    resume_result="FAIL (resubmission refused: $(last_line "$e2e_log"))"
+    return 1
+  fi
+  note "resume: resubmitted as $second"
+  local state
+  while state="$(job_state "$second")"; [ "$state" != succeeded ]; do
+    if [ "$state" = failed ] || [ "$state" = cancelled ] || [ $SECONDS -ge $deadline ]; then
+      resume_result="FAIL (resumed job $state: $(limited 10 bin/dynapipe status "$second" 2>&1 | cut -c1-200))"
+      return 1
+    fi
+    sleep 0.5
+  done
+  # Iterations the resumed job ran, against the uninterrupted job's.
+  local compared
+  compared="$(join <(losses "$uninterrupted" | sort -k1,1) <(losses "$second" | sort -k1,1) | awk '
+    { d = $2 - $3; if (d < 0) d = -d; if (d > worst) worst = d; ++n; if (first == "" || $1 < first) first = $1 }
+    END { printf "%d %s %.6f", n, first, worst }')"
+  local n from worst
+  read -r n from worst <<<"$compared"
+  note "resume: $n iterations compared from $from, worst loss difference $worst"
+  if [ "${n:-0}" -ge 10 ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-3) }'; then
+    resume_result="ok: killed after $done_its iterations, resumed from iteration $from; $n iterations' losses within $worst of the uninterrupted run"
+    return 0
+  fi
+  resume_result="FAIL ($n iterations compared from $from, worst loss difference $worst (at most 1e-3 allowed, at least 10 iterations))"
+  return 1
+}
+
 : >"$e2e_log"
 e2e_start=$SECONDS
 if [ $((TOTAL_BUDGET_S - SECONDS)) -lt 30 ]; then
@@ -315,16 +466,31 @@ else
   run_e2e
   e2e_rc=$?
 fi
+say "e2e cuda-tiny: ${e2e_result:-FAIL (no result)} [$((SECONDS - e2e_start))s in all]"
+[ $e2e_rc -eq 0 ] || failed=$((failed + 1))
+resume_start=$SECONDS
+resume_result=""
+if [ $e2e_rc -ne 0 ]; then
+  resume_result="NOT RUN (the uninterrupted job did not succeed)"
+elif [ $((TOTAL_BUDGET_S - SECONDS)) -lt 30 ]; then
+  resume_result="NOT RUN (total budget spent)"
+else
+  run_resume "$job"  # in the bundle's root (run_e2e went there), this shell: its executor is one of `daemons`
+  resume_rc=$?
+fi
+[ "${resume_rc:-1}" -eq 0 ] || failed=$((failed + 1))
 stop_daemons
 cd "$work" || exit 1
-[ $e2e_rc -eq 0 ] || failed=$((failed + 1))
-say "e2e cuda-tiny: ${e2e_result:-FAIL (no result)} [$((SECONDS - e2e_start))s in all]"
+say "resume cuda-tiny: ${resume_result:-see e2e.log} [$((SECONDS - resume_start))s]"
 
 # ---------------------------------------------------------------- the profiler
 secs=$(left $((SECONDS + PROFILE_BUDGET_S)))
 echo "===== dynapipe-gpu-profile (limit ${secs}s)" >>"$log"
 start=$SECONDS
-if [ "$secs" -lt 10 ]; then
+if [ $dry_run -eq 1 ]; then
+  rc=0
+  verdict="skipped (cpu dry run)"
+elif [ "$secs" -lt 10 ]; then
   rc=1
   verdict="NOT RUN (total budget spent)"
 else
@@ -343,6 +509,7 @@ echo "===== dynapipe-gpu-profile: exit $rc, $((SECONDS - start))s" >>"$log"
 [ $rc -eq 0 ] || failed=$((failed + 1))
 say "profile cuda-tiny: $verdict, $((SECONDS - start))s"
 
-say "gpu_checks: $passed_tests/$total_tests test binaries passed; e2e $([ $e2e_rc -eq 0 ] && echo ok || echo FAILED);" \
+say "gpu_checks: $passed_tests/$total_tests test binaries passed; memcheck $([ $memcheck_failed -eq 0 ] && echo ok || echo FAILED);" \
+  "e2e $([ $e2e_rc -eq 0 ] && echo ok || echo FAILED); resume $([ "${resume_rc:-1}" -eq 0 ] && echo ok || echo FAILED);" \
   "profile $([ $rc -eq 0 ] && echo ok || echo FAILED); $failed check(s) failed; ${SECONDS}s in all"
 [ $failed -eq 0 ]

@@ -103,9 +103,9 @@ max_version() {  # prefix
 cat > "$root/bin/dynapipe-env" <<'SCRIPT'
 #!/usr/bin/env bash
 # Runs a command of this bundle with the target machine's CUDA libraries
-# (runtime, cuBLAS, NCCL) on the library path: CUDA_HOME or /usr/local/cuda,
-# then NCCL / cuBLAS from Python's nvidia-* packages when the toolkit lacks
-# them. Usage: bin/dynapipe-env bin/dynapipe-executor --backend cuda ...
+# (runtime, cuBLAS, NCCL, cuDNN, NVRTC, CUPTI) on the library path: CUDA_HOME
+# or /usr/local/cuda, then those from Python's nvidia-* packages when the
+# toolkit lacks them. Usage: bin/dynapipe-env bin/dynapipe-executor --backend cuda ...
 # The search runs once per machine and CUDA_HOME: its result is kept in
 # bin/.dynapipe-env.<host> (used while every directory in it still exists).
 set -euo pipefail
@@ -133,6 +133,11 @@ if [ "$cached" = 0 ]; then
   find_lib libcublasLt.so.13
   find_lib libcublas.so.13
   find_lib libnccl.so.2
+  # Optional: cuDNN's fused attention (the tiled kernel runs without it) and
+  # the NVRTC its runtime-compiled engines need; CUPTI for --kernel-trace.
+  find_lib libcudnn.so.9
+  find_lib libnvrtc.so.13
+  find_lib libcupti.so.13
   path="$(IFS=:; echo "${dirs[*]:-}")"
   printf '%s\n%s\n' "$cuda" "$path" > "$cache.$$" 2>/dev/null && mv -f "$cache.$$" "$cache" 2>/dev/null || rm -f "$cache.$$"
 fi
@@ -154,6 +159,12 @@ chmod +x "$root/bin/dynapipe-env"
   fi
 } > "$root/MANIFEST"
 
-# Reproducible archive: fixed order, owner and times.
+# Reproducible archive: fixed order, owner and times; xz where OUT ends in
+# .xz (the GPU bundle: about half gzip's size, so it and the tree fit in one
+# transfer to a lent machine), gzip otherwise.
+case "$out" in
+  *.xz) compress=-J ;;
+  *) compress=-z ;;
+esac
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime='2000-01-01 00:00Z' \
-  -C "$work" -czf "$out" "$name"
+  -C "$work" "$compress" -cf "$out" "$name"

@@ -79,12 +79,15 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
   for (const Chunk& c : pm.chunks_) ++per_device[c.device];
   pm.chunks_per_device_ = *std::max_element(per_device.begin(), per_device.end());
 
-  // Model state: compute weights + fp32 gradients + Adam (fp32 master copy
-  // when the compute copy is narrower, and two moments), ZeRO-1 sharding the
-  // optimizer part over data-parallel ranks.
+  // Model state: compute weights + fp32 gradients + an fp32 master copy when
+  // the compute copy is narrower + Adam's two fp32 moments, ZeRO-1 sharding
+  // the moments over data-parallel ranks. The master copy stays whole, as
+  // the executors keep it (CudaGptStage: each rank updates its shard of it
+  // and the all-gather brings the rest, so the bf16 copy is refreshed from
+  // whole fp32 values).
   const double w = memory.weight_bytes;
-  const double optimizer = (w < 4 ? 4 : 0) + 8;
-  const double per_param = w + 4 + optimizer / (memory.zero1 ? std::max(1, memory.dp) : 1);
+  const double master = w < 4 ? 4 : 0;
+  const double per_param = w + 4 + master + 8.0 / (memory.zero1 ? std::max(1, memory.dp) : 1);
   pm.static_mb_.assign(num_devices, 0);
   pm.grad_mb_.assign(num_devices, 0);
   const LayerCostModel& lc = *pm.cost_;

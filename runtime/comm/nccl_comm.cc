@@ -3,6 +3,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -91,9 +92,18 @@ class Core {
   const NcclOptions& options() const { return options_; }
   absl::Status InitWorld();
   absl::StatusOr<std::shared_ptr<Op>> StartP2P(Direction dir, int peer, void* data, size_t bytes);
-  // Enqueues the all-reduce on the group's stream after the work queued on
-  // the compute stream and returns at once (its communicator is made on
-  // first use, which blocks until every member joined); Wait finishes it.
+  // A collective over the sorted `group`, enqueued on the group's stream
+  // after the work queued on the compute stream; returns at once (the group's
+  // communicator is made on first use, which blocks until every member
+  // joined); Wait finishes it. `issue` makes the NCCL call(s).
+  absl::StatusOr<std::shared_ptr<Op>> StartCollective(absl::Span<const int> group, absl::string_view kind, size_t n,
+                                                      absl::Time deadline,
+                                                      const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& issue);
+  // Reduce-scatter (gather = false) or all-gather of consecutive shards of
+  // counts[i] elements, member i's in the sorted group (comm.h's contract).
+  absl::StatusOr<std::shared_ptr<Op>> StartSharded(absl::Span<const int> group, float* data,
+                                                   absl::Span<const size_t> counts, bool gather, absl::Time deadline);
+  // The all-reduce (sum) of data[0, n).
   template <typename T>
   absl::StatusOr<std::shared_ptr<Op>> StartAllReduce(absl::Span<const int> group, T* data, size_t n,
                                                      absl::Time deadline);
@@ -482,12 +492,58 @@ void Core::Drop(Op* op) {
 template <typename T>
 absl::StatusOr<std::shared_ptr<Op>> Core::StartAllReduce(absl::Span<const int> group, T* data, size_t n,
                                                          absl::Time deadline) {
+  constexpr ncclDataType_t type = std::is_same_v<T, float> ? ncclFloat32 : ncclFloat64;
+  return StartCollective(group, "all-reduce", n, deadline, [=](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllReduce(data, data, n, type, ncclSum, comm, stream);
+  });
+}
+
+absl::StatusOr<std::shared_ptr<Op>> Core::StartSharded(absl::Span<const int> group, float* data,
+                                                       absl::Span<const size_t> counts, bool gather,
+                                                       absl::Time deadline) {
+  if (counts.size() != group.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(gather ? "all-gather" : "reduce-scatter", ": ", counts.size(),
+                                                   " shard counts for a group of ", group.size()));
+  }
+  size_t n = 0;
+  for (size_t c : counts) n += c;
+  std::vector<size_t> shards(counts.begin(), counts.end());
+  // Uneven shards: one root per shard, in one NCCL group (member i of the
+  // sorted group is the group communicator's rank i). ncclReduce adds the
+  // members' shards into member i's copy; ncclBroadcast sends member i's
+  // shard to everyone (in place on every rank).
+  return StartCollective(group, gather ? "all-gather" : "reduce-scatter", n, deadline,
+                         [=](ncclComm_t comm, cudaStream_t stream) {
+                           ncclResult_t r = ncclGroupStart();
+                           size_t offset = 0;
+                           for (size_t i = 0; r == ncclSuccess && i < shards.size(); ++i) {
+                             if (shards[i] > 0) {
+                               float* shard = data + offset;
+                               const int root = static_cast<int>(i);
+                               r = gather ? ncclBroadcast(shard, shard, shards[i], ncclFloat32, root, comm, stream)
+                                          : ncclReduce(shard, shard, shards[i], ncclFloat32, ncclSum, root, comm,
+                                                       stream);
+                               if (r == ncclInProgress) r = ncclSuccess;
+                             }
+                             offset += shards[i];
+                           }
+                           const ncclResult_t end = ncclGroupEnd();
+                           return r != ncclSuccess ? r : end;
+                         });
+}
+
+absl::StatusOr<std::shared_ptr<Op>> Core::StartCollective(absl::Span<const int> group, absl::string_view kind,
+                                                          size_t n, absl::Time deadline,
+                                                          const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>&
+                                                              issue) {
   std::vector<int> ranks(group.begin(), group.end());
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   const auto me = std::find(ranks.begin(), ranks.end(), options_.rank);
-  const std::string what = absl::StrCat("all-reduce of ", n, " values over ranks {", absl::StrJoin(ranks, ","), "}");
+  const std::string what =
+      absl::StrCat(kind, " of ", n, " values over ranks {", absl::StrJoin(ranks, ","), "}");
   if (me == ranks.end()) return absl::InvalidArgumentError(absl::StrCat(what, ": this rank is not a member"));
+  if (ranks.size() != group.size()) return absl::InvalidArgumentError(absl::StrCat(what, ": a rank repeats"));
   if (ranks.front() < 0 || ranks.back() >= options_.size) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": rank out of range"));
   }
@@ -539,7 +595,6 @@ absl::StatusOr<std::shared_ptr<Op>> Core::StartAllReduce(absl::Span<const int> g
       return made;
     }
   }
-  constexpr ncclDataType_t type = std::is_same_v<T, float> ? ncclFloat32 : ncclFloat64;
   ncclComm_t* comm = nullptr;
   ncclResult_t r;
   {
@@ -553,7 +608,7 @@ absl::StatusOr<std::shared_ptr<Op>> Core::StartAllReduce(absl::Span<const int> g
       op->done = nullptr;
       return cuda::CudaStatus(e, "cudaEventCreateWithFlags");
     }
-    r = ncclAllReduce(data, data, n, type, ncclSum, g.comm, g.stream);
+    r = issue(g.comm, g.stream);
     if (r != ncclSuccess && r != ncclInProgress) {
       const absl::Status s = NcclError(r, what);
       AbortLocked(s);
@@ -729,6 +784,18 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclRequest>(core_, std::move(op));
   }
   bool overlaps_collectives() const override { return true; }
+  absl::StatusOr<std::unique_ptr<Request>> StartReduceScatterSum(absl::Span<const int> group, float* data,
+                                                                 absl::Span<const size_t> counts,
+                                                                 absl::Time deadline) override {
+    ASSIGN_OR_RETURN(auto op, core_->StartSharded(group, data, counts, /*gather=*/false, deadline));
+    return std::make_unique<NcclRequest>(core_, std::move(op));
+  }
+  absl::StatusOr<std::unique_ptr<Request>> StartAllGather(absl::Span<const int> group, float* data,
+                                                          absl::Span<const size_t> counts,
+                                                          absl::Time deadline) override {
+    ASSIGN_OR_RETURN(auto op, core_->StartSharded(group, data, counts, /*gather=*/true, deadline));
+    return std::make_unique<NcclRequest>(core_, std::move(op));
+  }
   void Abort() override { core_->Abort(absl::AbortedError("aborted by the caller")); }
 
  private:

@@ -235,6 +235,26 @@ TEST_CASE("Abort from another thread ends a wait promptly without blaming a peer
   compute.Sync();
 }
 
+TEST_CASE("one NCCL rank reduce-scatters and all-gathers over itself (ZeRO-1's collectives)", "[gpu]") {
+  cuda::testing::Stream compute;
+  MemoryKeyValueStore store;
+  auto comm = OneRank(&store, "job-z", compute.get());
+  std::vector<float> host(1000);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = 0.25f * static_cast<float>(i);
+  DeviceArray<float> data(host);
+  const int group[] = {0};
+  const size_t counts[] = {host.size()};
+  auto rs = comm->StartReduceScatterSum(group, data.get(), counts, In(30));
+  REQUIRE(rs.ok());
+  CHECK((*rs)->Wait(In(30)).ok());
+  auto ag = comm->StartAllGather(group, data.get(), counts, In(30));
+  REQUIRE(ag.ok());
+  CHECK((*ag)->Wait(In(30)).ok());
+  CHECK(data.Download() == host);  // a sum over one rank, gathered from one rank
+  const size_t wrong[] = {10, 20};
+  CHECK(absl::IsInvalidArgument(comm->StartAllGather(group, data.get(), wrong, In(1)).status()));
+}
+
 TEST_CASE("groups pair up and a wait inside one is refused", "[gpu]") {
   MemoryKeyValueStore store;
   auto comm = OneRank(&store, "job-e");

@@ -65,9 +65,38 @@ class StagedCommunicator final : public Communicator {
     return Reduce(group, data, n, deadline);
   }
 
+  // The sharded collectives of ZeRO-1 through the host: the device data is
+  // copied out now (after the work queued on the device), the host
+  // communicator runs the collective, and Wait copies the result back (all
+  // of it: outside a reduce-scatter's own shard the contract leaves data
+  // unspecified).
+  absl::StatusOr<std::unique_ptr<Request>> StartReduceScatterSum(absl::Span<const int> group, float* data,
+                                                                 absl::Span<const size_t> counts,
+                                                                 absl::Time deadline) override {
+    return StartSharded(group, data, counts, deadline, /*gather=*/false);
+  }
+  absl::StatusOr<std::unique_ptr<Request>> StartAllGather(absl::Span<const int> group, float* data,
+                                                          absl::Span<const size_t> counts,
+                                                          absl::Time deadline) override {
+    return StartSharded(group, data, counts, deadline, /*gather=*/true);
+  }
+
   void Abort() override { host_->Abort(); }
 
  private:
+  absl::StatusOr<std::unique_ptr<Request>> StartSharded(absl::Span<const int> group, float* data,
+                                                        absl::Span<const size_t> counts, absl::Time deadline,
+                                                        bool gather) {
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    std::vector<char> staging(n * sizeof(float));
+    RETURN_IF_ERROR(copies_->to_host(staging.data(), data, staging.size()));
+    auto* host = reinterpret_cast<float*>(staging.data());
+    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner, gather ? host_->StartAllGather(group, host, counts, deadline)
+                                                            : host_->StartReduceScatterSum(group, host, counts, deadline));
+    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(staging), data, copies_));
+  }
+
   template <typename T>
   absl::Status Reduce(absl::Span<const int> group, T* data, size_t n, absl::Time deadline) {
     std::vector<T> staging(n);

@@ -503,6 +503,7 @@ absl::Status Worker::GatherParams() {
     }
   }
   for (auto& request : pending) RETURN_IF_ERROR(request->Wait(Deadline()));
+  for (auto& c : chunks_) RETURN_IF_ERROR(c->ParamsGathered());
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 
 #include "runtime/model/gpt_cuda.h"
 
+#include <algorithm>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -182,10 +183,47 @@ absl::Status CudaGptStage::GradSumsOfSquares(std::span<const ParamRun> pieces, s
   return absl::OkStatus();
 }
 
-absl::Status CudaGptStage::ShardOptimizer(std::span<const ParamRun>) {
-  return absl::UnimplementedError(
-      "optimizer.zero1: the cuda backend keeps its fp32 master weights and AdamW moments whole on every rank "
-      "(ZeRO-1 runs on the cpu backend)");
+size_t CudaGptStage::state_bytes() const {
+  const size_t P = layout_.num_params();
+  if (owned_.empty()) return P * kStateBytesPerParam;
+  return P * (kStateBytesPerParam - 8) + OwnedTotal() * 8;
+}
+
+size_t CudaGptStage::OwnedTotal() const {
+  size_t total = 0;
+  for (const ParamRun& r : owned_) total += r.size;
+  return total;
+}
+
+absl::Status CudaGptStage::ShardOptimizer(std::span<const ParamRun> owned) {
+  const size_t P = layout_.num_params();
+  size_t total = 0, end = 0;
+  for (const ParamRun& r : owned) {
+    if (r.offset < end || r.offset + r.size > P) {
+      return absl::InvalidArgumentError(absl::StrCat("ShardOptimizer: run [", r.offset, ", ", r.offset + r.size,
+                                                     ") overlaps or lies outside the stage's ", P, " parameters"));
+    }
+    end = r.offset + r.size;
+    total += r.size;
+  }
+  // The whole moments go once the stream no longer uses them (bounded wait).
+  RETURN_IF_ERROR(WaitStream("CudaGptStage::ShardOptimizer"));
+  for (float** p : {&m_, &v_}) {
+    if (*p != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(*p));
+    *p = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(p), std::max<size_t>(total, 1) * kF32));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(*p, 0, std::max<size_t>(total, 1) * kF32, stream_));
+  }
+  // A rank owning nothing keeps one empty run: sharded all the same.
+  owned_.assign(owned.begin(), owned.end());
+  if (owned_.empty()) owned_.push_back({0, 0});
+  return absl::OkStatus();
+}
+
+absl::Status CudaGptStage::ParamsGathered() {
+  if (owned_.empty() || layout_.num_params() == 0) return absl::OkStatus();
+  return cuda::CastF32ToBf16(master_, reinterpret_cast<uint16_t*>(compute_),
+                             static_cast<int64_t>(layout_.num_params()), stream_);
 }
 
 absl::Status CudaGptStage::OptimizerStep(const OptimizerStepArgs& args) {
@@ -196,15 +234,31 @@ absl::Status CudaGptStage::OptimizerStep(const OptimizerStepArgs& args) {
                       static_cast<float>(args.adamw.weight_decay),
                       args.step,
                       static_cast<float>(args.grad_scale)};
-  // Offsets are multiples of 8 elements, so every launch keeps the 16-byte
-  // aligned vector path.
-  auto step = [&](const ParamRun& r) {
-    return cuda::AdamWStep(master_ + r.offset, compute_ + r.offset, G(r.offset), m_ + r.offset, v_ + r.offset,
-                           static_cast<int64_t>(r.size), p, stream_);
+  // Whole: offsets are multiples of 8 elements, so every launch keeps the
+  // 16-byte aligned vector path; moments are indexed like parameters.
+  // Sharded: each group run cut to the owned runs, moments packed in owned
+  // order (shard edges need not be aligned: the kernel has a scalar path).
+  auto step = [&](const ParamRun& r, float weight_decay) -> absl::Status {
+    p.weight_decay = weight_decay;
+    if (owned_.empty()) {
+      return cuda::AdamWStep(master_ + r.offset, compute_ + r.offset, G(r.offset), m_ + r.offset, v_ + r.offset,
+                             static_cast<int64_t>(r.size), p, stream_);
+    }
+    size_t moment = 0;
+    for (const ParamRun& o : owned_) {
+      const size_t lo = std::max(r.offset, o.offset), hi = std::min(r.offset + r.size, o.offset + o.size);
+      if (lo < hi) {
+        const size_t at = moment + (lo - o.offset);
+        RETURN_IF_ERROR(cuda::AdamWStep(master_ + lo, compute_ + lo, G(lo), m_ + at, v_ + at,
+                                        static_cast<int64_t>(hi - lo), p, stream_));
+      }
+      moment += o.size;
+    }
+    return absl::OkStatus();
   };
-  for (const ParamRun& r : decay_runs_) RETURN_IF_ERROR(step(r));
-  p.weight_decay = 0;  // biases and LayerNorm gains
-  for (const ParamRun& r : no_decay_runs_) RETURN_IF_ERROR(step(r));
+  const float decay = p.weight_decay;
+  for (const ParamRun& r : decay_runs_) RETURN_IF_ERROR(step(r, decay));
+  for (const ParamRun& r : no_decay_runs_) RETURN_IF_ERROR(step(r, 0.0f));  // biases and LayerNorm gains
   return absl::OkStatus();
 }
 
@@ -219,8 +273,22 @@ absl::Status CudaGptStage::ExportState(StageState* out) {
   // done, so the queued work must be over before the call (deadline here).
   RETURN_IF_ERROR(WaitStream("ExportState"));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->params.data(), master_, P * kF32, cudaMemcpyDeviceToHost, stream_));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->adam_m.data(), m_, P * kF32, cudaMemcpyDeviceToHost, stream_));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->adam_v.data(), v_, P * kF32, cudaMemcpyDeviceToHost, stream_));
+  if (owned_.empty()) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->adam_m.data(), m_, P * kF32, cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->adam_v.data(), v_, P * kF32, cudaMemcpyDeviceToHost, stream_));
+    return WaitStream("ExportState");
+  }
+  // Sharded: the packed moments land at their runs; the rest stays zero.
+  size_t moment = 0;
+  for (const ParamRun& o : owned_) {
+    if (o.size > 0) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->adam_m.data() + o.offset, m_ + moment, o.size * kF32,
+                                           cudaMemcpyDeviceToHost, stream_));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->adam_v.data() + o.offset, v_ + moment, o.size * kF32,
+                                           cudaMemcpyDeviceToHost, stream_));
+    }
+    moment += o.size;
+  }
   return WaitStream("ExportState");
 }
 
@@ -232,8 +300,21 @@ absl::Status CudaGptStage::ImportState(const StageState& in) {
   }
   if (P == 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(master_, in.params.data(), P * kF32, cudaMemcpyHostToDevice, stream_));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m_, in.adam_m.data(), P * kF32, cudaMemcpyHostToDevice, stream_));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_, in.adam_v.data(), P * kF32, cudaMemcpyHostToDevice, stream_));
+  if (owned_.empty()) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m_, in.adam_m.data(), P * kF32, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_, in.adam_v.data(), P * kF32, cudaMemcpyHostToDevice, stream_));
+  } else {
+    size_t moment = 0;
+    for (const ParamRun& o : owned_) {
+      if (o.size > 0) {
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m_ + moment, in.adam_m.data() + o.offset, o.size * kF32,
+                                             cudaMemcpyHostToDevice, stream_));
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_ + moment, in.adam_v.data() + o.offset, o.size * kF32,
+                                             cudaMemcpyHostToDevice, stream_));
+      }
+      moment += o.size;
+    }
+  }
   RETURN_IF_ERROR(
       cuda::CastF32ToBf16(master_, reinterpret_cast<uint16_t*>(compute_), static_cast<int64_t>(P), stream_));
   // `in` may be pinned, where the copies are truly asynchronous: wait before

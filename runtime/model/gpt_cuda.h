@@ -96,7 +96,8 @@ class CudaGptStage final : public Stage {
   // last stage's Infer output (rows * seq, vocab).
   const GptLayout& layout() const override { return layout_; }
   DType activation_dtype() const override { return DType::kBF16; }
-  size_t state_bytes() const override { return layout_.num_params() * kStateBytesPerParam; }
+  // 18 bytes per parameter; after ShardOptimizer 10, plus 8 per owned one.
+  size_t state_bytes() const override;
   // Enqueued, never waits: the last stage's loss stays on the device, in one
   // slot per micro-batch, until TakeLoss. `hidden_in` is copied into the
   // stash by the first work the call queues.
@@ -126,17 +127,24 @@ class CudaGptStage final : public Stage {
   absl::Status AddGradSumOfSquares(double* sum) override;
   // One device sum per piece (double), one copy back; waits for the stream.
   absl::Status GradSumsOfSquares(std::span<const ParamRun> pieces, std::span<double> out) override;
-  // ZeRO-1 is not implemented here (UNIMPLEMENTED): the fp32 master weights
-  // and moments stay whole on every rank.
+  // ZeRO-1: AdamW moments only for the owned runs (packed in their order;
+  // the device memory of the whole ones is freed). The fp32 master weights
+  // stay whole: each rank updates its owned part, and the all-gather of
+  // params() (the masters) brings the rest, after which ParamsGathered
+  // rewrites the bf16 copy.
   absl::Status ShardOptimizer(std::span<const ParamRun> owned) override;
-  float* params() override { return nullptr; }
+  float* params() override { return master_; }
+  absl::Status ParamsGathered() override;
   // One AdamW launch per run of the decay group (args.adamw.weight_decay)
-  // and per run of the rest (no decay); rewrites the bf16 copy. Enqueued.
+  // and per run of the rest (no decay), within the owned runs after
+  // ShardOptimizer; rewrites the bf16 copy of what it updated. Enqueued.
   absl::Status OptimizerStep(const OptimizerStepArgs& args) override;
-  // Master weights and moments to the host; waits for the stream.
+  // Master weights and moments to the host (moments outside the owned runs
+  // as zeros after ShardOptimizer); waits for the stream.
   absl::Status ExportState(StageState* out) override;
-  // Host -> master weights and moments, then the bf16 copy from the masters;
-  // leaves the gradients alone. Waits, so `in` may be freed on return.
+  // Host -> master weights and moments (the owned runs' only, after
+  // ShardOptimizer), then the bf16 copy from the masters; leaves the
+  // gradients alone. Waits, so `in` may be freed on return.
   absl::Status ImportState(const StageState& in) override;
 
   // CUDA-specific views (tests, the profiler).
@@ -180,6 +188,8 @@ class CudaGptStage final : public Stage {
                                                     Recompute recompute);
   // Fills every activation of layer `l` from a.x; writes the layer's output
   // to `out` unless it is null (recomputation needs no output).
+  // Parameters in the owned runs (ZeRO-1).
+  size_t OwnedTotal() const;
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s,
                             bf16* out);  // (B, T, C) or null
   // The layer's attention, forward and backward, through cuDNN where the
@@ -208,8 +218,9 @@ class CudaGptStage final : public Stage {
   float* master_ = nullptr;  // device (P)
   bf16* compute_ = nullptr;  // device (P)
   float* grads_ = nullptr;   // device (P)
-  float* m_ = nullptr;       // device (P)
-  float* v_ = nullptr;       // device (P)
+  float* m_ = nullptr;       // device (P), or the owned runs' total after ShardOptimizer
+  float* v_ = nullptr;       // likewise
+  std::vector<ParamRun> owned_;  // ZeRO-1's owned runs; empty: every parameter
   HostScalars* host_ = nullptr;  // pinned: the losses and the sum of squares coming back
   float* loss_slots_ = nullptr;  // device (kLossSlots), zero where not pending
   int pending_losses_ = 0;       // slots written since the last fold

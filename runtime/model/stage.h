@@ -124,6 +124,9 @@ class Stage {
   // all-gather after a sharded step (fp32; null where ShardOptimizer is
   // unimplemented).
   virtual float* params() = 0;
+  // After that all-gather completed: the backend refreshes what it derives
+  // from params() (the CUDA stage's bf16 compute copy). Enqueued.
+  virtual absl::Status ParamsGathered() { return absl::OkStatus(); }
 
   // Parameters and AdamW moments to / from the host (checkpoints, tests).
   // Import checks every size against the layout (INVALID_ARGUMENT). After

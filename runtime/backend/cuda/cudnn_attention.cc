@@ -18,6 +18,7 @@
 //   dq, dk, dv  as q, k, v, at dqkv.
 //   stats       [b, H, S, 1], strides [H S, 1, H, 1]: token-major (B T, H),
 //               ragged by token start * H; the backward's row sums likewise.
+//   dq accum    fp32 in out's layout (cuDNN adds into it; then cast to dq).
 //   lengths     [b, 1, 1, 1] int32; offsets [b + 1, 1, 1, 1] int64.
 
 #include "runtime/backend/cuda/cudnn_attention.h"
@@ -474,8 +475,10 @@ absl::Status BuildBackward(Builder& g, const CudnnAttentionKey& k, bool plan) {
   ASSIGN_OR_RETURN(auto dv, g.Tensor({"dv", kDV, CUDNN_DATA_BFLOAT16, bhsd, token_major, false, false, c.off_v}));
   ASSIGN_OR_RETURN(auto row_sum, g.Tensor({"row sums of dout * out", kRowSum, CUDNN_DATA_FLOAT, {b, H, S, 1},
                                                  {H * S, 1, H, 1}, false, false, c.off_stats}));
-  ASSIGN_OR_RETURN(auto dq_accum, g.Tensor({"dq accumulator", kDQAccum, CUDNN_DATA_FLOAT, bhsd, token_major,
-                                                  false, false, c.off_q}));
+  // The accumulator in out's token-major layout (token stride C, not qkv's
+  // 3C): a third of the memory a copy of dq's layout would take.
+  ASSIGN_OR_RETURN(auto dq_accum, g.Tensor({"dq accumulator", kDQAccum, CUDNN_DATA_FLOAT, bhsd, {S * C, D, C, 1},
+                                                  false, false, c.off_o}));
 
   // rowsum(dout * out), times the (absent) dropout scale 1.
   ASSIGN_OR_RETURN(auto t1, g.Virtual("dout * out", CUDNN_DATA_FLOAT, bhsd, {H * S * D, S * D, H * D, 1}));
@@ -666,8 +669,7 @@ absl::StatusOr<size_t> CudnnAttention::ForwardWorkspace(const CudnnAttentionBatc
 namespace {
 
 // The backward's workspace: the plan's, then the row sums, token-major
-// (B T, NH) fp32, then the dq accumulator in q's layout within (B T, 3C) fp32
-// (cuDNN addresses it like dq).
+// (B T, NH) fp32, then the dq accumulator, (B T, C) fp32 (out's layout).
 // The batch's arrays agree with its bucket and stay inside (B, T).
 absl::Status CheckBatch(const CudnnAttentionBatch& b, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const auto n = static_cast<size_t>(b.bucket.sequences);
@@ -691,7 +693,7 @@ BackwardLayout LayOutBackward(int64_t plan_workspace, int64_t B, int64_t T, int6
   BackwardLayout l;
   l.row_sum = AlignUp(static_cast<size_t>(plan_workspace));
   l.dq_accum = l.row_sum + AlignUp(static_cast<size_t>(B * T * NH) * sizeof(float));
-  l.dq_accum_bytes = static_cast<size_t>(B * T * 3 * C) * sizeof(float);
+  l.dq_accum_bytes = static_cast<size_t>(B * T * C) * sizeof(float);
   l.total = l.dq_accum + AlignUp(l.dq_accum_bytes);
   return l;
 }

@@ -108,8 +108,8 @@ class CudnnAttention {
   static DeviceBatch Locate(const CudnnAttentionBatch& batch, const void* device_block);
 
   // Workspace bytes of the pass for this batch's bucket (the graph is built
-  // and compiled now where it is new). Backward's includes its fp32 scratch
-  // ((B * T, NH) row sums of dO * O).
+  // and compiled now where it is new). Backward's includes its fp32 scratch:
+  // (B * T, NH) row sums of dO * O and the (B * T, C) dq accumulator.
   absl::StatusOr<size_t> ForwardWorkspace(const CudnnAttentionBatch& batch, int64_t B, int64_t T, int64_t C,
                                           int64_t NH);
   absl::StatusOr<size_t> BackwardWorkspace(const CudnnAttentionBatch& batch, int64_t B, int64_t T, int64_t C,
