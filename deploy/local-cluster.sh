@@ -4,9 +4,12 @@
 #
 #   deploy/local-cluster.sh start [--executors N]   start everything, print addresses
 #   deploy/local-cluster.sh status                  what runs, planner health
+#   deploy/local-cluster.sh restart-planner         SIGTERM the planner, start it again on its ports
+#                                                   (jobs, executors and `dynapipe watch` ride through)
 #   deploy/local-cluster.sh stop                    stop everything (SIGTERM, then SIGKILL after 10 s)
 #
 # State (pids, logs, ports, token) lives in $DYNAPIPE_RUN_DIR (default out/local-cluster).
+# Relative dataset paths resolve against $DYNAPIPE_DATA_ROOT (default: the repository).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,6 +18,7 @@ bin="${DYNAPIPE_BIN:-$root/bazel-bin}"
 redis_port="${DYNAPIPE_REDIS_PORT:-16379}"
 planner_port="${DYNAPIPE_PLANNER_PORT:-50051}"
 http_port="${DYNAPIPE_HTTP_PORT:-8080}"
+data_root="${DYNAPIPE_DATA_ROOT:-$root}"
 
 running() { [ -f "$run/$1.pid" ] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; }
 
@@ -24,6 +28,29 @@ wait_for() {  # wait_for SECONDS COMMAND...: poll until COMMAND succeeds, with a
     if [ $SECONDS -ge $deadline ]; then return 1; fi
     sleep 0.2
   done
+}
+
+start_planner() {
+  "$bin/planner/service/dynapipe-planner" --listen="127.0.0.1:$planner_port" --http-port="$http_port" \
+    --redis="127.0.0.1:$redis_port" --token-file="$run/token" --data-root="$data_root" \
+    --log-file="$run/planner.log" >> "$run/planner.out" 2>&1 &
+  echo $! > "$run/planner.pid"
+  wait_for 15 curl -sf "http://127.0.0.1:$http_port/healthz" ||
+    { echo "local-cluster: planner did not start (see $run/planner.out)" >&2; return 1; }
+}
+
+# SIGTERM, wait (SIGKILL after 10 s), start again on the same ports.
+restart_planner() {
+  running planner || { echo "local-cluster: no planner running (start first)" >&2; exit 1; }
+  local pid; pid="$(cat "$run/planner.pid")"
+  kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + 10))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ $SECONDS -ge $deadline ]; then kill -KILL "$pid" 2>/dev/null || true; break; fi
+    sleep 0.1
+  done
+  start_planner || exit 1
+  echo "local-cluster: planner restarted (pid $(cat "$run/planner.pid"))"
 }
 
 start() {
@@ -47,11 +74,7 @@ start() {
   echo $! > "$run/redis.pid"
   wait_for 10 redis-cli -p "$redis_port" ping || { echo "local-cluster: redis did not start (see $run/redis.log)" >&2; stop; exit 1; }
 
-  "$bin/planner/service/dynapipe-planner" --listen="127.0.0.1:$planner_port" --http-port="$http_port" \
-    --redis="127.0.0.1:$redis_port" --token-file="$run/token" --data-root="$root" \
-    --log-file="$run/planner.log" > "$run/planner.out" 2>&1 &
-  echo $! > "$run/planner.pid"
-  wait_for 15 curl -sf "http://127.0.0.1:$http_port/healthz" || { echo "local-cluster: planner did not start (see $run/planner.out)" >&2; stop; exit 1; }
+  start_planner || { stop; exit 1; }
 
   if [ "$executors" -gt 0 ]; then
     if [ ! -x "$bin/runtime/executor/dynapipe-executor" ]; then
@@ -59,7 +82,7 @@ start() {
     else
       for i in $(seq 0 $((executors - 1))); do
         "$bin/runtime/executor/dynapipe-executor" --planner="127.0.0.1:$planner_port" --device="$i" --node=local \
-          --backend=cpu --token-file="$run/token" --data-root="$root" --http-port=0 \
+          --backend=cpu --token-file="$run/token" --data-root="$data_root" --http-port=0 \
           --port-file="$run/executor-$i.port" --log-file="$run/executor-$i.log" > "$run/executor-$i.out" 2>&1 &
         echo $! > "$run/executor-$i.pid"
       done
@@ -110,5 +133,6 @@ case "${1:-}" in
   start) shift; start "$@" ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: deploy/local-cluster.sh start [--executors N] | status | stop" >&2; exit 2 ;;
+  restart-planner) restart_planner ;;
+  *) echo "usage: deploy/local-cluster.sh start [--executors N] | status | restart-planner | stop" >&2; exit 2 ;;
 esac

@@ -13,6 +13,9 @@
 #           (Name=gpu Type=fake): executors per node come from the
 #           allocation, not from the SLURM_NTASKS=1 that --ntasks-per-node=1
 #           leaves, and the Redis and planner steps must not claim the GPUs
+#   planner-restart  as no-gpu, 300 iterations; the planner is SIGKILLed
+#           mid-job: the script restarts it, the executors and `watch` ride
+#           through, and Slurm records COMPLETED
 #
 # Exit status: 0 all jobs passed; 1 a failure (one line says which, then the
 # tails of the relevant logs); 77 skipped (slurm-wlm or munge not installed,
@@ -255,27 +258,47 @@ cp "$repo/deploy/slurm/test-job.pbtxt" "$work/job.pbtxt" || fail "no $repo/deplo
 
 job_state() { timeout 5 scontrol show job -o "$1" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 
-# run_job NAME SBATCH_OPTION...: submit the sbatch script, wait for its end,
-# require COMPLETED and the DynaPipe job succeeded.
+sed 's/^iterations: 8$/iterations: 300/' "$work/job.pbtxt" > "$work/long-job.pbtxt"
+grep -q '^iterations: 300$' "$work/long-job.pbtxt" || fail "deploy/slurm/test-job.pbtxt has no 'iterations: 8' line"
+
+# The planner process of a running sbatch job (not the srun or bash that
+# started it: its command line starts with the binary).
+planner_pid() { pgrep -f -- "^$bin/planner/service/dynapipe-planner --listen=127.0.0.1:$planner_port"; }
+
+# kill_planner_mid_job OUT: once `watch` printed iteration 3 into OUT, SIGKILL
+# the planner (the script restarts it).
+kill_planner_mid_job() {
+  local out=$1 pid
+  wait_for "the job did not reach iteration 3" 120 grep -Eq ' running iteration ([3-9]|[0-9]{2,})/' "$out"
+  pid=$(planner_pid) || fail "no dynapipe-planner process on port $planner_port"
+  kill -KILL "$pid"
+  say "SIGKILLed the planner ($pid) at: $(grep -E ' running iteration ' "$out" | tail -n 1 | cut -d'|' -f1)"
+}
+
+# run_job NAME JOB_FILE ITERATIONS FAULT SBATCH_OPTION...: submit the sbatch
+# script, inject FAULT ("" or a function given the output file) while it runs,
+# wait for its end, require COMPLETED and the DynaPipe job succeeded.
 summary=()
 run_job() {
-  local name=$1 t0=$SECONDS id st out layout
-  shift
+  local name=$1 job_file=$2 iterations=$3 fault=$4 t0=$SECONDS id st out layout
+  shift 4
   out="$work/$name.out"
   id=$(cd "$work" && timeout 20 sbatch --parsable --job-name="dynapipe-$name" --nodes=1 --time=4 \
-    --output="$out" "$@" "$repo/deploy/slurm/dynapipe.sbatch" job.pbtxt) || fail "sbatch ($name)"
+    --output="$out" "$@" "$repo/deploy/slurm/dynapipe.sbatch" "$job_file") || fail "sbatch ($name)"
   id=${id%%;*}
   job_ids+=("$id")
+  [ -z "$fault" ] || "$fault" "$out"
   until st=$(job_state "$id") && [[ $st =~ ^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)$ ]]; do
     [ $SECONDS -lt $deadline ] ||
       fail "job $name ($id) still ${st:-unknown} at the deadline: $(timeout 5 scontrol show job -o "$id" | grep -o 'Reason=[^ ]*')"
     sleep 1
   done
   [ "$st" = COMPLETED ] || fail "job $name ($id) ended $st"
-  grep -q ' succeeded iteration 8/8' "$out" || fail "job $name ($id) COMPLETED without the DynaPipe job succeeding"
+  grep -q " succeeded iteration $iterations/$iterations" "$out" ||
+    fail "job $name ($id) COMPLETED without the DynaPipe job succeeding"
   layout=$(grep -m1 -o '2 cpu executors (2 per node on [^)]*)' "$out") ||
     fail "job $name ($id) did not run 2 cpu executors on the node"
-  say "job $name ($id): COMPLETED in $((SECONDS - t0)) s: $layout, $(grep -m1 -o '^[^ ]* succeeded iteration 8/8' "$out")"
+  say "job $name ($id): COMPLETED in $((SECONDS - t0)) s: $layout, $(grep -m1 -o "^[^ ]* succeeded iteration $iterations/$iterations" "$out")"
   summary+=("$name $((SECONDS - t0)) s")
 }
 
@@ -283,9 +306,13 @@ run_job() {
 # The head address is loopback whatever this host's name resolves to.
 export DYNAPIPE_BIN="$bin" DYNAPIPE_BACKEND=cpu DYNAPIPE_START_TIMEOUT_S=60 OPENBLAS_NUM_THREADS=1
 export DYNAPIPE_HEAD_ADDR=127.0.0.1 REDIS_PORT="$redis_port" PLANNER_PORT="$planner_port" HTTP_PORT="$http_port"
-run_job no-gpu --export=ALL,DYNAPIPE_EXECUTORS_PER_NODE=2
+run_job no-gpu job.pbtxt 8 "" --export=ALL,DYNAPIPE_EXECUTORS_PER_NODE=2
 # --ntasks-per-node=1 puts SLURM_NTASKS=1 in the batch environment; the
 # executor step must still start 2 tasks.
-[ "$gpus" -lt 2 ] || run_job gres --gpus-per-node="fake:2" --ntasks-per-node=1
+[ "$gpus" -lt 2 ] || run_job gres job.pbtxt 8 "" --gpus-per-node="fake:2" --ntasks-per-node=1
+run_job planner-restart long-job.pbtxt 300 kill_planner_mid_job --export=ALL,DYNAPIPE_EXECUTORS_PER_NODE=2
+restarts=$(grep -c 'restarting it in 1 s' "$work/out/slurm-${job_ids[-1]}/planner.out" 2>/dev/null) ||
+  fail "the planner was not restarted by the sbatch script (no line in its planner.out)"
+say "job planner-restart: the script restarted the planner $restarts time(s)"
 jobs=$(printf '%s, ' "${summary[@]}")
 result="PASS: ${jobs%, }; Slurm up in $up_s s, $((SECONDS - start)) s in all"

@@ -2,6 +2,8 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
@@ -63,7 +65,26 @@ void PlannerServer::Shutdown() {
   }
   // Waiting calls are answered by the service's Stop; give them a moment.
   if (service_) service_->Stop();
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (server_) {
+    // Calls in progress finish, unless the store keeps them waiting: after
+    // the grace their store calls are cut short (UNAVAILABLE, which clients
+    // retry against the next planner). gRPC waits for every handler to return.
+    Mutex cut_mu;
+    bool drained = false;
+    std::thread cutter([&] {
+      MutexLock lock(&cut_mu);
+      if (!cut_mu.AwaitWithDeadline([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return drained; },
+                                    absl::Now() + PlannerService::kStopGrace)) {
+        store_->Shutdown();
+      }
+    });
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + 2 * PlannerService::kStopGrace));
+    {
+      MutexLock lock(&cut_mu);
+      drained = true;
+    }
+    cutter.join();
+  }
   if (http_) http_->Shutdown();
   spdlog::info("dynapipe-planner stopped");
   MutexLock lock(&mu_);

@@ -49,9 +49,20 @@ PlannerService::~PlannerService() {
 
 void PlannerService::Start() {
   started_ = options_.clock->Now();
-  for (int i = 0; i < std::max(1, options_.planning_threads); ++i) threads_.emplace_back([this] { PlanningLoop(); });
-  threads_.emplace_back([this] { WaiterLoop(); });
-  threads_.emplace_back([this] { LivenessLoop(); });
+  auto start = [this](void (PlannerService::*loop)()) {
+    {
+      MutexLock lock(&threads_mu_);
+      ++threads_running_;
+    }
+    threads_.emplace_back([this, loop] {
+      (this->*loop)();
+      MutexLock lock(&threads_mu_);
+      --threads_running_;
+    });
+  };
+  for (int i = 0; i < std::max(1, options_.planning_threads); ++i) start(&PlannerService::PlanningLoop);
+  start(&PlannerService::WaiterLoop);
+  start(&PlannerService::LivenessLoop);
 }
 
 void PlannerService::Stop() {
@@ -66,6 +77,17 @@ void PlannerService::Stop() {
   {
     MutexLock lock(&waiters_mu_);
     wake_all_ = true;
+  }
+  {
+    // Threads finish what they are doing (a plan's commit, a lease's
+    // release) unless the store keeps them waiting: then their store calls
+    // are cut short, so a stalled Redis cannot hold up the exit.
+    MutexLock lock(&threads_mu_);
+    if (!threads_mu_.AwaitWithDeadline([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return threads_running_ == 0; },
+                                       absl::Now() + kStopGrace)) {
+      spdlog::warn("the store holds up the planner's threads: cutting its calls short");
+      store_->Shutdown();
+    }
   }
   for (auto& t : threads_) t.join();
   threads_.clear();

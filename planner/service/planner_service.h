@@ -55,7 +55,11 @@ class PlannerService {
 
   // Background work: planning workers, executor liveness, waiter timers.
   void Start();
+  // Final. Answers waiting calls and stops the background threads; those the
+  // store keeps waiting longer than kStopGrace have their store calls cut
+  // short (PlanStore::Shutdown), so a stalled store cannot hold up the exit.
   void Stop();
+  static constexpr absl::Duration kStopGrace = absl::Milliseconds(500);
 
   // JobService. Submit normalises the spec (spec::NormalizeJobSpec) and
   // stores it so. With checkpoint.resume the job starts after the latest
@@ -225,6 +229,8 @@ class PlannerService {
   absl::Time started_;
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> threads_;
+  Mutex threads_mu_;
+  int threads_running_ ABSL_GUARDED_BY(threads_mu_) = 0;  // of threads_, not yet returned
 };
 
 }  // namespace dynapipe::planner::service

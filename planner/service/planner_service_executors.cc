@@ -427,11 +427,12 @@ void PlannerService::BootstrapGet(const proto::BootstrapGetRequest& req, absl::T
 
 void PlannerService::Watch(const std::string& job, std::function<bool(const proto::JobEvent&)> push,
                            std::function<void(absl::Status)> finish) {
-  auto status = store_->GetJob(job);
-  if (!status.ok()) return finish(status.status());
   auto state = std::make_shared<int64_t>(-1);  // last iterations_done sent with a report
+  // The stream outlives store outages the job rides through: a store that
+  // cannot be read now (UNAVAILABLE) is read again at the next event or timer.
   auto send = [this, job, push, finish, state]() {
     auto s = store_->GetJob(job);
+    if (!s.ok() && s.status().code() == absl::StatusCode::kUnavailable && !stopping_) return false;
     if (!s.ok()) {
       finish(s.status());
       return true;

@@ -196,7 +196,7 @@ absl::Status ReadTensors(ShardReader& reader, const google::protobuf::RepeatedPt
 
 }  // namespace
 
-absl::Status WriteShard(absl::string_view dir, const ShardRef& shard) {
+absl::Status WriteShard(absl::string_view dir, const ShardRef& shard, const std::function<bool()>& cancelled) {
   if (dir.empty()) return absl::InvalidArgumentError("checkpoint dir: must be set");
   if (shard.iteration < 0) {
     return absl::InvalidArgumentError(absl::StrCat("shard.iteration: ", shard.iteration, " is negative"));
@@ -242,9 +242,17 @@ absl::Status WriteShard(absl::string_view dir, const ShardRef& shard) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Create(path.string()));
   Hasher64 hasher;
+  constexpr size_t kPiece = size_t{16} << 20;
   auto append = [&](absl::string_view bytes) {
-    hasher.Update(bytes);
-    return out->Append(bytes);
+    for (size_t at = 0; at < bytes.size(); at += kPiece) {
+      if (cancelled && cancelled()) {
+        return absl::CancelledError(absl::StrCat(path.string(), ": write cancelled; the shard is discarded"));
+      }
+      const absl::string_view piece = bytes.substr(at, kPiece);
+      hasher.Update(piece);
+      RETURN_IF_ERROR(out->Append(piece));
+    }
+    return absl::OkStatus();
   };
   RETURN_IF_ERROR(append(prefix));
   for (const auto* list : {&shard.params, &shard.adam_m, &shard.adam_v}) {
@@ -252,6 +260,9 @@ absl::Status WriteShard(absl::string_view dir, const ShardRef& shard) {
   }
   const uint64_t checksum = hasher.Finish();
   RETURN_IF_ERROR(out->Append(absl::string_view(reinterpret_cast<const char*>(&checksum), sizeof(checksum))));
+  if (cancelled && cancelled()) {
+    return absl::CancelledError(absl::StrCat(path.string(), ": write cancelled; the shard is discarded"));
+  }
   return out->Commit();
 }
 

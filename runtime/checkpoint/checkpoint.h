@@ -17,6 +17,7 @@
 // directory): a crash leaves the old state or the whole new shard, never a torn one.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,7 +66,9 @@ using checkpoint_layout::ShardPath;
 
 // Writes the shard atomically, creating directories as needed.
 // INVALID_ARGUMENT for a negative iteration or a rank outside 0..world-1.
-absl::Status WriteShard(absl::string_view dir, const ShardRef& shard);
+// `cancelled` (may be empty) is asked between pieces of at most 16 MiB: once
+// true, the write ends CANCELLED and leaves nothing at the shard's path.
+absl::Status WriteShard(absl::string_view dir, const ShardRef& shard, const std::function<bool()>& cancelled = {});
 
 // Reads and verifies a shard: NOT_FOUND if absent; DATA_LOSS (naming the
 // file) if not a regular file (a FIFO is refused, not waited on), truncated,

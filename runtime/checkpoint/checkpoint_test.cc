@@ -111,6 +111,44 @@ TEST_CASE("A shard round-trips bit-exactly, metadata included") {
   }
 }
 
+TEST_CASE("A write cancelled part way leaves the shard that was there, whole, and no temporary") {
+  const std::string dir = testing::FreshTempDir("cancelled");
+  const Buffers buf;
+  REQUIRE(WriteShard(dir, buf.Ref(4, 0, 1)).ok());
+  // 40 MiB in one tensor: written in three pieces, hashed across them.
+  std::vector<float> big = Awkward(10u << 20, 9);
+  ShardRef large = buf.Ref(4, 0, 1);
+  large.params[0].data = big;
+  int asked = 0;
+  SECTION("cancelled after the first piece") {
+    const absl::Status s = WriteShard(dir, large, [&] { return ++asked > 2; });
+    CHECK(s.code() == absl::StatusCode::kCancelled);
+    CHECK_THAT(std::string(s.message()), Contains("rank-00000.ckpt"));
+    auto got = ReadShard(dir, 4, 0);
+    REQUIRE(got.ok());
+    CHECK(SameBits(got->params[0].data, buf.w));  // the old shard, untouched
+  }
+  SECTION("cancelled after the last byte, before the rename") {
+    int pieces = 0;
+    REQUIRE(WriteShard(testing::FreshTempDir("count"), large, [&] { return ++pieces < 0; }).ok());
+    const absl::Status s = WriteShard(dir, large, [&] { return ++asked >= pieces; });
+    CHECK(s.code() == absl::StatusCode::kCancelled);
+    auto got = ReadShard(dir, 4, 0);
+    REQUIRE(got.ok());
+    CHECK(SameBits(got->params[0].data, buf.w));
+  }
+  SECTION("never cancelled: written whole") {
+    REQUIRE(WriteShard(dir, large, [&] { return ++asked < 0; }).ok());
+    CHECK(asked >= 4);  // asked per piece, not once
+    auto got = ReadShard(dir, 4, 0);
+    REQUIRE(got.ok());
+    CHECK(SameBits(got->params[0].data, big));
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/iter-00000004")) {
+    CHECK(e.path().filename() == "rank-00000.ckpt");
+  }
+}
+
 TEST_CASE("A missing shard is NOT_FOUND and names the file") {
   const std::string dir = testing::FreshTempDir("missing");
   auto got = ReadShard(dir, 5, 0);

@@ -14,7 +14,8 @@ struct Checkpointer::Write {
   absl::Status status;
 };
 
-Checkpointer::Checkpointer(std::string dir, checkpoint::ShardInfo info) : dir_(std::move(dir)), info_(info) {}
+Checkpointer::Checkpointer(std::string dir, checkpoint::ShardInfo info, std::function<bool()> cancelled)
+    : dir_(std::move(dir)), info_(info), cancelled_(std::move(cancelled)) {}
 
 Checkpointer::~Checkpointer() { (void)Wait(); }
 
@@ -68,7 +69,7 @@ absl::Status Checkpointer::Begin(int64_t iteration, Worker& worker, std::functio
   }
   write_ = std::move(w);
   thread_ = std::thread([this, w = write_.get(), written = std::move(written)] {
-    w->status = checkpoint::WriteShard(dir_, w->shard);
+    w->status = checkpoint::WriteShard(dir_, w->shard, cancelled_);
     if (w->status.ok() && written) written();
   });
   return absl::OkStatus();

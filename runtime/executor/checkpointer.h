@@ -22,8 +22,11 @@ namespace dynapipe::runtime::executor {
 
 class Checkpointer {
  public:
-  // Shards of the rank `info` describes, under `dir`.
-  Checkpointer(std::string dir, checkpoint::ShardInfo info);
+  // Shards of the rank `info` describes, under `dir`. Once `cancelled` (may
+  // be empty) is true, a write in flight stops and its shard is discarded
+  // (checkpoint::WriteShard): the previous complete checkpoint stays the
+  // latest, never a torn one.
+  Checkpointer(std::string dir, checkpoint::ShardInfo info, std::function<bool()> cancelled = {});
   // Waits for a write in flight.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
@@ -46,6 +49,7 @@ class Checkpointer {
   struct Write;
   std::string dir_;
   checkpoint::ShardInfo info_;
+  std::function<bool()> cancelled_;
   std::unique_ptr<Write> write_;
   std::thread thread_;
 };

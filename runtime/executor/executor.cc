@@ -54,6 +54,9 @@ Executor::~Executor() {
 void Executor::Shutdown() {
   stopping_ = true;
   AbortJob("executor shutting down");
+  // Calls waiting for a planner that is down end now, and so do retries.
+  MutexLock l(&mu_);
+  if (client_ != nullptr) client_->Shutdown();
 }
 
 void Executor::AbortJob(const std::string& why) {
@@ -92,7 +95,13 @@ absl::Status Executor::RegisterOnce() {
 absl::Status Executor::Run() {
   rpc::PlannerClient::Options planner = options_.planner;
   planner.wait_for_ready = true;  // an executor rides through planner restarts
-  ASSIGN_OR_RETURN(client_, rpc::PlannerClient::Connect(planner));
+  ASSIGN_OR_RETURN(std::unique_ptr<rpc::PlannerClient> client, rpc::PlannerClient::Connect(planner));
+  {
+    // Published under the lock for Shutdown, which may run on another thread.
+    MutexLock l(&mu_);
+    client_ = std::move(client);
+    if (stopping_) client_->Shutdown();
+  }
   absl::Duration backoff = absl::Milliseconds(200);
   while (!stopping_) {
     const absl::Status s = RegisterOnce();
@@ -101,9 +110,11 @@ absl::Status Executor::Run() {
         s.code() == absl::StatusCode::kPermissionDenied) {
       return s;
     }
+    if (stopping_) break;
     spdlog::warn("registering with {}: {} (retrying in {} ms)", options_.planner.address, s.message(),
                  absl::ToInt64Milliseconds(backoff));
-    absl::SleepFor(backoff);
+    MutexLock l(&mu_);
+    mu_.AwaitWithDeadline([this] { return stopping_.load(); }, absl::Now() + backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
@@ -276,6 +287,10 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   const std::vector<int32_t> layers(first->layers().begin(), first->layers().end());
   WorkerOptions wo;
   wo.comm_timeout = options_.comm_timeout;
+  wo.stopped = [this] {
+    MutexLock l(&mu_);
+    return stop_job_;
+  };
   auto worker = Worker::Create(spec, layers, a.rank(), first->pp_size(), first->dp_size(), comm->get(),
                                dataset->get(), backend_.get(), wo);
   if (!worker.ok()) return fail(worker.status());
@@ -286,7 +301,10 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   info.dp_rank = first->dp_rank();
   info.world = a.world_size();
   info.job_fingerprint = checkpoint::JobFingerprint(spec);
-  Checkpointer checkpointer(ckpt_dir, info);
+  // A shard being written when the executor shuts down is discarded (the
+  // previous checkpoint stays the latest complete one) instead of holding
+  // up the exit.
+  Checkpointer checkpointer(ckpt_dir, info, [this] { return stopping_.load(); });
   if (first_iteration > 0) {
     // Resume: the planner started this job after the latest complete checkpoint.
     if (auto s = checkpointer.Restore(first_iteration - 1, **worker); !s.ok()) return fail(Annotate(s, "resuming"));

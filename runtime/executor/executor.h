@@ -73,6 +73,8 @@ class Executor {
   ExecutorOptions options_;
   std::unique_ptr<Backend> backend_;  // used by the thread running jobs
   std::string backend_description_;   // Describe(), for /status (set once)
+  // Set once by Run (under mu_, for Shutdown); the run and heartbeat threads
+  // read it without the lock after that.
   std::unique_ptr<rpc::PlannerClient> client_;
   http::Metrics metrics_;
   std::string metrics_job_;  // the job whose series metrics_ holds (the run loop's thread only)

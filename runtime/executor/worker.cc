@@ -205,6 +205,7 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   };
   for (int i = 0; i < plan.instructions_size(); ++i) {
     const bool group_start = is_start(i) && !is_start(i - 1), group_end = is_start(i) && !is_start(i + 1);
+    if (options_.stopped && options_.stopped()) return fail(absl::CancelledError("stopped"), i);
     absl::Status s = timer->Begin(i);
     if (s.ok() && group_start) s = comm_->GroupStart();
     if (s.ok()) s = Execute(plan, i, &it);

@@ -13,6 +13,7 @@
 // plan's tensor shapes and the backend's activation type.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -33,6 +34,10 @@ namespace dynapipe::runtime::executor {
 
 struct WorkerOptions {
   absl::Duration comm_timeout = absl::Seconds(60);  // per transfer wait and per collective
+  // Asked before every instruction: once true, the iteration ends CANCELLED
+  // at the next instruction instead of running the plan out (a daemon shutting
+  // down, a job failed elsewhere). Unset: never.
+  std::function<bool()> stopped;
 };
 
 // What one iteration produced on this rank.

@@ -77,6 +77,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
   std::set<std::string> valued = {"planner", "token-file", "timeout-s", "tls-ca"};
   if (command == "history") valued.insert({"from", "limit"});
   if (command == "trace") valued.insert({"iteration", "out"});
+  if (command == "watch") valued.insert("grace-s");
   auto args = Args::Parse(flag_args, valued, {"json", "all"});
   if (!args.ok()) return fail(args.status(), 2);
   rpc::PlannerClient::Options o;
@@ -157,6 +158,11 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
   }
   if (command == "watch") {
     if (pos.size() != 1) return fail(absl::InvalidArgumentError("usage: dynapipe watch JOB"), 2);
+    auto grace = args->Int("grace-s", rpc::kDefaultPlannerGraceS);
+    if (!grace.ok()) return fail(grace.status(), 2);
+    if (*grace < 0 || *grace > 86400) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--grace-s: ", *grace, " is outside 0..86400")), 2);
+    }
     int64_t last_done = -2;
     std::string last_state;
     proto::JobState::Value final_state = proto::JobState::unspecified;
@@ -185,7 +191,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
         out << line << std::endl;
       }
       return true;
-    });
+    }, absl::Seconds(*grace));
     if (!s.ok()) return fail(s, 1);
     return final_state == proto::JobState::succeeded ? 0 : 1;
   }

@@ -13,6 +13,11 @@ inline constexpr std::string_view kDefaultPlannerAddress = "127.0.0.1:50051";
 inline constexpr int kPlannerStatusPort = 8080;
 inline constexpr int kExecutorStatusPortBase = 8081;
 
+// How long a planner may stay unreachable (a restart, a failover, a network
+// blip) before an executor gives up on its job and `dynapipe watch` on its
+// stream: executors' --planner-grace-s and watch's --grace-s.
+inline constexpr int kDefaultPlannerGraceS = 60;
+
 // The status port of the executor driving device `device`.
 constexpr int ExecutorStatusPort(int device) { return kExecutorStatusPortBase + device; }
 

@@ -23,6 +23,33 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Connect(Options op
   return c;
 }
 
+namespace {
+absl::Status ShutDownError() { return absl::CancelledError("the planner client is shutting down"); }
+}  // namespace
+
+bool PlannerClient::Track(grpc::ClientContext* context) {
+  MutexLock lock(&mu_);
+  if (shut_down_) return false;
+  in_flight_.insert(context);
+  return true;
+}
+
+void PlannerClient::Untrack(grpc::ClientContext* context) {
+  MutexLock lock(&mu_);
+  in_flight_.erase(context);
+}
+
+void PlannerClient::Shutdown() {
+  MutexLock lock(&mu_);
+  shut_down_ = true;
+  for (grpc::ClientContext* c : in_flight_) c->TryCancel();
+}
+
+bool PlannerClient::shut_down() const {
+  MutexLock lock(&mu_);
+  return shut_down_;
+}
+
 absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc::Status(grpc::ClientContext*)>& call,
                                   bool repeatable) {
   const absl::Time deadline = absl::Now() + total;
@@ -32,11 +59,17 @@ absl::Status PlannerClient::Retry(absl::Duration total, const std::function<grpc
     Authenticate(&ctx);
     ctx.set_deadline(absl::ToChronoTime(deadline));
     ctx.set_wait_for_ready(options_.wait_for_ready);
+    if (!Track(&ctx)) return ShutDownError();
     const absl::Status s = FromGrpc(call(&ctx));
+    Untrack(&ctx);
     const bool transient =
         s.code() == absl::StatusCode::kUnavailable || (repeatable && s.code() == absl::StatusCode::kCancelled);
-    if (!transient || absl::Now() + backoff >= deadline) return s;
-    absl::SleepFor(backoff);
+    if (!transient || absl::Now() + backoff >= deadline) return shut_down() ? ShutDownError() : s;
+    // The backoff ends early when the client shuts down.
+    MutexLock lock(&mu_);
+    if (mu_.AwaitWithDeadline([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shut_down_; }, absl::Now() + backoff)) {
+      return ShutDownError();
+    }
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
 }
@@ -91,21 +124,59 @@ absl::Status PlannerClient::Cancel(const std::string& job) {
   return Retry(options_.timeout, [&](grpc::ClientContext* c) { return jobs_->Cancel(c, req, &resp); });
 }
 
-absl::Status PlannerClient::Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event) {
-  grpc::ClientContext ctx;
-  Authenticate(&ctx);
+absl::Status PlannerClient::Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event,
+                                 absl::Duration reconnect_grace) {
   proto::WatchJobRequest req;
   req.set_job_id(job);
-  auto reader = jobs_->Watch(&ctx, req);
-  proto::JobEvent event;
-  while (reader->Read(&event)) {
-    if (!on_event(event)) {
-      ctx.TryCancel();
-      break;
+  absl::Time unreachable_since = absl::InfiniteFuture();  // start of the outage being ridden through
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (true) {
+    grpc::ClientContext ctx;
+    Authenticate(&ctx);
+    if (!Track(&ctx)) return ShutDownError();
+    auto reader = jobs_->Watch(&ctx, req);
+    proto::JobEvent event;
+    bool stopped = false;  // by on_event
+    while (reader->Read(&event)) {
+      unreachable_since = absl::InfiniteFuture();
+      backoff = absl::Milliseconds(200);
+      if (!on_event(event)) {
+        stopped = true;
+        ctx.TryCancel();
+        break;
+      }
+    }
+    const absl::Status s = FromGrpc(reader->Finish());
+    Untrack(&ctx);
+    if (shut_down()) return ShutDownError();
+    if (stopped || s.ok()) return absl::OkStatus();
+    const bool outage = s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
+    if (!outage) return s;
+    const absl::Time now = absl::Now();
+    if (unreachable_since == absl::InfiniteFuture()) unreachable_since = now;
+    const absl::Time give_up = unreachable_since + reconnect_grace;
+    if (now >= give_up) {
+      if (reconnect_grace <= absl::ZeroDuration()) return s;
+      return absl::UnavailableError(absl::StrCat("the planner at ", options_.address, " stayed unreachable for ",
+                                                 absl::FormatDuration(absl::Trunc(now - unreachable_since,
+                                                                                  absl::Seconds(1))),
+                                                 " (", s.message(), ")"));
+    }
+    {
+      // Backoff, cut short by Shutdown.
+      MutexLock lock(&mu_);
+      if (mu_.AwaitWithDeadline([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shut_down_; },
+                                std::min(give_up, absl::Now() + backoff))) {
+        return ShutDownError();
+      }
+    }
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+    // Until the channel connects again (a fail-fast stream would end at once),
+    // in slices so Shutdown is noticed.
+    while (!shut_down() && absl::Now() < give_up &&
+           !channel_->WaitForConnected(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Milliseconds(200))))) {
     }
   }
-  const absl::Status s = FromGrpc(reader->Finish());
-  return s.code() == absl::StatusCode::kCancelled ? absl::OkStatus() : s;
 }
 
 absl::StatusOr<proto::ExecutionPlan> PlannerClient::FetchPlan(const std::string& job, int64_t iteration, int rank,

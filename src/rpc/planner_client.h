@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -46,9 +47,14 @@ class PlannerClient {
   absl::StatusOr<proto::JobStatus> Get(const std::string& job);
   absl::StatusOr<proto::ListJobsResponse> List();
   absl::Status Cancel(const std::string& job);
-  // Streams events to `on_event` until the job ends, the stream breaks or
-  // `on_event` returns false.
-  absl::Status Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event);
+  // Streams events to `on_event` until the job ends (OK) or `on_event`
+  // returns false (OK). A stream broken by a planner outage (UNAVAILABLE, or
+  // CANCELLED by a planner shutting down) is opened again, with backoff, as
+  // long as the planner has been unreachable for less than `reconnect_grace`;
+  // the new stream starts with the job's current status, which `on_event`
+  // may have seen already. Then, or for any other error, that error.
+  absl::Status Watch(const std::string& job, const std::function<bool(const proto::JobEvent&)>& on_event,
+                     absl::Duration reconnect_grace = absl::ZeroDuration());
   // The job's history from `from` (at most `limit`; 0: the server's default).
   absl::StatusOr<proto::GetIterationsResponse> GetIterations(const std::string& job, int64_t from, int limit);
   // One iteration's plans and reports.
@@ -62,6 +68,12 @@ class PlannerClient {
   absl::StatusOr<proto::RegisterExecutorResponse> Register(const proto::RegisterExecutorRequest& req);
   // Thread-safe; calls started afterwards carry `credential` (empty: none).
   void SetExecutorCredential(ExecutorCredential credential);
+  // Thread-safe and final: cancels the calls in flight (a retry's backoff
+  // included) and makes every later call fail at once with CANCELLED. A daemon
+  // shutting down calls it so no thread stays in a call waiting for a planner
+  // that is down (`timeout` can be a minute).
+  void Shutdown();
+  bool shut_down() const;
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
   absl::StatusOr<proto::ListExecutorsResponse> Executors();
   absl::Status BootstrapSet(const std::string& job, const std::string& key, const std::string& value);
@@ -79,9 +91,15 @@ class PlannerClient {
   // Adds the token and the executor credential to a call.
   void Authenticate(grpc::ClientContext* context);
 
+  // Registers a call's context so Shutdown can cancel it; false once shut down.
+  bool Track(grpc::ClientContext* context);
+  void Untrack(grpc::ClientContext* context);
+
   Options options_;
-  Mutex mu_;
+  mutable Mutex mu_;
   ExecutorCredential credential_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::JobService::Stub> jobs_;
   std::unique_ptr<proto::PlanService::Stub> plans_;

@@ -148,6 +148,11 @@ class PlanStore {
   // judge executors by them until a heartbeat timeout has passed since.
   virtual absl::Time last_trouble() const { return absl::InfinitePast(); }
   virtual int64_t errors() const = 0;
+
+  // Thread-safe and final, for a daemon's exit: calls waiting on the store
+  // (a stalled or lost connection) fail at once, UNAVAILABLE, and so does
+  // every later call. In-memory stores never wait.
+  virtual void Shutdown() {}
 };
 
 // A fresh random store identity: 8 hex digits.

@@ -1,6 +1,7 @@
 #include "src/store/redis_client.h"
 
 #include <hiredis/hiredis.h>
+#include <sys/socket.h>
 
 #include <cstdlib>
 #include <random>
@@ -11,8 +12,32 @@
 
 namespace dynapipe::store {
 
+bool SocketInterrupter::Enter(int fd) {
+  MutexLock lock(&mu_);
+  if (interrupted_) return false;
+  fds_.insert(fd);
+  return true;
+}
+
+void SocketInterrupter::Leave(int fd) {
+  MutexLock lock(&mu_);
+  if (auto it = fds_.find(fd); it != fds_.end()) fds_.erase(it);
+}
+
+void SocketInterrupter::Interrupt() {
+  MutexLock lock(&mu_);
+  interrupted_ = true;
+  for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+}
+
+bool SocketInterrupter::interrupted() const {
+  MutexLock lock(&mu_);
+  return interrupted_;
+}
+
 struct RedisClient::Connection {
   redisContext* ctx = nullptr;
+  bool entered = false;  // ctx's socket is in the client's SocketInterrupter
   absl::Time next_attempt = absl::InfinitePast();
   absl::Duration backoff = absl::ZeroDuration();
   ~Connection() {
@@ -70,7 +95,8 @@ RedisClient::~RedisClient() = default;
 
 RedisClient::Connection* RedisClient::Acquire() {
   MutexLock lock(&mu_);
-  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !idle_.empty(); });
+  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !idle_.empty() || shut_down_; });
+  if (shut_down_) return nullptr;
   Connection* c = idle_.back();
   idle_.pop_back();
   return c;
@@ -81,6 +107,28 @@ void RedisClient::Release(Connection* c) {
   idle_.push_back(c);
 }
 
+void RedisClient::Shutdown() {
+  {
+    MutexLock lock(&mu_);
+    shut_down_ = true;
+  }
+  sockets_.Interrupt();
+}
+
+namespace {
+absl::Status ShutDownError(const RedisOptions& o) {
+  return absl::UnavailableError(absl::StrCat("redis ", o.host, ":", o.port, ": client shutting down"));
+}
+}  // namespace
+
+void RedisClient::Close(Connection* c) {
+  if (c->ctx == nullptr) return;
+  if (c->entered) sockets_.Leave(c->ctx->fd);
+  c->entered = false;
+  redisFree(c->ctx);
+  c->ctx = nullptr;
+}
+
 absl::Status RedisClient::Connect(Connection* c) {
   const absl::Time now = clock_->Now();
   if (now < c->next_attempt) {
@@ -88,25 +136,24 @@ absl::Status RedisClient::Connect(Connection* c) {
                                                " unreachable; next attempt in ",
                                                absl::FormatDuration(c->next_attempt - now)));
   }
-  if (c->ctx != nullptr) {
-    redisFree(c->ctx);
-    c->ctx = nullptr;
-  }
+  Close(c);
   auto fail = [&](const std::string& why) {
     // Jittered exponential backoff between reconnection attempts.
     c->backoff = c->backoff == absl::ZeroDuration() ? options_.min_backoff : std::min(2 * c->backoff, options_.max_backoff);
     thread_local std::mt19937 rng(std::random_device{}());
     const double jitter = std::uniform_real_distribution<double>(0.5, 1.0)(rng);
     c->next_attempt = now + c->backoff * jitter;
-    if (c->ctx != nullptr) {
-      redisFree(c->ctx);
-      c->ctx = nullptr;
-    }
+    Close(c);
     return absl::UnavailableError(absl::StrCat("redis ", options_.host, ":", options_.port, ": ", why));
   };
   c->ctx = redisConnectWithTimeout(options_.host.c_str(), options_.port, absl::ToTimeval(options_.connect_timeout));
   if (c->ctx == nullptr) return fail("out of memory");
   if (c->ctx->err) return fail(c->ctx->errstr);
+  if (!sockets_.Enter(c->ctx->fd)) {
+    Close(c);
+    return ShutDownError(options_);
+  }
+  c->entered = true;
   redisSetTimeout(c->ctx, absl::ToTimeval(options_.command_timeout));
   if (!options_.password.empty()) {
     auto* r = static_cast<redisReply*>(redisCommand(c->ctx, "AUTH %b", options_.password.data(), options_.password.size()));
@@ -140,8 +187,8 @@ absl::StatusOr<RedisReply> RedisClient::Run(Connection* c, const std::vector<std
   auto* r = static_cast<redisReply*>(redisCommandArgv(c->ctx, static_cast<int>(args.size()), argv.data(), lens.data()));
   if (r == nullptr) {
     const std::string why = c->ctx->errstr;
-    redisFree(c->ctx);  // the connection state is unknown after a timeout
-    c->ctx = nullptr;
+    Close(c);  // the connection state is unknown after a timeout
+    if (sockets_.interrupted()) return ShutDownError(options_);
     return absl::UnavailableError(absl::StrCat("redis ", options_.host, ":", options_.port, ": ", why));
   }
   if (r->type == REDIS_REPLY_ERROR) {
@@ -159,6 +206,7 @@ absl::StatusOr<RedisReply> RedisClient::Run(Connection* c, const std::vector<std
 absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<std::string>& args) {
   const absl::Time start = clock_->Now();
   Connection* c = Acquire();
+  if (c == nullptr) return ShutDownError(options_);
   auto result = Run(c, args);
   Release(c);
   if (!result.ok()) ++errors_;

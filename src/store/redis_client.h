@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,25 @@ struct RedisReply {
   bool is_nil() const { return type == Type::kNil; }
 };
 
+// Sockets that threads are blocked on, so another thread can wake them all
+// (shutdown(2): the blocked read or write fails at once) when the process
+// stops. A socket is entered before its use and left before it is closed, so
+// a descriptor number reused after the close is never touched.
+class SocketInterrupter {
+ public:
+  // False once Interrupt() ran: the caller must not start the I/O.
+  bool Enter(int fd);
+  void Leave(int fd);
+  // Final: wakes every entered socket; later Enter calls fail.
+  void Interrupt();
+  bool interrupted() const;
+
+ private:
+  mutable Mutex mu_;
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  std::multiset<int> fds_ ABSL_GUARDED_BY(mu_);
+};
+
 class RedisClient {
  public:
   explicit RedisClient(RedisOptions options, Clock* clock = Clock::Real());
@@ -67,19 +87,29 @@ class RedisClient {
   absl::Time last_trouble() const;
   static constexpr absl::Duration kSlowCommand = absl::Milliseconds(500);
   const RedisOptions& options() const { return options_; }
+  // Thread-safe and final, for a daemon's exit: commands waiting on Redis (a
+  // stalled one, a lost connection) fail at once, and so does every later
+  // command, UNAVAILABLE. A connection attempt in progress ends within
+  // connect_timeout.
+  void Shutdown();
 
  private:
   struct Connection;
+  // Null once shut down.
   Connection* Acquire();
   void Release(Connection* c);
   absl::StatusOr<RedisReply> Run(Connection* c, const std::vector<std::string>& args);
   absl::Status Connect(Connection* c);
+  // Frees c's context (leaving the interrupter first).
+  void Close(Connection* c);
 
   RedisOptions options_;
   Clock* clock_;
   Mutex mu_;
   std::vector<std::unique_ptr<Connection>> all_;
   std::vector<Connection*> idle_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  SocketInterrupter sockets_;
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> errors_{0};
   std::atomic<int64_t> last_trouble_ns_{INT64_MIN};  // unix ns on clock_

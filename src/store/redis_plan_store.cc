@@ -169,8 +169,14 @@ RedisPlanStore::RedisPlanStore(RedisOptions options, std::string prefix)
 }
 
 RedisPlanStore::~RedisPlanStore() {
-  stop_ = true;
+  Shutdown();
   subscriber_.join();
+}
+
+void RedisPlanStore::Shutdown() {
+  stop_ = true;
+  subscriber_socket_.Interrupt();
+  client_.Shutdown();
 }
 
 absl::StatusOr<std::string> RedisPlanStore::CreateJob(const proto::JobSpec& spec, int64_t start_iteration,
@@ -438,11 +444,21 @@ void RedisPlanStore::SetListener(std::function<void(const std::string& event)> l
 
 void RedisPlanStore::SubscriberLoop() {
   redisContext* ctx = nullptr;
+  bool entered = false;  // ctx's socket is in subscriber_socket_
+  auto free_ctx = [&] {
+    if (ctx == nullptr) return;
+    if (entered) subscriber_socket_.Leave(ctx->fd);
+    entered = false;
+    redisFree(ctx);
+    ctx = nullptr;
+  };
   absl::Duration backoff = options_.min_backoff;
   while (!stop_) {
     if (ctx == nullptr) {
       ctx = redisConnectWithTimeout(options_.host.c_str(), options_.port, absl::ToTimeval(options_.connect_timeout));
       bool ok = ctx != nullptr && !ctx->err;
+      if (ok && !subscriber_socket_.Enter(ctx->fd)) break;  // shutting down
+      entered = ok;
       if (ok) {
         // A stalled Redis must not block the handshake (or shutdown) forever.
         redisSetTimeout(ctx, absl::ToTimeval(options_.command_timeout));
@@ -460,8 +476,7 @@ void RedisPlanStore::SubscriberLoop() {
         if (r != nullptr) freeReplyObject(r);
       }
       if (!ok) {
-        if (ctx != nullptr) redisFree(ctx);
-        ctx = nullptr;
+        free_ctx();
         for (absl::Duration slept; slept < backoff && !stop_; slept += absl::Milliseconds(20)) absl::SleepFor(absl::Milliseconds(20));
         backoff = std::min(2 * backoff, options_.max_backoff);
         continue;
@@ -473,17 +488,13 @@ void RedisPlanStore::SubscriberLoop() {
     }
     void* reply = nullptr;
     if (redisGetReplyFromReader(ctx, &reply) != REDIS_OK) {
-      redisFree(ctx);
-      ctx = nullptr;
+      free_ctx();
       continue;
     }
     if (reply == nullptr) {
       pollfd pfd{ctx->fd, POLLIN, 0};
       const int ready = ::poll(&pfd, 1, 100);  // wake regularly to notice stop_
-      if (ready > 0 && redisBufferRead(ctx) != REDIS_OK) {
-        redisFree(ctx);
-        ctx = nullptr;
-      }
+      if (ready > 0 && redisBufferRead(ctx) != REDIS_OK) free_ctx();
       continue;
     }
     auto* r = static_cast<redisReply*>(reply);
@@ -494,7 +505,7 @@ void RedisPlanStore::SubscriberLoop() {
     }
     freeReplyObject(r);
   }
-  if (ctx != nullptr) redisFree(ctx);
+  free_ctx();
 }
 
 }  // namespace dynapipe::store

@@ -60,6 +60,7 @@ class RedisPlanStore : public PlanStore {
   bool healthy() const override { return client_.healthy(); }
   absl::Time last_trouble() const override { return client_.last_trouble(); }
   int64_t errors() const override { return client_.errors(); }
+  void Shutdown() override;
 
   RedisClient& client() { return client_; }
   const Keys& keys() const { return keys_; }
@@ -73,6 +74,7 @@ class RedisPlanStore : public PlanStore {
   Mutex listener_mu_;
   std::function<void(const std::string&)> listener_ ABSL_GUARDED_BY(listener_mu_);
   std::atomic<bool> stop_{false};
+  SocketInterrupter subscriber_socket_;  // the subscriber's connection, woken by Shutdown
   std::thread subscriber_;
 };
 
