@@ -8,24 +8,64 @@
 namespace dynapipe::planner::service {
 namespace {
 
-// Completes a unary call synchronously with `fn`'s status (and response).
+// Every call touching the store runs on the service's store workers, never
+// on gRPC's callback threads: a stalled Redis holds up workers, and the
+// server keeps answering. When too many calls already wait for a worker, a
+// call is refused UNAVAILABLE (clients retry with backoff).
+grpc::Status Overloaded() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "the planner is overloaded: too many calls wait for the plan store (Redis); retry");
+}
+
+// The token is checked here, on gRPC's thread; then `fn` (its status, and
+// for UnaryResult its value into `resp`) completes the call on a store
+// worker, unless the call's deadline passed while it waited for one. `fn`
+// may use the request and `ctx`: both live until the call is finished.
 template <typename Fn>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const std::string& token, Fn fn) {
+grpc::ServerUnaryReactor* Unary(PlannerService* s, grpc::CallbackServerContext* ctx, const std::string& token, Fn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const grpc::Status auth = rpc::CheckToken(*ctx, token);
-  reactor->Finish(auth.ok() ? rpc::ToGrpc(fn()) : auth);
+  if (const grpc::Status auth = rpc::CheckToken(*ctx, token); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  const auto deadline = ctx->deadline();
+  if (!s->Offload([reactor, deadline, fn = std::move(fn)] {
+        if (std::chrono::system_clock::now() >= deadline) {
+          reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call waited past its deadline"));
+          return;
+        }
+        reactor->Finish(rpc::ToGrpc(fn()));
+      })) {
+    reactor->Finish(Overloaded());
+  }
   return reactor;
 }
 
-// Like Unary for handlers returning StatusOr<Response>: copies the value into
-// `resp` on success.
 template <typename Resp, typename Fn>
-grpc::ServerUnaryReactor* UnaryResult(grpc::CallbackServerContext* ctx, const std::string& token, Resp* resp, Fn fn) {
-  return Unary(ctx, token, [&]() -> absl::Status {
+grpc::ServerUnaryReactor* UnaryResult(PlannerService* s, grpc::CallbackServerContext* ctx, const std::string& token,
+                                      Resp* resp, Fn fn) {
+  return Unary(s, ctx, token, [resp, fn = std::move(fn)]() -> absl::Status {
     auto r = fn();
     if (r.ok()) *resp = std::move(*r);
     return r.status();
   });
+}
+
+// Status reads: the service answers within its status budget (from the
+// last known state when the store is slow); `done` fills `resp`.
+template <typename Resp, typename Start>
+grpc::ServerUnaryReactor* StatusRead(grpc::CallbackServerContext* ctx, const std::string& token, Resp* resp,
+                                     Start start) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (const grpc::Status auth = rpc::CheckToken(*ctx, token); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  start([reactor, resp](absl::StatusOr<Resp> r) {
+    if (r.ok()) *resp = std::move(*r);
+    reactor->Finish(rpc::ToGrpc(r.status()));
+  });
+  return reactor;
 }
 
 // For executor-side calls: the caller's credential (x-dynapipe-executor),
@@ -136,34 +176,34 @@ class WatchReactor : public grpc::ServerWriteReactor<proto::JobEvent> {
 
 grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ctx, const proto::SubmitJobRequest* req,
                                                  proto::SubmitJobResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->Submit(*req); });
+  return UnaryResult(s_, ctx, token_, resp, [this, req] { return s_->Submit(*req); });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Get(grpc::CallbackServerContext* ctx, const proto::GetJobRequest* req,
                                               proto::JobStatus* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->Get(*req); });
+  return StatusRead(ctx, token_, resp, [this, req](auto done) { s_->GetWithin(*req, std::move(done)); });
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::List(grpc::CallbackServerContext* ctx, const proto::ListJobsRequest* req,
+grpc::ServerUnaryReactor* JobServiceImpl::List(grpc::CallbackServerContext* ctx, const proto::ListJobsRequest*,
                                                proto::ListJobsResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->List(*req); });
+  return StatusRead(ctx, token_, resp, [this](auto done) { s_->ListWithin(std::move(done)); });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetIterations(grpc::CallbackServerContext* ctx,
                                                         const proto::GetIterationsRequest* req,
                                                         proto::GetIterationsResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->GetIterations(*req); });
+  return UnaryResult(s_, ctx, token_, resp, [this, req] { return s_->GetIterations(*req); });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetIteration(grpc::CallbackServerContext* ctx,
                                                        const proto::GetIterationRequest* req,
                                                        proto::GetIterationResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->GetIteration(*req); });
+  return UnaryResult(s_, ctx, token_, resp, [this, req] { return s_->GetIteration(*req); });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ctx, const proto::CancelJobRequest* req,
                                                  proto::CancelJobResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->Cancel(*req); });
+  return UnaryResult(s_, ctx, token_, resp, [this, req] { return s_->Cancel(*req); });
 }
 
 grpc::ServerWriteReactor<proto::JobEvent>* JobServiceImpl::Watch(grpc::CallbackServerContext* ctx,
@@ -175,9 +215,13 @@ grpc::ServerWriteReactor<proto::JobEvent>* JobServiceImpl::Watch(grpc::CallbackS
     WatchReactor::End(shared, auth);
     return reactor;
   }
-  s_->Watch(
-      req->job_id(), [shared](const proto::JobEvent& e) { return WatchReactor::Push(shared, e); },
-      [shared](absl::Status s) { WatchReactor::End(shared, rpc::ToGrpc(s)); });
+  if (!s_->Offload([this, job = req->job_id(), shared] {
+        s_->Watch(
+            job, [shared](const proto::JobEvent& e) { return WatchReactor::Push(shared, e); },
+            [shared](absl::Status s) { WatchReactor::End(shared, rpc::ToGrpc(s)); });
+      })) {
+    WatchReactor::End(shared, Overloaded());
+  }
   return reactor;
 }
 
@@ -189,17 +233,22 @@ grpc::ServerUnaryReactor* PlanServiceImpl::FetchPlan(grpc::CallbackServerContext
     reactor->Finish(auth);
     return reactor;
   }
-  s_->FetchPlan(*req, Deadline(*ctx), [reactor, resp](absl::StatusOr<proto::ExecutionPlan> plan) {
-    if (plan.ok()) *resp->mutable_plan() = std::move(*plan);
-    reactor->Finish(rpc::ToGrpc(plan.status()));
-  });
+  const absl::Time deadline = Deadline(*ctx);
+  if (!s_->Offload([this, req, resp, reactor, deadline] {
+        s_->FetchPlan(*req, deadline, [reactor, resp](absl::StatusOr<proto::ExecutionPlan> plan) {
+          if (plan.ok()) *resp->mutable_plan() = std::move(*plan);
+          reactor->Finish(rpc::ToGrpc(plan.status()));
+        });
+      })) {
+    reactor->Finish(Overloaded());
+  }
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PlanServiceImpl::ReportIteration(grpc::CallbackServerContext* ctx,
                                                            const proto::IterationReport* req,
                                                            proto::ReportIterationResponse*) {
-  return Unary(ctx, token_, [&]() {
+  return Unary(s_, ctx, token_, [this, ctx, req]() {
     return AsExecutor(
         ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeReport(c, *req); },
         [&] { return s_->ReportIteration(*req); });
@@ -209,13 +258,13 @@ grpc::ServerUnaryReactor* PlanServiceImpl::ReportIteration(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Register(grpc::CallbackServerContext* ctx,
                                                          const proto::RegisterExecutorRequest* req,
                                                          proto::RegisterExecutorResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] { return s_->Register(*req); });
+  return UnaryResult(s_, ctx, token_, resp, [this, req] { return s_->Register(*req); });
 }
 
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                           const proto::HeartbeatRequest* req,
                                                           proto::HeartbeatResponse* resp) {
-  return UnaryResult(ctx, token_, resp, [&] {
+  return UnaryResult(s_, ctx, token_, resp, [this, ctx, req] {
     return AsExecutor(
         ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeHeartbeat(c, *req); },
         [&] { return s_->Heartbeat(*req); });
@@ -225,18 +274,12 @@ grpc::ServerUnaryReactor* ExecutorRegistryImpl::Heartbeat(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::List(grpc::CallbackServerContext* ctx,
                                                      const proto::ListExecutorsRequest*,
                                                      proto::ListExecutorsResponse* resp) {
-  return Unary(ctx, token_, [&]() -> absl::Status {
-    auto r = s_->Executors();
-    if (r.ok()) {
-      for (auto& e : *r) *resp->add_executors() = std::move(e);
-    }
-    return r.status();
-  });
+  return StatusRead(ctx, token_, resp, [this](auto done) { s_->ExecutorsWithin(std::move(done)); });
 }
 
 grpc::ServerUnaryReactor* BootstrapImpl::Set(grpc::CallbackServerContext* ctx, const proto::BootstrapSetRequest* req,
                                              proto::BootstrapSetResponse*) {
-  return Unary(ctx, token_, [&]() {
+  return Unary(s_, ctx, token_, [this, ctx, req]() {
     return AsExecutor(
         ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeJobMember(c, req->job_id()); },
         [&] { return s_->BootstrapSet(*req); });
@@ -250,17 +293,22 @@ grpc::ServerUnaryReactor* BootstrapImpl::Get(grpc::CallbackServerContext* ctx, c
     reactor->Finish(auth);
     return reactor;
   }
-  if (const absl::Status allowed = AsExecutor(
-          ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeJobMember(c, req->job_id()); },
-          [] { return absl::OkStatus(); });
-      !allowed.ok()) {
-    reactor->Finish(rpc::ToGrpc(allowed));
-    return reactor;
+  const absl::Time deadline = Deadline(*ctx);
+  if (!s_->Offload([this, ctx, req, resp, reactor, deadline] {
+        if (const absl::Status allowed = AsExecutor(
+                ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeJobMember(c, req->job_id()); },
+                [] { return absl::OkStatus(); });
+            !allowed.ok()) {
+          reactor->Finish(rpc::ToGrpc(allowed));
+          return;
+        }
+        s_->BootstrapGet(*req, deadline, [reactor, resp](absl::StatusOr<std::string> v) {
+          if (v.ok()) resp->set_value(std::move(*v));
+          reactor->Finish(rpc::ToGrpc(v.status()));
+        });
+      })) {
+    reactor->Finish(Overloaded());
   }
-  s_->BootstrapGet(*req, Deadline(*ctx), [reactor, resp](absl::StatusOr<std::string> v) {
-    if (v.ok()) resp->set_value(std::move(*v));
-    reactor->Finish(rpc::ToGrpc(v.status()));
-  });
   return reactor;
 }
 

@@ -33,7 +33,7 @@ std::string CheckpointDir(const proto::JobSpec& spec) {
 }  // namespace
 
 PlannerService::PlannerService(store::PlanStore* store, ServiceOptions options)
-    : store_(store), options_(std::move(options)) {
+    : store_(store), options_(std::move(options)), store_pool_(options_.store_threads) {
   if (options_.owner.empty()) {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
@@ -213,21 +213,153 @@ absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::Sub
 
 absl::StatusOr<proto::JobStatus> PlannerService::Get(const proto::GetJobRequest& req) {
   if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
-  ASSIGN_OR_RETURN(proto::JobStatus s, store_->GetJob(req.job_id()));
-  FillLastIteration(&s);
+  const absl::Time at = options_.clock->Now();
+  absl::StatusOr<proto::JobStatus> s = store_->GetJob(req.job_id());
+  if (s.status().code() == absl::StatusCode::kNotFound) {
+    if (std::string hint = LostJobHint(req.job_id()); !hint.empty()) return absl::NotFoundError(hint);
+  }
+  if (!s.ok()) return s.status();
+  FillLastIteration(&*s);
+  last_known_.PutJob(*s, at);
   return s;
 }
 
-absl::StatusOr<proto::ListJobsResponse> PlannerService::List(const proto::ListJobsRequest&) {
+absl::StatusOr<std::vector<proto::JobStatus>> PlannerService::ReadJobs() {
+  const absl::Time at = options_.clock->Now();
   ASSIGN_OR_RETURN(const auto ids, store_->ListJobs());
-  proto::ListJobsResponse resp;
+  std::vector<proto::JobStatus> jobs;
   for (const auto& id : ids) {
+    // A job that ended changes no more.
+    if (auto known = last_known_.GetJob(id); known && store::IsTerminal(known->status.state())) {
+      jobs.push_back(std::move(known->status));
+      continue;
+    }
     auto s = store_->GetJob(id);
+    if (s.status().code() == absl::StatusCode::kUnavailable) return s.status();  // not N more timeouts
     if (!s.ok()) continue;
     FillLastIteration(&*s);
-    *resp.add_jobs() = std::move(*s);
+    jobs.push_back(std::move(*s));
   }
+  last_known_.PutJobs(jobs, at);
+  return jobs;
+}
+
+absl::StatusOr<proto::ListJobsResponse> PlannerService::List(const proto::ListJobsRequest&) {
+  ASSIGN_OR_RETURN(std::vector<proto::JobStatus> jobs, ReadJobs());
+  proto::ListJobsResponse resp;
+  for (auto& s : jobs) *resp.add_jobs() = std::move(s);
+  resp.set_notice(LossNotice());
   return resp;
+}
+
+// ---- Answers within a budget, from the last known state if need be ----
+
+bool PlannerService::Offload(std::function<void()> call) {
+  return store_pool_.TrySchedule(std::move(call), options_.max_queued_calls);
+}
+
+AnswerWithinOptions PlannerService::WithinOptions() {
+  AnswerWithinOptions o;
+  o.pool = &store_pool_;
+  o.timers = &timers_;
+  o.budget = options_.status_budget;
+  o.max_queued = options_.max_queued_calls;
+  return o;
+}
+
+int64_t PlannerService::StaleMs(absl::Time at) const {
+  return std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.clock->Now() - at));
+}
+
+namespace {
+absl::Status NothingKnown(const absl::Status& why, absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat("the plan store (Redis) did not answer (", why.message(),
+                                             ") and this planner has no last known state of ", what));
+}
+}  // namespace
+
+void PlannerService::GetWithin(proto::GetJobRequest req, std::function<void(absl::StatusOr<proto::JobStatus>)> done) {
+  AnswerWithin<proto::JobStatus>(
+      WithinOptions(), [this, req] { return Get(req); },
+      [this, id = req.job_id()](const absl::Status& why) -> absl::StatusOr<proto::JobStatus> {
+        if (auto known = last_known_.GetJob(id)) {
+          known->status.set_stale_ms(StaleMs(known->at));
+          return std::move(known->status);
+        }
+        if (std::string hint = LostJobHint(id); !hint.empty()) return absl::NotFoundError(hint);
+        return NothingKnown(why, absl::StrCat("job ", id));
+      },
+      std::move(done));
+}
+
+void PlannerService::ListWithin(std::function<void(absl::StatusOr<proto::ListJobsResponse>)> done) {
+  AnswerWithin<proto::ListJobsResponse>(
+      WithinOptions(), [this] { return List({}); },
+      [this](const absl::Status& why) -> absl::StatusOr<proto::ListJobsResponse> {
+        LastKnown::Jobs known = last_known_.AllJobs();
+        if (known.at == absl::InfinitePast()) return NothingKnown(why, "the jobs");
+        proto::ListJobsResponse resp;
+        resp.set_stale_ms(StaleMs(known.at));
+        for (auto& s : known.jobs) {
+          s.set_stale_ms(resp.stale_ms());
+          *resp.add_jobs() = std::move(s);
+        }
+        resp.set_notice(LossNotice());
+        return resp;
+      },
+      std::move(done));
+}
+
+void PlannerService::ExecutorsWithin(std::function<void(absl::StatusOr<proto::ListExecutorsResponse>)> done) {
+  AnswerWithin<proto::ListExecutorsResponse>(
+      WithinOptions(),
+      [this]() -> absl::StatusOr<proto::ListExecutorsResponse> {
+        ASSIGN_OR_RETURN(std::vector<proto::ExecutorRecord> records, Executors());
+        proto::ListExecutorsResponse resp;
+        for (auto& r : records) *resp.add_executors() = std::move(r);
+        return resp;
+      },
+      [this](const absl::Status& why) -> absl::StatusOr<proto::ListExecutorsResponse> {
+        LastKnown::Executors known = last_known_.AllExecutors();
+        if (known.at == absl::InfinitePast()) return NothingKnown(why, "the executors");
+        proto::ListExecutorsResponse resp;
+        resp.set_stale_ms(StaleMs(known.at));
+        for (auto& r : known.executors) *resp.add_executors() = std::move(r);
+        return resp;
+      },
+      std::move(done));
+}
+
+std::string PlannerService::LostJobHint(const std::string& job) {
+  const std::optional<LastKnown::LostJob> lost = last_known_.GetLost(job);
+  if (!lost) return "";
+  const proto::JobSpec& spec = lost->last.spec();
+  std::string resume;
+  const std::string& dir = spec.checkpoint().dir();
+  const int world = spec.parallelism().pp() * spec.parallelism().dp();
+  if (dir.empty()) {
+    resume = "it wrote no checkpoints (checkpoint.dir unset): resubmitting its job file starts it over";
+  } else if (auto on_disk = ConfinedPath(options_.data_root, dir); !on_disk.ok()) {
+    resume = absl::StrCat("its checkpoint.dir ", dir, " cannot be read here: ", on_disk.status().message());
+  } else if (auto latest = checkpoint_layout::LatestCompleteOnDisk(*on_disk, world); !latest.ok() || *latest < 0) {
+    resume = absl::StrCat("no complete checkpoint is on disk in ", dir, ": resubmitting its job file starts it over");
+  } else {
+    resume = absl::StrCat("resubmit its job file with checkpoint.resume: true to continue from iteration ",
+                          *latest + 1, " (checkpoint on disk in ", dir, ")");
+  }
+  return absl::StrCat("job ", job, " was lost with the plan store's data, found at ",
+                      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", lost->at, absl::UTCTimeZone()), " (store id ",
+                      lost->old_store, " -> ", lost->new_store, ": Redis restarted empty or was flushed); it was ",
+                      proto::JobState::Value_Name(lost->last.state()), " at iteration ", lost->last.iterations_done(),
+                      "/", spec.iterations(), "; ", resume);
+}
+
+std::string PlannerService::LossNotice() const {
+  const LastKnown::LossSummary losses = last_known_.Losses();
+  if (losses.unfinished == 0) return "";
+  return absl::StrCat(losses.unfinished, " unfinished job(s) were lost with the plan store's data (found at ",
+                      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", losses.at, absl::UTCTimeZone()),
+                      "); `dynapipe status JOB` tells how to resume each");
 }
 
 absl::StatusOr<proto::CancelJobResponse> PlannerService::Cancel(const proto::CancelJobRequest& req) {

@@ -16,9 +16,13 @@
 
 #include "absl/status/statusor.h"
 #include "planner/service/job_runtime.h"
+#include "planner/service/last_known.h"
 #include "proto/services.pb.h"
+#include "src/common/answer_within.h"
 #include "src/common/clock.h"
 #include "src/common/mutex.h"
+#include "src/common/thread_pool.h"
+#include "src/common/timer_thread.h"
 #include "src/http/metrics.h"
 #include "src/rpc/executor_credential.h"
 #include "src/store/plan_store.h"
@@ -43,6 +47,15 @@ struct ServiceOptions {
   // naming the iteration it is stuck at: no job stays "running" forever.
   absl::Duration progress_timeout = absl::Minutes(30);
   absl::Duration recheck = absl::Milliseconds(500);  // waiters re-check even without events
+  // Workers that run the calls touching the store, off gRPC's threads, and
+  // how many calls may wait for one before the next is refused
+  // (RESOURCE_EXHAUSTED): a stalled store holds up workers, not the server.
+  int store_threads = 16;
+  size_t max_queued_calls = 4096;
+  // Status calls (Get, List, Executors, /status, /metrics) answer within
+  // this: from the store when it answers in time, else from the last known
+  // state, marked stale.
+  absl::Duration status_budget = absl::Milliseconds(150);
   Clock* clock = Clock::Real();
 };
 
@@ -61,12 +74,25 @@ class PlannerService {
   void Stop();
   static constexpr absl::Duration kStopGrace = absl::Milliseconds(500);
 
+  // Runs `call` on the store workers (ServiceOptions::store_threads); false
+  // when max_queued_calls already wait: the caller refuses the call.
+  bool Offload(std::function<void()> call);
+  // Get, List and Executors within options.status_budget: from the store if
+  // it answers in time, else from the planner's last known state with
+  // stale_ms set (UNAVAILABLE if it knows nothing to answer with). `done`
+  // runs once, on a worker or timer thread, or on this one.
+  void GetWithin(proto::GetJobRequest req, std::function<void(absl::StatusOr<proto::JobStatus>)> done);
+  void ListWithin(std::function<void(absl::StatusOr<proto::ListJobsResponse>)> done);
+  void ExecutorsWithin(std::function<void(absl::StatusOr<proto::ListExecutorsResponse>)> done);
+
   // JobService. Submit normalises the spec (spec::NormalizeJobSpec) and
   // stores it so. With checkpoint.resume the job starts after the latest
   // complete checkpoint of checkpoint.dir: the store's record, else the shards
   // on disk (INVALID_ARGUMENT if no iteration is left). A job that would
   // overwrite checkpoints already in its dir is refused (FAILED_PRECONDITION).
   absl::StatusOr<proto::SubmitJobResponse> Submit(const proto::SubmitJobRequest& req);
+  // Get and List read the store. A job lost with the store's data (Redis
+  // restarted empty) is NOT_FOUND saying so, when, and how to resume it.
   absl::StatusOr<proto::JobStatus> Get(const proto::GetJobRequest& req);
   absl::StatusOr<proto::ListJobsResponse> List(const proto::ListJobsRequest& req);
   absl::StatusOr<proto::CancelJobResponse> Cancel(const proto::CancelJobRequest& req);
@@ -114,7 +140,8 @@ class PlannerService {
   void Watch(const std::string& job, std::function<bool(const proto::JobEvent&)> push,
              std::function<void(absl::Status)> finish);
 
-  // Status endpoint.
+  // Status endpoint: answers within options.status_budget, from the last
+  // known state (with its age) when the store is slow.
   std::string HealthProblem() const;  // "" when healthy
   std::string StatusJson();
   std::string MetricsText();
@@ -143,6 +170,23 @@ class PlannerService {
   void ReleaseRuntimes();
   // Sets last_loss and last_iteration_ms from the latest stored report.
   void FillLastIteration(proto::JobStatus* s);
+  // Every job in the store, filled (FillLastIteration) and remembered in
+  // last_known_; jobs known to have ended come from there, unread.
+  absl::StatusOr<std::vector<proto::JobStatus>> ReadJobs();
+  // What NOT_FOUND says about a job lost with the store's data, or "".
+  std::string LostJobHint(const std::string& job);
+  // The notice ListJobsResponse carries after a store lost jobs, or "".
+  std::string LossNotice() const;
+  AnswerWithinOptions WithinOptions();
+  // Milliseconds since `at` (at least 1: stale_ms > 0 marks staleness).
+  int64_t StaleMs(absl::Time at) const;
+  // Jobs and executors for /status and /metrics, within status_budget.
+  struct Snapshot {
+    std::vector<proto::JobStatus> jobs;
+    std::vector<proto::ExecutorRecord> executors;
+    int64_t stale_ms = 0;  // > 0: from the last known state
+  };
+  Snapshot StatusSnapshot();
   void OnEvent(const std::string& event);
   void AddWaiter(Waiter w);
   void WaiterLoop();
@@ -231,6 +275,12 @@ class PlannerService {
   std::vector<std::thread> threads_;
   Mutex threads_mu_;
   int threads_running_ ABSL_GUARDED_BY(threads_mu_) = 0;  // of threads_, not yet returned
+
+  LastKnown last_known_;
+  // Declared last: destroyed first (queued calls run, then the workers join;
+  // pending deadlines fire) while everything they use still exists.
+  TimerThread timers_;
+  ThreadPool store_pool_;
 };
 
 }  // namespace dynapipe::planner::service

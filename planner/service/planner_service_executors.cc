@@ -147,15 +147,14 @@ absl::Status PlannerService::ScheduleGangs(bool eager) {
 }
 
 absl::StatusOr<std::vector<proto::JobStatus>> PlannerService::JobsInOrder() {
-  ASSIGN_OR_RETURN(std::vector<std::string> ids, store_->ListJobs());
+  // Read as status calls read them: this pass also keeps the last known
+  // state fresh for when the store stalls.
+  ASSIGN_OR_RETURN(std::vector<proto::JobStatus> jobs, ReadJobs());
   // Submission order: ids are increasing numbers.
-  std::sort(ids.begin(), ids.end(), [](const std::string& a, const std::string& b) {
+  std::sort(jobs.begin(), jobs.end(), [](const proto::JobStatus& x, const proto::JobStatus& y) {
+    const std::string &a = x.job_id(), &b = y.job_id();
     return a.size() != b.size() ? a.size() < b.size() : a < b;
   });
-  std::vector<proto::JobStatus> jobs;
-  for (const std::string& id : ids) {
-    if (auto job = store_->GetJob(id); job.ok()) jobs.push_back(std::move(*job));
-  }
   return jobs;
 }
 
@@ -253,14 +252,17 @@ absl::StatusOr<proto::HeartbeatResponse> PlannerService::Heartbeat(const proto::
 }
 
 absl::StatusOr<std::vector<proto::ExecutorRecord>> PlannerService::Executors() {
+  const absl::Time at = options_.clock->Now();
   ASSIGN_OR_RETURN(const auto ids, store_->ListExecutors());
   std::vector<proto::ExecutorRecord> out;
   for (const auto& id : ids) {
     auto rec = store_->GetExecutor(id);
+    if (rec.status().code() == absl::StatusCode::kUnavailable) return rec.status();  // not N more timeouts
     if (!rec.ok()) continue;
     rec->clear_secret_sha256();
     out.push_back(std::move(*rec));
   }
+  last_known_.PutExecutors(out, at);
   return out;
 }
 
@@ -270,6 +272,7 @@ void PlannerService::CheckStoreIdentity() {
   MutexLock lock(&store_id_mu_);
   if (!store_id_.empty() && *id != store_id_) {
     ++store_losses_;
+    last_known_.StoreLost(options_.clock->Now(), store_id_, *id);
     spdlog::error("the plan store (Redis) lost its data: its id was {} and is now {} (restarted without its "
                   "append-only file, or flushed). Every job submitted before is gone; resubmit with "
                   "checkpoint.resume to continue from the checkpoints on disk. Job ids are never reused.",

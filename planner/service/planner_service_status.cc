@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "planner/service/planner_service.h"
+#include "src/common/status_macros.h"
 
 namespace dynapipe::planner::service {
 namespace {
@@ -66,36 +67,50 @@ std::string PlannerService::RefitJson(const std::string& job) {
       st.terms.iteration_ms, absl::StrJoin(recent, ","));
 }
 
+PlannerService::Snapshot PlannerService::StatusSnapshot() {
+  absl::StatusOr<Snapshot> snap = AnswerWithinSync<Snapshot>(
+      WithinOptions(),
+      [this]() -> absl::StatusOr<Snapshot> {
+        Snapshot s;
+        ASSIGN_OR_RETURN(s.jobs, ReadJobs());
+        ASSIGN_OR_RETURN(s.executors, Executors());
+        return s;
+      },
+      [this](const absl::Status&) -> absl::StatusOr<Snapshot> {
+        // Whatever is known, however old (nothing at all before the first read).
+        Snapshot s;
+        LastKnown::Jobs jobs = last_known_.AllJobs();
+        LastKnown::Executors executors = last_known_.AllExecutors();
+        s.jobs = std::move(jobs.jobs);
+        s.executors = std::move(executors.executors);
+        const absl::Time at = std::min(jobs.at, executors.at);
+        s.stale_ms = at == absl::InfinitePast() ? absl::ToInt64Milliseconds(options_.clock->Now() - started_) + 1
+                                                : StaleMs(at);
+        return s;
+      });
+  return snap.ok() ? std::move(*snap) : Snapshot{};
+}
+
 std::string PlannerService::StatusJson() {
+  const Snapshot snap = StatusSnapshot();
   std::vector<std::string> jobs, executors;
-  if (auto ids = store_->ListJobs(); ids.ok()) {
-    for (const auto& id : *ids) {
-      auto s = store_->GetJob(id);
-      if (!s.ok()) continue;
-      double last_ms = 0, predicted_ms = 0;
-      if (s->iterations_done() > 0) {
-        if (auto r = store_->GetReport(id, s->iterations_done() - 1, 0); r.ok()) {
-          last_ms = r->iteration_ms();
-          predicted_ms = r->predicted_iteration_ms();
-        }
-      }
-      jobs.push_back(absl::StrFormat(
-          "{\"job_id\":%s,\"name\":%s,\"state\":%s,\"iterations\":%d,\"iterations_done\":%d,\"plans_ready\":%d,"
-          "\"plans_ahead\":%d,\"last_iteration_ms\":%.3f,\"predicted_iteration_ms\":%.3f,\"error\":%s%s}",
-          Json(id), Json(s->spec().name()), Json(proto::JobState::Value_Name(s->state())), s->spec().iterations(),
-          s->iterations_done(), s->plans_ready(), PlansAhead(*s),
-          last_ms, predicted_ms, Json(s->error()), RefitJson(id)));
-    }
+  for (const proto::JobStatus& s : snap.jobs) {
+    const std::string& id = s.job_id();
+    jobs.push_back(absl::StrFormat(
+        "{\"job_id\":%s,\"name\":%s,\"state\":%s,\"iterations\":%d,\"iterations_done\":%d,\"plans_ready\":%d,"
+        "\"plans_ahead\":%d,\"last_iteration_ms\":%.3f,\"predicted_iteration_ms\":%.3f,\"error\":%s%s}",
+        Json(id), Json(s.spec().name()), Json(proto::JobState::Value_Name(s.state())), s.spec().iterations(),
+        s.iterations_done(), s.plans_ready(), PlansAhead(s), s.last_iteration_ms(), s.predicted_iteration_ms(),
+        Json(s.error()), RefitJson(id)));
   }
-  if (auto recs = Executors(); recs.ok()) {
-    const int64_t now = NowMs();
-    for (const auto& r : *recs) {
-      executors.push_back(absl::StrFormat(
-          "{\"executor_id\":%s,\"node\":%s,\"device\":%d,\"last_heartbeat_ms_ago\":%d,\"lost\":%s,\"job_id\":%s,"
-          "\"rank\":%d}",
-          Json(r.executor_id()), Json(r.info().node()), r.info().device_index(), now - r.last_heartbeat_unix_ms(),
-          r.lost() ? "true" : "false", Json(r.assignment().job_id()), r.assignment().job_id().empty() ? -1 : r.assignment().rank()));
-    }
+  const int64_t now = NowMs();
+  for (const auto& r : snap.executors) {
+    executors.push_back(absl::StrFormat(
+        "{\"executor_id\":%s,\"node\":%s,\"device\":%d,\"last_heartbeat_ms_ago\":%d,\"lost\":%s,\"job_id\":%s,"
+        "\"rank\":%d}",
+        Json(r.executor_id()), Json(r.info().node()), r.info().device_index(), now - r.last_heartbeat_unix_ms(),
+        r.lost() ? "true" : "false", Json(r.assignment().job_id()),
+        r.assignment().job_id().empty() ? -1 : r.assignment().rank()));
   }
   std::string store_id;
   int64_t store_losses;
@@ -104,10 +119,14 @@ std::string PlannerService::StatusJson() {
     store_id = store_id_;
     store_losses = store_losses_;
   }
+  // "stale_ms" > 0: the store did not answer in time; jobs and executors are
+  // the last known state, that old.
   return absl::StrFormat("{\"daemon\":\"dynapipe-planner\",\"owner\":%s,\"healthy\":%s,\"redis_errors\":%d,"
-                         "\"store_id\":%s,\"store_data_lost\":%d,\"jobs\":[%s],\"executors\":[%s]}",
+                         "\"store_id\":%s,\"store_data_lost\":%d,\"stale_ms\":%d,\"notice\":%s,\"jobs\":[%s],"
+                         "\"executors\":[%s]}",
                          Json(options_.owner), HealthProblem().empty() ? "true" : "false", store_->errors(),
-                         Json(store_id), store_losses, absl::StrJoin(jobs, ","), absl::StrJoin(executors, ","));
+                         Json(store_id), store_losses, snap.stale_ms, Json(LossNotice()), absl::StrJoin(jobs, ","),
+                         absl::StrJoin(executors, ","));
 }
 
 namespace {
@@ -167,21 +186,19 @@ std::string PlannerService::MetricsText() {
   MutexLock scrape(&metrics_text_mu_);
   int running = 0;
   int64_t min_ahead = -1;
-  if (auto ids = store_->ListJobs(); ids.ok()) {
-    for (const auto& id : *ids) {
-      auto s = store_->GetJob(id);
-      if (!s.ok()) continue;
-      if (store::IsTerminal(s->state())) {
-        metrics_.ClearAll({{"job", id}});  // series exist while the job is active
-        continue;
-      }
-      FillLastIteration(&*s);
-      running += s->state() == proto::JobState::running;
-      const int64_t ahead = PlansAhead(*s);
-      min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);
-      JobMetrics(*s);
+  const Snapshot snap = StatusSnapshot();
+  for (const proto::JobStatus& s : snap.jobs) {
+    if (store::IsTerminal(s.state())) {
+      metrics_.ClearAll({{"job", s.job_id()}});  // series exist while the job is active
+      continue;
     }
+    running += s.state() == proto::JobState::running;
+    const int64_t ahead = PlansAhead(s);
+    min_ahead = min_ahead < 0 ? ahead : std::min(min_ahead, ahead);
+    JobMetrics(s);
   }
+  metrics_.Set("dynapipe_state_stale_seconds", snap.stale_ms / 1e3,
+               "0 when the plan store answered this scrape; else the age of the last known state it shows");
   metrics_.Set("dynapipe_jobs_running", running, "Jobs in state running");
   metrics_.Set("dynapipe_plans_ahead_min", std::max<int64_t>(0, min_ahead),
                "Smallest number of stored plans ahead of training over active jobs");

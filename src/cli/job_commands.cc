@@ -53,6 +53,12 @@ std::string Line(const proto::JobStatus& s) {
   return line;
 }
 
+// What a status answer from the planner's last known state says about itself.
+std::string StaleNote(int64_t stale_ms) {
+  return absl::StrFormat("(the plan store (Redis) is not answering: this is the planner's last known state, %.1f s old)",
+                         stale_ms / 1e3);
+}
+
 }  // namespace
 
 int RunJobCommand(const std::string& command, const std::vector<std::string>& argv, std::ostream& out,
@@ -121,6 +127,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
       auto s = c.Get(pos[0]);
       if (!s.ok()) return fail(s.status(), 1);
       out << (json ? ToJson(*s) : Line(*s)) << "\n";
+      if (!json && s->stale_ms() > 0) out << StaleNote(s->stale_ms()) << "\n";
       return 0;
     }
     if (pos.size() > 1) {
@@ -147,6 +154,8 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
       for (const auto& s : list->jobs()) out << Line(s) << "\n";
       if (list->jobs().empty()) out << "no active jobs\n";
       if (hidden > 0) out << hidden << " ended job(s) not shown (--all shows them)\n";
+      if (list->stale_ms() > 0) out << StaleNote(list->stale_ms()) << "\n";
+      if (!list->notice().empty()) out << list->notice() << "\n";
     }
     return 0;
   }
@@ -253,6 +262,7 @@ int RunJobCommand(const std::string& command, const std::vector<std::string>& ar
                                                              : absl::StrCat(e.assignment().job_id(), " rank ", e.assignment().rank()));
     }
     if (list->executors().empty()) out << "no executors\n";
+    if (list->stale_ms() > 0) out << StaleNote(list->stale_ms()) << "\n";
     return 0;
   }
   return fail(absl::InvalidArgumentError("unknown command"), 2);

@@ -25,6 +25,18 @@ void ThreadPool::Schedule(std::function<void()> task) {
   queue_.push_back(std::move(task));
 }
 
+bool ThreadPool::TrySchedule(std::function<void()> task, size_t max_queued) {
+  MutexLock lock(&mu_);
+  if (queue_.size() - head_ >= max_queued) return false;
+  queue_.push_back(std::move(task));
+  return true;
+}
+
+size_t ThreadPool::queued() {
+  MutexLock lock(&mu_);
+  return queue_.size() - head_;
+}
+
 void ThreadPool::WorkerLoop() {
   while (true) {
     std::function<void()> task;

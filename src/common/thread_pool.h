@@ -22,6 +22,12 @@ class ThreadPool {
 
   // Queues `task`; it runs on some worker.
   void Schedule(std::function<void()> task);
+  // Queues `task` unless `max_queued` tasks already wait for a worker; false
+  // (and `task` dropped) then. For work that must be refused, not delayed
+  // without bound, when the workers are held up.
+  bool TrySchedule(std::function<void()> task, size_t max_queued);
+  // Tasks waiting for a worker.
+  size_t queued();
 
   // Runs fn(i) for i in [0, n) on the workers and the calling thread; returns
   // when all are done. Must not be called from a worker of this pool.

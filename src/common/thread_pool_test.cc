@@ -2,7 +2,10 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <thread>
 #include <vector>
+
+#include "src/common/mutex.h"
 
 namespace dynapipe {
 namespace {
@@ -23,6 +26,28 @@ TEST_CASE("ParallelFor visits each index exactly once") {
     pool.ParallelFor(n, [&](int i) { hits[i]++; });
     for (int i = 0; i < n; ++i) CHECK(hits[i].load() == 1);
   }
+}
+
+TEST_CASE("TrySchedule refuses work once max_queued tasks wait; the queued ones still run") {
+  std::atomic<int> ran{0};
+  Mutex gate_mu;
+  bool open = false;
+  {
+    ThreadPool pool(1);
+    // The only worker is held: tasks queue behind it.
+    pool.Schedule([&] {
+      MutexLock lock(&gate_mu);
+      gate_mu.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return open; });
+    });
+    while (pool.queued() != 0) std::this_thread::yield();  // the worker took it
+    CHECK(pool.TrySchedule([&] { ++ran; }, 2));
+    CHECK(pool.TrySchedule([&] { ++ran; }, 2));
+    CHECK_FALSE(pool.TrySchedule([&] { ran += 100; }, 2));
+    CHECK(pool.queued() == 2);
+    MutexLock lock(&gate_mu);
+    open = true;
+  }
+  CHECK(ran == 2);
 }
 
 TEST_CASE("A pool of zero threads still has one worker") {

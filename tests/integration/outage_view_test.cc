@@ -1,10 +1,15 @@
 // What users and their schedulers see while the job rides through planner
 // and Redis outages: `dynapipe watch` keeps going and ends 0 with the job's
-// final line.
+// final line; with Redis frozen, status calls answer at once from the
+// planner's last known state, saying so; a job lost with an emptied Redis is
+// reported as such, with how to resume it.
+#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -13,7 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "src/testing/redis_server.h"
+#include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
 #include "tests/integration/training_fixture.h"
 
@@ -86,6 +93,130 @@ TEST_CASE("watch rides through a planner SIGKILL and a Redis restart; it ends 0 
   REQUIRE_FALSE(lines.empty());
   CHECK(absl::StrContains(lines.back(), absl::StrCat("succeeded iteration ", kIterations, "/", kIterations)));
   CHECK(std::set<std::string>(lines.begin(), lines.end()).size() == lines.size());  // no line twice
+  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(5)));
+}
+
+struct Timed {
+  ShellOutput out;
+  double seconds = 0;
+};
+Timed TimedCli(const std::string& args) {
+  const absl::Time start = absl::Now();
+  Timed t;
+  t.out = RunShell(Cli() + " " + args);
+  t.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return t;
+}
+
+TEST_CASE("With Redis frozen, status, list, executors, /status and /metrics answer at once from the last known state",
+          "[integration]") {
+  auto redis = RedisServer::Start();
+  REQUIRE(redis.ok());
+  auto planner = PlannerProcess::Start((*redis)->port(), {});
+  REQUIRE(planner.ok());
+  const std::string address = (*planner)->address();
+  auto job = Client(address)->Submit(SmallJob(2, 2, 100000, 4));
+  REQUIRE(job.ok());
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<SimulatedRank>> ranks;
+  const std::vector<JoinedExecutor> joined = JoinJob(address, *job, 4);
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(RunRank([&] { return address; }, *job, r, joined[r].credential, 100000, absl::Milliseconds(20),
+                            &stop));
+  }
+  REQUIRE(Eventually([&] { return ranks[0]->done >= 3; }));
+  // Once through while Redis answers: the planner knows the job and executors.
+  REQUIRE(TimedCli(absl::StrCat("status ", *job, " --planner ", address)).out.rc == 0);
+  REQUIRE(TimedCli("executors --planner " + address).out.rc == 0);
+
+  REQUIRE(::kill((*redis)->pid(), SIGSTOP) == 0);
+  absl::SleepFor(absl::Milliseconds(500));  // stores in flight are stuck by now
+  for (int round = 0; round < 3; ++round) {  // also once Redis calls time out and fail
+    INFO("round " << round);
+    const Timed status = TimedCli(absl::StrCat("status ", *job, " --planner ", address));
+    INFO(status.out.text);
+    CHECK(status.out.rc == 0);
+    CHECK(status.seconds < 1.0);
+    CHECK_THAT(status.out.text, Catch::Matchers::Contains(*job));
+    CHECK_THAT(status.out.text, Catch::Matchers::Contains("last known state"));
+    const Timed list = TimedCli("list --planner " + address);
+    INFO(list.out.text);
+    CHECK(list.out.rc == 0);
+    CHECK(list.seconds < 1.0);
+    CHECK_THAT(list.out.text, Catch::Matchers::Contains(*job));
+    CHECK_THAT(list.out.text, Catch::Matchers::Contains("last known state"));
+    const Timed executors = TimedCli("executors --planner " + address);
+    INFO(executors.out.text);
+    CHECK(executors.out.rc == 0);
+    CHECK(executors.seconds < 1.0);
+    CHECK_THAT(executors.out.text, Catch::Matchers::Contains("last known state"));
+    // In-process: the calls and the status endpoint within 200 ms (+ slack
+    // for a loaded machine), marked stale.
+    auto client = Client(address);
+    absl::Time start = absl::Now();
+    auto got = client->Get(*job);
+    CHECK(absl::Now() - start < absl::Milliseconds(400));
+    REQUIRE(got.ok());
+    CHECK(got->stale_ms() > 0);
+    httplib::Client http("127.0.0.1", (*planner)->http_port());
+    for (const char* path : {"/status", "/metrics"}) {
+      INFO(path);
+      start = absl::Now();
+      auto r = http.Get(path);
+      CHECK(absl::Now() - start < absl::Milliseconds(400));
+      REQUIRE(r);
+      CHECK(r->status == 200);
+      CHECK_THAT(r->body, Catch::Matchers::Contains(*job));
+    }
+    absl::SleepFor(absl::Milliseconds(round == 0 ? 2500 : 500));
+  }
+  auto metrics = httplib::Client("127.0.0.1", (*planner)->http_port()).Get("/metrics");
+  REQUIRE(metrics);
+  CHECK_THAT(metrics->body, !Catch::Matchers::Contains("dynapipe_state_stale_seconds 0\n"));
+  ::kill((*redis)->pid(), SIGCONT);
+  // Answers are fresh again once Redis is back.
+  CHECK(Eventually([&] {
+    auto got = Client(address)->Get(*job);
+    return got.ok() && got->stale_ms() == 0;
+  }));
+  stop = true;
+  for (auto& r : ranks) r->thread.join();
+}
+
+TEST_CASE("A job lost with an emptied Redis: status names the loss and the iteration to resume from; list says so",
+          "[integration]") {
+  Stack stack = StartStack("", absl::Seconds(5));  // no append-only file: a restart loses everything
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
+  const std::string ckpt = TmpDir() + "/ckpt-lost";
+  std::filesystem::remove_all(ckpt);
+  auto client = Client(stack.address());
+  auto job = client->Submit(TrainJob(400, ckpt, 5));
+  REQUIRE(job.ok());
+  REQUIRE(Eventually([&] { return runtime::checkpoint::LatestCompleteOnDisk(ckpt, 4).value_or(-1) >= 9; },
+                     absl::Seconds(60)));
+  REQUIRE(client->Get(*job).ok());  // the planner has seen it
+  stack.redis->Stop();
+  REQUIRE(stack.redis->Restart().ok());
+  REQUIRE(Eventually([&] { return stack.planner->service().StatusJson().find("\"store_data_lost\":1") !=
+                                  std::string::npos; }));
+  // Shards still being written when the job stopped land within a moment.
+  absl::SleepFor(absl::Seconds(2));
+  const int64_t resume_from = runtime::checkpoint::LatestCompleteOnDisk(ckpt, 4).value_or(-1) + 1;
+  const Timed status = TimedCli(absl::StrCat("status ", *job, " --planner ", stack.address()));
+  INFO(status.out.text);
+  CHECK(status.out.rc == 1);
+  CHECK_THAT(status.out.text, Catch::Matchers::Contains(absl::StrCat("job ", *job, " was lost with the plan store's data")));
+  CHECK_THAT(status.out.text, Catch::Matchers::Contains("store id "));
+  CHECK_THAT(status.out.text,
+             Catch::Matchers::Contains(absl::StrCat("resubmit its job file with checkpoint.resume: true to continue "
+                                                    "from iteration ",
+                                                    resume_from)));
+  CHECK(std::count(status.out.text.begin(), status.out.text.end(), '\n') == 1);  // one line
+  const Timed list = TimedCli("list --planner " + stack.address());
+  INFO(list.out.text);
+  CHECK(list.out.rc == 0);
+  CHECK_THAT(list.out.text, Catch::Matchers::Contains("1 unfinished job(s) were lost with the plan store's data"));
   for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(5)));
 }
 
