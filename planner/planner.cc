@@ -55,6 +55,8 @@ absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& spec) {
   c.cluster = job.cluster();
   c.memory_limit_mb = job.memory_limit_mb();
   c.zero1 = job.optimizer().zero1();
+  c.checkpoint_copy_on_device = job.cluster().device().name() == spec::kCpuDeviceName && !job.checkpoint().dir().empty() &&
+                                job.checkpoint().interval() > 0;
   c.work.varlen_attention = job.model().attention() == proto::AttentionKernel::varlen;
   return c;
 }
@@ -66,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(const PlannerConfig& co
   mem.dp = config.dp;
   mem.zero1 = config.zero1;
   mem.weight_bytes = config.model.dtype() == proto::DType::fp32 ? 4 : 2;
+  mem.checkpoint_copy = config.checkpoint_copy_on_device;
   ASSIGN_OR_RETURN(PipelineModel pm,
                    PipelineModel::Create(config.model, config.pp, config.layer_to_device, std::move(cost), mem,
                                          config.work));

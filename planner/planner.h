@@ -43,6 +43,10 @@ struct PlannerConfig {
   uint64_t seed = 1;
   double memory_limit_mb = 80000;
   bool zero1 = false;
+  // The executors' checkpoint copy (parameters and both moments, fp32) lives
+  // in the device's memory: the job checkpoints on CPU devices, whose memory
+  // is the host's (on a GPU the copy is in host memory, beside the device's).
+  bool checkpoint_copy_on_device = false;
   proto::ClusterSpec cluster;
   WorkModel work;  // what executors compute of a micro-batch (from model.attention)
 };

@@ -242,6 +242,62 @@ TEST_CASE("A model whose state does not fit is refused at creation") {
   CHECK_THAT(std::string(planner.status().message()), Contains("does not fit"));
 }
 
+TEST_CASE("On CPU devices a checkpointing job's state includes the checkpoint's copy (12 bytes per parameter)") {
+  proto::JobSpec job;
+  *job.mutable_model() = Gpt(8, 1024, 16);
+  job.mutable_model()->set_dtype(proto::DType::fp32);
+  job.mutable_parallelism()->set_pp(1);
+  job.mutable_parallelism()->set_dp(1);
+  *job.mutable_cluster() = Cluster();
+  job.mutable_checkpoint()->set_dir("ckpt");
+  job.mutable_checkpoint()->set_interval(10);
+  job.set_iterations(100);
+  job.mutable_dataset()->set_path("data");
+  job.set_memory_limit_mb(80000);
+  auto config_of = [&](const std::string& device) {
+    job.mutable_cluster()->mutable_device()->set_name(device);
+    auto c = PlannerConfigFromJob(job);
+    INFO(c.status());
+    REQUIRE(c.ok());
+    return *c;
+  };
+  CHECK(config_of("cpu").checkpoint_copy_on_device);
+  CHECK_FALSE(config_of("h100-sxm").checkpoint_copy_on_device);  // the copy is in host memory there
+  job.mutable_checkpoint()->set_interval(0);  // resume only
+  CHECK_FALSE(config_of("cpu").checkpoint_copy_on_device);
+  job.mutable_checkpoint()->clear_dir();
+  CHECK_FALSE(config_of("cpu").checkpoint_copy_on_device);
+
+  // fp32 weights, grads and two moments: 16 bytes per parameter; the copy
+  // makes it 28. A limit between the two: fits only without the copy.
+  PlannerConfig config;
+  config.model = job.model();
+  config.pp = 1;
+  config.cluster = Cluster();
+  auto create = [&](bool copy) {
+    config.checkpoint_copy_on_device = copy;
+    auto cost = AnalyticCostModel::Create(config.model, config.cluster.device(), {});
+    REQUIRE(cost.ok());
+    return Planner::Create(config, std::shared_ptr<const LayerCostModel>(std::move(*cost)));
+  };
+  config.memory_limit_mb = 1e9;
+  auto big = create(false);
+  REQUIRE(big.ok());
+  const double params_m = [&] {
+    double p = 0;
+    for (const Chunk& c : (*big)->model().chunks()) {
+      for (const auto& [kind, n] : LayerCounts(c)) p += n * (*big)->model().cost_model().ParamsMillions(kind);
+    }
+    return p;
+  }();
+  config.memory_limit_mb = params_m * 22;  // MB: between 16 and 28 bytes per parameter
+  CHECK(create(false).ok());
+  auto refused = create(true);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(refused.status().message()), Contains("the checkpoint's copy"));
+}
+
 class TamperFixture {
  public:
   TamperFixture() {

@@ -87,7 +87,8 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
   // whole fp32 values).
   const double w = memory.weight_bytes;
   const double master = w < 4 ? 4 : 0;
-  const double per_param = w + 4 + master + 8.0 / (memory.zero1 ? std::max(1, memory.dp) : 1);
+  const double per_param = w + 4 + master + 8.0 / (memory.zero1 ? std::max(1, memory.dp) : 1) +
+                           (memory.checkpoint_copy ? 12 : 0);
   pm.static_mb_.assign(num_devices, 0);
   pm.grad_mb_.assign(num_devices, 0);
   const LayerCostModel& lc = *pm.cost_;
@@ -103,8 +104,9 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
     if (pm.static_mb_[d] >= memory.limit_mb) {
       return absl::FailedPreconditionError(absl::StrCat(
           "model does not fit: device ", d, " needs ", static_cast<int64_t>(pm.static_mb_[d]),
-          " MB for parameters, gradients and optimizer state; the limit is ", static_cast<int64_t>(memory.limit_mb),
-          " MB"));
+          " MB for parameters, gradients and optimizer state",
+          memory.checkpoint_copy ? " and the checkpoint's copy of them" : "", "; the limit is ",
+          static_cast<int64_t>(memory.limit_mb), " MB"));
     }
   }
   return pm;

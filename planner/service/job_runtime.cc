@@ -81,8 +81,24 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   std::vector<Sample> samples;
   samples.reserve(raw.size());
   for (size_t i = 0; i < raw.size(); ++i) samples.push_back(Truncate(static_cast<int64_t>(i), raw[i], config.max_seq_len, ed));
-  runtime->batches = FormGlobalBatches(samples, spec.batching().global_batch_tokens(), ed);
+  int64_t dataset_tokens = 0;
+  for (const Sample& s : samples) dataset_tokens += SampleTokens(s, ed);
+  const int64_t batch_tokens = spec.batching().global_batch_tokens();
+  if (batch_tokens > dataset_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("batching.global_batch_tokens: ", batch_tokens,
+                                                   " exceeds the dataset's ", dataset_tokens, " tokens (",
+                                                   samples.size(), " samples, truncated to max_seq_len ",
+                                                   config.max_seq_len, ")"));
+  }
+  runtime->batches = FormGlobalBatches(samples, batch_tokens, ed);
   for (const auto& b : runtime->batches) {
+    if (static_cast<int64_t>(b.size()) > spec::kMaxSamplesPerGlobalBatch) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batching.global_batch_tokens: ", batch_tokens, " tokens make global batches of ", b.size(),
+          " samples; planning is bounded to ", spec::kMaxSamplesPerGlobalBatch,
+          " samples per global batch (lower it to about ",
+          batch_tokens * spec::kMaxSamplesPerGlobalBatch / static_cast<int64_t>(b.size()), ")"));
+    }
     if (static_cast<int>(b.size()) < config.dp) {
       return absl::InvalidArgumentError(absl::StrCat("batching.global_batch_tokens: a global batch of ", b.size(),
                                                      " samples cannot feed ", config.dp, " data-parallel groups"));

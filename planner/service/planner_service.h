@@ -141,7 +141,10 @@ class PlannerService {
              std::function<void(absl::Status)> finish);
 
   // Status endpoint: answers within options.status_budget, from the last
-  // known state (with its age) when the store is slow.
+  // known state (with its age) when the store is slow. /status lists every
+  // active job and the newest kStatusEndedJobs that ended (`dynapipe list
+  // --all` lists them all).
+  static constexpr size_t kStatusEndedJobs = 50;
   std::string HealthProblem() const;  // "" when healthy
   std::string StatusJson();
   std::string MetricsText();

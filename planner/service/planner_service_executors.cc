@@ -27,6 +27,10 @@ absl::StatusOr<proto::RegisterExecutorResponse> PlannerService::Register(const p
                                                    " printable ASCII characters without spaces"));
   }
   if (req.device_index() < 0) return absl::InvalidArgumentError("device_index: must not be negative");
+  if (!proto::Backend::Value_IsValid(req.backend())) {
+    return absl::InvalidArgumentError(absl::StrCat("backend: ", static_cast<int>(req.backend()),
+                                                   " is not a backend (cpu = 1, cuda = 2)"));
+  }
   // 64 random bits: an id cannot be guessed, nor collide with (and so take
   // over the record of) another executor's.
   ASSIGN_OR_RETURN(const std::string suffix, rpc::RandomHex(16));
@@ -186,6 +190,9 @@ absl::Status PlannerService::PlaceWaitingJobs(const std::vector<proto::JobStatus
     // record of an executor that just died (or was restarted under a new id)
     // stays live for a whole timeout, and a job placed on it would fail.
     if (now - rec.last_heartbeat_unix_ms() > fresh) continue;
+    // Registered but never heard from since: nothing shows it is running (a
+    // registration alone would let anyone holding the token take ranks).
+    if (rec.heartbeats() == 0) continue;
     if (!rec.assignment().job_id().empty()) continue;
     ASSIGN_OR_RETURN(const store::Seat seat, store_->SeatOf(rec.executor_id()));
     if (seat.job.empty()) idle.push_back({rec.executor_id(), rec.info().node(), rec.info().device_index()});
@@ -220,6 +227,10 @@ absl::StatusOr<proto::HeartbeatResponse> PlannerService::Heartbeat(const proto::
   proto::HeartbeatResponse resp;
   rec.set_last_heartbeat_unix_ms(NowMs());
   rec.set_last_iteration(req.iteration());
+  rec.set_heartbeats(rec.heartbeats() + 1);
+  // The first heartbeat makes the executor placeable: stored before the
+  // placement below reads the records.
+  if (rec.heartbeats() == 1) RETURN_IF_ERROR(store_->PutExecutor(rec));
   if (!rec.assignment().job_id().empty()) {
     auto job = store_->GetJob(rec.assignment().job_id());
     // A Redis error is not a reason to stop a running executor: report it.

@@ -94,7 +94,20 @@ PlannerService::Snapshot PlannerService::StatusSnapshot() {
 std::string PlannerService::StatusJson() {
   const Snapshot snap = StatusSnapshot();
   std::vector<std::string> jobs, executors;
-  for (const proto::JobStatus& s : snap.jobs) {
+  // Every active job; of the ended ones the newest kStatusEndedJobs (job ids
+  // grow with submission), so the page stays small on a long-lived planner.
+  std::vector<const proto::JobStatus*> shown, ended;
+  for (const proto::JobStatus& s : snap.jobs) (store::IsTerminal(s.state()) ? ended : shown).push_back(&s);
+  auto newer = [](const proto::JobStatus* a, const proto::JobStatus* b) {
+    return a->job_id().size() != b->job_id().size() ? a->job_id().size() > b->job_id().size()
+                                                    : a->job_id() > b->job_id();
+  };
+  const size_t keep = std::min(ended.size(), kStatusEndedJobs);
+  std::partial_sort(ended.begin(), ended.begin() + keep, ended.end(), newer);
+  const size_t ended_omitted = ended.size() - keep;
+  shown.insert(shown.end(), ended.begin(), ended.begin() + keep);
+  for (const proto::JobStatus* job : shown) {
+    const proto::JobStatus& s = *job;
     const std::string& id = s.job_id();
     jobs.push_back(absl::StrFormat(
         "{\"job_id\":%s,\"name\":%s,\"state\":%s,\"iterations\":%d,\"iterations_done\":%d,\"plans_ready\":%d,"
@@ -123,10 +136,10 @@ std::string PlannerService::StatusJson() {
   // the last known state, that old.
   return absl::StrFormat("{\"daemon\":\"dynapipe-planner\",\"owner\":%s,\"healthy\":%s,\"redis_errors\":%d,"
                          "\"store_id\":%s,\"store_data_lost\":%d,\"stale_ms\":%d,\"notice\":%s,\"jobs\":[%s],"
-                         "\"executors\":[%s]}",
+                         "\"ended_jobs_not_shown\":%d,\"executors\":[%s]}",
                          Json(options_.owner), HealthProblem().empty() ? "true" : "false", store_->errors(),
                          Json(store_id), store_losses, snap.stale_ms, Json(LossNotice()), absl::StrJoin(jobs, ","),
-                         absl::StrJoin(executors, ","));
+                         ended_omitted, absl::StrJoin(executors, ","));
 }
 
 namespace {

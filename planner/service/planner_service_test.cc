@@ -133,13 +133,19 @@ TEST_CASE("A job submitted with resume starts after the latest complete checkpoi
     REQUIRE(r.ok());
     executors.push_back(r->executor_id());
   }
-  for (const std::string& id : executors) {
-    proto::HeartbeatRequest hb;
-    hb.set_executor_id(id);
-    auto beat = svc.Heartbeat(hb);
-    REQUIRE(beat.ok());
-    CHECK(beat->assignment().job_id() == *second);
-    CHECK(beat->assignment().start_iteration() == 6);
+  // Placed once every executor has heartbeated (a registration alone does
+  // not make an executor placeable): each has its seat by its second beat.
+  for (int round = 0; round < 2; ++round) {
+    for (const std::string& id : executors) {
+      proto::HeartbeatRequest hb;
+      hb.set_executor_id(id);
+      auto beat = svc.Heartbeat(hb);
+      REQUIRE(beat.ok());
+      if (round == 0) continue;
+      CHECK(beat->assignment().job_id() == *second);
+      CHECK(beat->assignment().start_iteration() == 6);
+    }
+    absl::SleepFor(absl::Milliseconds(150));  // past the eager placement interval (100 ms)
   }
 
   // Planning starts at the start iteration too.
@@ -398,8 +404,22 @@ TEST_CASE("Submit refuses a model whose vocabulary is smaller than the dataset's
   CHECK(Submit(svc, spec).ok());
 }
 
-// Registers `n` executors; their first heartbeats take the ranks of the
-// pending job (placed as a gang at the first), which then runs.
+// Sends one heartbeat from each of `ids`; returns what each was assigned.
+std::vector<proto::Assignment> Beat(PlannerService& svc, const std::vector<std::string>& ids) {
+  std::vector<proto::Assignment> out;
+  for (const std::string& id : ids) {
+    proto::HeartbeatRequest hb;
+    hb.set_executor_id(id);
+    auto beat = svc.Heartbeat(hb);
+    REQUIRE(beat.ok());
+    out.push_back(beat->assignment());
+  }
+  return out;
+}
+
+// Registers `n` executors; once each has heartbeated (which makes it
+// placeable), their next heartbeats take the ranks of the pending job
+// (placed as a gang), which then runs.
 void TakeRanks(PlannerService& svc, int n) {
   std::vector<std::string> ids;
   for (int d = 0; d < n; ++d) {
@@ -410,13 +430,9 @@ void TakeRanks(PlannerService& svc, int n) {
     REQUIRE(r.ok());
     ids.push_back(r->executor_id());
   }
-  for (const std::string& id : ids) {
-    proto::HeartbeatRequest hb;
-    hb.set_executor_id(id);
-    auto beat = svc.Heartbeat(hb);
-    REQUIRE(beat.ok());
-    REQUIRE_FALSE(beat->assignment().job_id().empty());
-  }
+  Beat(svc, ids);
+  absl::SleepFor(absl::Milliseconds(150));  // past the eager placement interval (100 ms)
+  for (const proto::Assignment& a : Beat(svc, ids)) REQUIRE_FALSE(a.job_id().empty());
 }
 
 absl::Status ReportLost(PlannerService& svc, const std::string& job, int rank, int lost_peer) {
@@ -465,19 +481,17 @@ TEST_CASE("Gangs go to executors that checked in recently, not to records of exe
     REQUIRE(r.ok());
     return r->executor_id();
   };
-  // Two executors that registered and then died (or were restarted under new ids).
+  // Two executors that registered, heartbeated and then died (or were
+  // restarted under new ids).
   const std::vector<std::string> quiet = {register_executor(0), register_executor(1)};
+  Beat(svc, quiet);
   clock.Advance(absl::Seconds(4));  // still "live" (under the timeout), no longer fresh
   const std::vector<std::string> fresh = {register_executor(0), register_executor(1)};
+  Beat(svc, fresh);
   auto id = Submit(svc, Job(10, "/ckpt/fresh"));
   REQUIRE(id.ok());
-  for (const std::string& e : fresh) {
-    proto::HeartbeatRequest hb;
-    hb.set_executor_id(e);
-    auto beat = svc.Heartbeat(hb);
-    REQUIRE(beat.ok());
-    CHECK(beat->assignment().job_id() == *id);
-  }
+  absl::SleepFor(absl::Milliseconds(150));  // past the eager placement interval (100 ms)
+  for (const proto::Assignment& a : Beat(svc, fresh)) CHECK(a.job_id() == *id);
   for (const std::string& e : quiet) CHECK(store.SeatOf(e)->job.empty());
 }
 
@@ -603,6 +617,35 @@ TEST_CASE("Records of executors lost for longer than the TTL are dropped; live o
   CHECK(wait_until([&](const auto& recs) { return recs.size() == 1 && recs[0].executor_id() == ids[1]; }));
   CHECK(beat(ids[0]).code() == absl::StatusCode::kNotFound);  // it would register again
   svc.Stop();
+}
+
+}  // namespace
+}  // namespace dynapipe::planner::service
+
+namespace dynapipe::planner::service {
+namespace {
+
+TEST_CASE("/status lists every active job and only the newest 50 that ended, counting the rest") {
+  store::MemoryPlanStore store;
+  PlannerService svc(&store, AnywhereOptions());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 57; ++i) {
+    proto::SubmitJobRequest req;
+    *req.mutable_spec() = Job(4, "");
+    req.mutable_spec()->clear_checkpoint();
+    auto r = svc.Submit(req);
+    REQUIRE(r.ok());
+    ids.push_back(r->job_id());
+  }
+  for (int i = 0; i < 55; ++i) {  // the last two stay active
+    proto::CancelJobRequest c;
+    c.set_job_id(ids[i]);
+    REQUIRE(svc.Cancel(c).ok());
+  }
+  const std::string json = svc.StatusJson();
+  CHECK_THAT(json, Contains("\"ended_jobs_not_shown\":5"));
+  for (int i = 0; i < 5; ++i) CHECK(json.find("\"" + ids[i] + "\"") == std::string::npos);  // the oldest ended
+  for (int i = 5; i < 57; ++i) CHECK(json.find("\"" + ids[i] + "\"") != std::string::npos);
 }
 
 }  // namespace

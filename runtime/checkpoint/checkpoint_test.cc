@@ -328,6 +328,7 @@ TEST_CASE("JobFingerprint tells models and layouts apart; CheckSameJob names the
   spec.mutable_cluster()->mutable_device()->set_peak_tflops(1);
   spec.mutable_cluster()->mutable_device()->set_memory_bandwidth_gbps(1);
   spec.mutable_cluster()->mutable_device()->set_memory_mb(1000);
+  spec.mutable_cluster()->set_devices_per_node(2);
   const uint64_t base = JobFingerprint(spec);
   proto::JobSpec same = spec;
   same.mutable_model()->set_name("renamed");

@@ -231,6 +231,22 @@ std::vector<planner::RawLength> Dataset::Lengths() const {
   return out;
 }
 
+absl::Status Dataset::VerifyTokens() const {
+  const uint32_t vocab = info_.vocab();
+  for (uint64_t i = 0; i < num_samples_; ++i) {
+    const SampleView s = sample(i);
+    for (const auto& part : {s.input, s.target}) {
+      for (size_t k = 0; k < part.size(); ++k) {
+        if (part[k] >= vocab) {
+          return absl::DataLossError(absl::StrCat("tokens.bin: sample ", i, " has token id ", part[k],
+                                                  ", outside the dataset's vocab ", vocab, " (dataset.pbtxt)"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<planner::RawLength>> ReadLengths(const std::string& path, bool indexed) {
   if (!indexed) return cli::ReadLengthsFile(path);
   ASSIGN_OR_RETURN(auto d, Dataset::Open(path));

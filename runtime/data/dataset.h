@@ -73,6 +73,10 @@ class Dataset {
   SampleView sample(uint64_t i) const;
   // (input, target) lengths of every sample, for the planner.
   std::vector<planner::RawLength> Lengths() const;
+  // Reads every token: DATA_LOSS naming the first id outside the declared
+  // vocabulary (Open checks the structure only; a training batch checks its
+  // own tokens against the model's vocabulary).
+  absl::Status VerifyTokens() const;
 
  private:
   Dataset() = default;

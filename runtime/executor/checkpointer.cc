@@ -1,6 +1,7 @@
 #include "runtime/executor/checkpointer.h"
 
 #include <map>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
@@ -55,8 +56,17 @@ absl::Status Checkpointer::Begin(int64_t iteration, Worker& worker, std::functio
   w->shard.iteration = iteration;
   w->shard.optimizer_step = worker.optimizer_step();
   w->states.resize(worker.chunks().size());
-  for (size_t c = 0; c < worker.chunks().size(); ++c) {
-    RETURN_IF_ERROR(worker.chunks()[c]->ExportState(&w->states[c]));
+  size_t bytes = 0;  // the copy: parameters and both moments, fp32
+  for (const auto& chunk : worker.chunks()) bytes += 3 * sizeof(float) * chunk->layout().num_params();
+  try {
+    for (size_t c = 0; c < worker.chunks().size(); ++c) {
+      RETURN_IF_ERROR(worker.chunks()[c]->ExportState(&w->states[c]));
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("rank ", info_.rank, " (pipeline stage ", info_.pp_rank,
+                                                     "): checkpoint of iteration ", iteration,
+                                                     ": out of host memory for its copy of the stage's state (",
+                                                     bytes >> 20, " MiB)"));
   }
   // Views only once every state is in place (the vector no longer moves).
   for (size_t c = 0; c < worker.chunks().size(); ++c) {

@@ -199,28 +199,47 @@ void Executor::HeartbeatLoop() {
   }
 }
 
+void Executor::ReportFailure(const proto::Assignment& a, int64_t iteration, const absl::Status& s) {
+  {
+    MutexLock l(&mu_);
+    if (stop_job_) return;  // the job already ended elsewhere; this is the fallout
+  }
+  proto::IterationReport r;
+  r.set_job_id(a.job_id());
+  r.set_iteration(iteration);
+  r.set_rank(a.rank());
+  r.set_error(std::string(s.message()));
+  if (const std::optional<int> peer = comm::LostPeer(s); peer.has_value()) r.set_lost_peer(*peer);
+  if (auto rs = client_->ReportIteration(r); !rs.ok()) spdlog::error("reporting the failure: {}", rs.message());
+}
+
 absl::Status Executor::RunJob(const proto::Assignment& a) {
+  try {
+    return RunJobSteps(a);
+  } catch (const std::bad_alloc&) {
+    // Allocations that say what they were for fail with a Status of their
+    // own (the stages, the checkpoint's copy); this is any other. The job
+    // fails, the executor stays.
+    int64_t iteration;
+    {
+      MutexLock l(&mu_);
+      iteration = last_iteration_ + 1;
+    }
+    const absl::Status s = absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", a.rank(), " (pipeline stage ", a.pp_rank(), "): out of host memory (an allocation failed) in iteration ",
+        iteration));
+    ReportFailure(a, iteration, s);
+    return s;
+  }
+}
+
+absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
   const std::string& job = a.job_id();
   int64_t iteration = a.start_iteration();
   // Failures before and during training are reported, so the planner fails
   // the job and every other rank stops too.
-  auto report_failure = [&](const absl::Status& s) {
-    bool stopped;
-    {
-      MutexLock l(&mu_);
-      stopped = stop_job_;
-    }
-    if (stopped) return;  // the job already ended elsewhere; this is the fallout
-    proto::IterationReport r;
-    r.set_job_id(job);
-    r.set_iteration(iteration);
-    r.set_rank(a.rank());
-    r.set_error(std::string(s.message()));
-    if (const std::optional<int> peer = comm::LostPeer(s); peer.has_value()) r.set_lost_peer(*peer);
-    if (auto rs = client_->ReportIteration(r); !rs.ok()) spdlog::error("reporting the failure: {}", rs.message());
-  };
   auto fail = [&](absl::Status s) {
-    report_failure(s);
+    ReportFailure(a, iteration, s);
     return s;
   };
   if (auto s = backend_->BindThread(); !s.ok()) return fail(s);

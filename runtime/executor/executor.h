@@ -64,7 +64,13 @@ class Executor {
  private:
   absl::Status RegisterOnce();
   void HeartbeatLoop();
+  // Runs the job (RunJobSteps); an allocation failure anywhere in it fails
+  // the job, reported, instead of the process.
   absl::Status RunJob(const proto::Assignment& a);
+  absl::Status RunJobSteps(const proto::Assignment& a);
+  // Reports `s` as this rank's failure of `iteration` (unless the job already
+  // ended elsewhere), so the planner fails the job and the other ranks stop.
+  void ReportFailure(const proto::Assignment& a, int64_t iteration, const absl::Status& s);
   void AbortJob(const std::string& why);
   // Metrics, the log line and the status of one finished iteration.
   void RecordIteration(const std::string& job, int64_t iteration, int64_t iterations, const proto::Assignment& a,

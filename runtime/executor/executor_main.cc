@@ -60,6 +60,9 @@ void OnSignal(int) { g_stop = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write to a peer that went away (a socket a failed job's peer closed)
+  // is an error the caller sees, not the end of this daemon.
+  std::signal(SIGPIPE, SIG_IGN);
   dynapipe::ParseFlags(argc, argv, "dynapipe-executor",
                        "dynapipe-executor: one per device; registers with the planner, takes ranks of "
                        "jobs, trains and reports.\n"

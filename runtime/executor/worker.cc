@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -134,8 +135,19 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const proto::JobSpec& spe
     o.first = o.first_layer == 0;
     o.last = o.first_layer + o.num_layers == config.num_layers;
     o.seed = spec.seed();
-    ASSIGN_OR_RETURN(auto stage, backend->CreateStage(config, o));
-    w->chunks_.push_back(std::move(stage));
+    ASSIGN_OR_RETURN(const model::GptLayout layout, model::GptLayout::Make(config, o));
+    absl::StatusOr<std::unique_ptr<model::Stage>> stage;
+    try {
+      stage = backend->CreateStage(config, o);
+    } catch (const std::bad_alloc&) {
+      // fp32 weights, gradients and two Adam moments at least.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", rank, " (layers ", o.first_layer, "-", o.first_layer + o.num_layers - 1,
+          "): out of host memory creating the stage: its ", layout.num_params(), " parameters need at least ",
+          layout.num_params() * 16 >> 20, " MiB for weights, gradients and Adam moments"));
+    }
+    if (!stage.ok()) return stage.status();
+    w->chunks_.push_back(std::move(*stage));
     i = j;
   }
   // Ranks are dp_rank * pp + pp_rank.

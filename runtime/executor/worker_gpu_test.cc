@@ -31,7 +31,7 @@ proto::JobSpec Spec(const std::string& dataset, int pp, int dp, const char* dtyp
     optimizer { lr: 3e-3 grad_clip: 1.0 weight_decay: 0.1 lr_schedule { kind: cosine warmup_iters: 2 } }
     iterations: 6
     seed: 3
-    cluster { name: "one" num_nodes: 1 devices_per_node: 2
+    cluster { name: "one" num_nodes: 1 devices_per_node: 4
               device { name: "gpu" peak_tflops: 400 memory_bandwidth_gbps: 2000 memory_mb: 8192 }
               intra_node_bandwidth_gbps: 20 inter_node_bandwidth_gbps: 20 }
     parallelism { pp: )pb", pp, " dp: ", dp, " }");

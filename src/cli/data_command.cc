@@ -101,6 +101,7 @@ absl::Status Import(const Args& a, std::ostream& out) {
 
 absl::Status Info(const std::string& dir, std::ostream& out) {
   ASSIGN_OR_RETURN(auto d, runtime::data::Dataset::Open(dir));
+  RETURN_IF_ERROR(Annotate(d->VerifyTokens(), dir));
   std::vector<int64_t> per_task(d->info().tasks_size(), 0);
   int64_t in_tokens = 0, tgt_tokens = 0, max_in = 0;
   for (uint64_t i = 0; i < d->size(); ++i) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
 #include "src/rpc/exposure.h"
@@ -86,9 +87,29 @@ class InsecureTokenCredentials final : public grpc::ServerCredentials {
 absl::StatusOr<std::string> ReadToken(const std::string& file) {
   if (file.empty()) return std::string();
   ASSIGN_OR_RETURN(const std::string text, ReadSecretFile(file));
-  std::string token(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+  // Blank lines and whitespace around the token are fine; inside it only
+  // printable ASCII: gRPC refuses (aborts on) anything else in metadata. The
+  // error names the byte, never the token.
+  const absl::string_view token = absl::StripAsciiWhitespace(text);
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(file, ": empty token file"));
-  return token;
+  const size_t start = static_cast<size_t>(token.data() - text.data());
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c > ' ' && c < 0x7f) continue;
+    std::string what;
+    if (c == '\n' || c == '\r') {
+      what = "a line break: the token must be one line";
+    } else if (c == ' ' || c == '\t') {
+      what = "white space inside the token";
+    } else if (i == 0 && token.substr(0, 3) == "\xef\xbb\xbf") {
+      what = "a UTF-8 byte order mark (save the file as plain ASCII)";
+    } else {
+      what = absl::StrFormat("byte 0x%02x, not printable ASCII", c);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": byte ", start + i, " is ", what, "; a token is printable ASCII (0x21-0x7e)"));
+  }
+  return std::string(token);
 }
 
 grpc::Status CheckToken(const grpc::ServerContextBase& context, const std::string& token) {

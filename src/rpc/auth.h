@@ -31,9 +31,11 @@ inline constexpr int kMaxPlannerRequestBytes = 4 << 20;
 // job listings. The planner's send limit and its clients' receive limit.
 inline constexpr int kMaxPlannerResponseBytes = 256 << 20;
 
-// The token from `file` (first line, trimmed); empty `file` means no token
-// (authentication disabled). NOT_FOUND / INVALID_ARGUMENT name the file;
-// FAILED_PRECONDITION when others may read it (ReadSecretFile).
+// The token from `file`: its one line of printable ASCII, blank lines and
+// surrounding white space ignored; empty `file` means no token
+// (authentication disabled). NOT_FOUND / INVALID_ARGUMENT name the file (and
+// the offending byte's offset, never the token); FAILED_PRECONDITION when
+// others may read it (ReadSecretFile).
 absl::StatusOr<std::string> ReadToken(const std::string& file);
 
 // OK when `token` is empty (auth off) or the call carries it; otherwise

@@ -168,6 +168,18 @@ absl::Status NormalizeBatching(proto::ModelSpec* model, proto::BatchingSpec* b) 
   }
   RETURN_IF_ERROR(Int("batching.round_multiple", b->round_multiple(), kDefaultRoundMultiple, 1, 4096,
                       [&](int v) { b->set_round_multiple(v); }));
+  // Sample lengths are rounded up to the multiple: the longest must still fit.
+  const int r = b->round_multiple();
+  const int64_t rounded = (int64_t{b->max_seq_len()} + r - 1) / r * r;
+  if (rounded > model->max_positions()) {
+    const int fits = model->max_positions() / r * r;
+    return Bad("batching.round_multiple",
+               absl::StrCat(r, " rounds a sample of batching.max_seq_len ", b->max_seq_len(), " tokens up to ", rounded,
+                            ", past model.max_positions ", model->max_positions(),
+                            fits > 0 ? absl::StrCat(" (lower max_seq_len to ", fits, ", or use a multiple dividing ",
+                                                    model->max_positions(), ")")
+                                     : ""));
+  }
   // 0 stays: the planner tries every power of two that fits.
   RETURN_IF_ERROR(Int("batching.micro_batch_size", b->micro_batch_size(), 0, 0, kMaxMicroBatchSize,
                       [&](int v) { b->set_micro_batch_size(v); }));
@@ -317,6 +329,14 @@ absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {
   RETURN_IF_ERROR(Real("memory_limit_mb", spec.memory_limit_mb(), spec.cluster().device().memory_mb(), 0, kMaxMemoryMb,
                        [&](double v) { spec.set_memory_limit_mb(v); }));
   if (spec.memory_limit_mb() == 0) return Bad("memory_limit_mb", "must be set (or cluster.device.memory_mb)");
+  // A job needing more devices than its cluster declares would wait forever.
+  const int64_t ranks = int64_t{spec.parallelism().pp()} * spec.parallelism().dp();
+  const int64_t devices = int64_t{spec.cluster().num_nodes()} * spec.cluster().devices_per_node();
+  if (ranks > devices) {
+    return Bad("parallelism.pp", absl::StrCat(spec.parallelism().pp(), " x parallelism.dp ", spec.parallelism().dp(), " = ",
+                                           ranks, " ranks exceed the ", devices,
+                                           " devices of the cluster (cluster.num_nodes x cluster.devices_per_node)"));
+  }
   return spec;
 }
 

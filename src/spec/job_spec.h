@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -17,6 +18,9 @@
 namespace dynapipe::spec {
 
 // Defaults (what a 0 / empty / unspecified field means).
+// cluster.device.name of CPU devices (the cpu backend): their memory is the
+// host's, so the planner also counts what executors keep in host memory.
+inline constexpr std::string_view kCpuDeviceName = "cpu";
 inline constexpr int kDefaultPp = 1;
 inline constexpr int kDefaultDp = 1;
 inline constexpr double kDefaultGradBucketMb = 25;  // as PyTorch DDP's bucket_cap_mb
@@ -62,6 +66,10 @@ inline constexpr int kMaxDp = 1 << 16;
 inline constexpr double kMaxGradBucketMb = 1 << 20;
 inline constexpr int kMaxWorld = 1 << 20;
 inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 34;
+// Planning work grows faster than the samples of a global batch (one core,
+// GPT-6.7B on the FLAN-like lengths: 1 s at 12k samples, 7 s at 48k, 18 s at
+// 96k): a job whose global batches hold more samples is refused at submit.
+inline constexpr int64_t kMaxSamplesPerGlobalBatch = 16384;
 inline constexpr int kMaxMicroBatchSize = 1 << 20;
 inline constexpr int kMaxCandidates = 64;
 inline constexpr int64_t kMaxIterations = 1'000'000'000;

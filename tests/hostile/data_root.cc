@@ -112,6 +112,9 @@ absl::StatusOr<DataRoot> MakeDataRoot(const std::string& dir, const std::string&
   std::mt19937 rng(11);
   for (int i = 0; i < 400; ++i) absl::StrAppend(&lengths, 16 + rng() % 900, " ", 1 + rng() % 200, "\n");
   RETURN_IF_ERROR(Write(R + "/lengths.txt", lengths));
+  std::string many;
+  for (int i = 0; i < 20000; ++i) absl::StrAppend(&many, 2 + i % 2, " 1\n");
+  RETURN_IF_ERROR(Write(R + "/" + d.many_short, many));
   RETURN_IF_ERROR(Write(d.outside + "/secret.txt", "12 3\n45 6\n"));  // a valid lengths file, outside
   RETURN_IF_ERROR(Write(dir + "/root2/lengths.txt", "12 3\n"));
   RETURN_IF_ERROR(Write(R + "/file.txt", "12 3\n"));
@@ -263,6 +266,8 @@ absl::StatusOr<DataRoot> MakeDataRoot(const std::string& dir, const std::string&
                             }
                             return absl::OkStatus();
                           }));
+  RETURN_IF_ERROR(dataset("dataset.pbtxt: vocab 4, token ids up to 15", &d.bad_datasets_cli_only,
+                          [&](const S&, S* i, S*, S*) { *i = SetField(*i, "vocab", "4"); return absl::OkStatus(); }));
   RETURN_IF_ERROR(dataset("dataset.pbtxt: vocab 2^32-1, over model.vocab", &d.bad_datasets_planner_only,
                           [&](const S&, S* i, S*, S*) { *i = SetField(*i, "vocab", "4294967295"); return absl::OkStatus(); }));
 

@@ -36,12 +36,17 @@ struct DataRoot {
   std::string root;     // the planner's --data_root
   std::string outside;  // a directory beside it (secret.txt, a valid dataset)
   std::string lengths = "lengths.txt";  // valid
+  // Valid: 20,000 samples of 2-3 tokens (global batches of many samples).
+  std::string many_short = "many-short.txt";
   std::string dataset = "ds";           // valid indexed dataset, vocab 16
   std::vector<FileCase> bad_lengths;
   std::vector<FileCase> good_lengths;  // edge cases that are legal
   std::vector<FileCase> bad_datasets;
   // Garbage only for a planner: outside its root, or over the job's vocabulary.
   std::vector<FileCase> bad_datasets_planner_only;
+  // Garbage only for `dynapipe data info`, which reads every token (a planner
+  // reads the lengths; training checks ids against the model's vocabulary).
+  std::vector<FileCase> bad_datasets_cli_only;
   std::vector<PathCase> bad_paths;
 };
 

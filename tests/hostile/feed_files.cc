@@ -95,6 +95,10 @@ void AddSubmits(PlannerUnderTest& p, Tally& t, const char* surface,
 }
 
 proto::JobSpec WithPath(proto::JobSpec spec, unsigned field, const std::string& path) {
+  // Global batches within the smallest legal dataset named below (the
+  // indexed one: 1,460 tokens; lengths-edge.txt: 1,032), so a refusal is
+  // about the path.
+  if (field == kLengthsPath || field == kIndexedPath) spec.mutable_batching()->set_global_batch_tokens(512);
   switch (field) {
     case kLengthsPath:
       spec.mutable_dataset()->set_path(path);
@@ -271,6 +275,10 @@ void FeedDatasets(PlannerUnderTest& p, Tally& t, const proto::JobSpec& base, con
   std::vector<CliRun> runs;
   for (const FileCase& c : root.bad_datasets) {
     t.Add(kDatasetGrpc, c.name, p.Submit(WithPath(base, kIndexedPath, c.path)));
+    const std::string dir = root.root + "/" + c.path;
+    runs.push_back({c.name, [dir] { return RunCli({"data", "info", dir}); }});
+  }
+  for (const FileCase& c : root.bad_datasets_cli_only) {
     const std::string dir = root.root + "/" + c.path;
     runs.push_back({c.name, [dir] { return RunCli({"data", "info", dir}); }});
   }

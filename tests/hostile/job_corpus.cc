@@ -196,6 +196,24 @@ std::vector<SpecCase> FieldMutations(const proto::JobSpec& base) {
   add("batching.global_batch_tokens = 2^34 + 1", [](auto* s) {
     s->mutable_batching()->set_global_batch_tokens((int64_t{1} << 34) + 1);
   });
+  // Accepted once, then could not run or tied up the cluster:
+  add("batching.round_multiple = 3 (max_seq_len 1024 rounds to 1026 > max_positions 1024)", [](auto* s) {
+    s->mutable_batching()->set_round_multiple(3);
+    s->mutable_model()->set_max_positions(1024);
+  });
+  add("batching.global_batch_tokens = 2^34 (the allowed maximum; far over the dataset)", [](auto* s) {
+    s->mutable_batching()->set_global_batch_tokens(int64_t{1} << 34);
+  });
+  add("global batches of ~18,600 samples (over the planning bound of 16,384)", [](auto* s) {
+    s->mutable_dataset()->set_path("many-short.txt");  // DataRoot::many_short: 70,000 tokens
+    s->mutable_batching()->set_global_batch_tokens(65000);
+  });
+  add("parallelism: pp 4 x dp 4 = 16 ranks on a cluster of 4 devices", [](auto* s) {
+    s->mutable_parallelism()->set_pp(4);
+    s->mutable_parallelism()->set_dp(4);
+    s->mutable_cluster()->set_num_nodes(1);
+    s->mutable_cluster()->set_devices_per_node(4);
+  });
   return v;
 }
 
@@ -239,6 +257,11 @@ std::vector<SpecCase> ValidControls(const proto::JobSpec& base) {
     s->mutable_model()->set_max_positions(0);
   }));
   v.push_back(Case(base, "seed = 2^64 - 1", [](auto* s) { s->set_seed(std::numeric_limits<uint64_t>::max()); }));
+  v.push_back(Case(base, "batching.round_multiple = 3 with max_seq_len 1023 (rounds to itself)", [](auto* s) {
+    s->mutable_batching()->set_round_multiple(3);
+    s->mutable_batching()->set_max_seq_len(1023);
+    s->mutable_model()->set_max_positions(1024);
+  }));
   v.push_back(Case(base, "optimizer.lr = -0.0 (= the default)", [](auto* s) { s->mutable_optimizer()->set_lr(-0.0); }));
   v.push_back(Case(base, "cluster.inter_node_latency_us = 1e-320 (denormal)",
                    [](auto* s) { s->mutable_cluster()->set_inter_node_latency_us(1e-320); }));

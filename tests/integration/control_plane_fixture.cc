@@ -44,6 +44,8 @@ proto::JobSpec SmallJob(int pp, int dp, int iterations, int lookahead, int layer
   s.set_iterations(iterations);
   s.set_planner_lookahead(lookahead);
   *s.mutable_cluster() = planner::testing::H100Cluster();
+  // As many 8-GPU nodes as the job's ranks need.
+  s.mutable_cluster()->set_num_nodes((pp * dp + 7) / 8);
   return s;
 }
 

@@ -24,6 +24,7 @@
 #include "src/rpc/auth.h"
 #include "src/rpc/executor_credential.h"
 #include "src/store/redis_plan_store.h"
+#include "absl/strings/match.h"
 #include "src/testing/redis_server.h"
 #include "src/testing/temp_dir.h"
 #include "tests/integration/control_plane_fixture.h"
@@ -416,6 +417,39 @@ TEST_CASE("A request without the token is refused before its body is read: 200 M
             grpc::StatusCode::UNAUTHENTICATED);
     }
   }
+}
+
+TEST_CASE("Registrations that never heartbeat take no ranks; a registration with an unknown backend is refused") {
+  Stack s = StartStack();
+  auto squatter = Client(s.address());
+  for (int d = 0; d < 4; ++d) {
+    proto::RegisterExecutorRequest req;
+    req.set_node("squat");
+    req.set_device_index(d);
+    req.set_backend(proto::Backend::cpu);
+    REQUIRE(squatter->Register(req).ok());
+  }
+  auto id = Client(s.address())->Submit(SmallJob(2, 2, 4, 2));
+  REQUIRE(id.ok());
+  absl::SleepFor(absl::Milliseconds(300));  // a placement pass or more
+  // Executors that heartbeat get every rank (JoinJob requires all four).
+  const std::vector<JoinedExecutor> joined = JoinJob(s.address(), *id, 4);
+  for (const JoinedExecutor& e : joined) CHECK(absl::StartsWith(e.credential.executor_id, "exec-sim-"));
+  auto list = Client(s.address())->Executors();
+  REQUIRE(list.ok());
+  for (const proto::ExecutorRecord& r : list->executors()) {
+    if (r.info().node() == "squat") {
+      CHECK(r.assignment().job_id().empty());
+      CHECK(r.heartbeats() == 0);
+    }
+  }
+
+  proto::RegisterExecutorRequest bad;
+  bad.set_node("n");
+  bad.set_backend(static_cast<proto::Backend::Value>(99));
+  auto refused = squatter->Register(bad);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.status().message()), Contains("backend: 99"));
 }
 
 TEST_CASE("The request size limit leaves room for the largest legitimate report") {

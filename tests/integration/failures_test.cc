@@ -1,0 +1,113 @@
+// Failures fail the job, never the process: a stray SIGPIPE (a write to a
+// peer that went away) leaves every daemon running, and an executor that
+// cannot allocate what a job needs fails that job with one line naming the
+// rank, the layers and the bytes, then runs the next job.
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "src/testing/redis_server.h"
+#include "tests/integration/control_plane_fixture.h"
+#include "tests/integration/training_fixture.h"
+
+namespace dynapipe::testing {
+namespace {
+
+using Catch::Matchers::Contains;
+
+// The process's virtual memory size (VmSize), in bytes; 0 if unknown.
+int64_t VmSize(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string key;
+  while (in >> key) {
+    if (key == "VmSize:") {
+      int64_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+    std::getline(in, key);
+  }
+  return 0;
+}
+
+bool Alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+TEST_CASE("A stray SIGPIPE leaves the planner and an executor running; SIGTERM still stops them") {
+  auto redis = RedisServer::Start();
+  REQUIRE(redis.ok());
+  auto planner = PlannerProcess::Start((*redis)->port(), {});
+  REQUIRE(planner.ok());
+  auto executor = StartExecutor((*planner)->address(), 0);
+  REQUIRE(Eventually([&] {
+    auto list = Client((*planner)->address())->Executors();
+    return list.ok() && list->executors_size() == 1;
+  }));
+  (*planner)->Signal(SIGPIPE);
+  executor->Signal(SIGPIPE);
+  absl::SleepFor(absl::Milliseconds(500));
+  CHECK_FALSE((*planner)->Exited(absl::ZeroDuration()));
+  CHECK_FALSE(executor->Exited(absl::ZeroDuration()));
+  CHECK(Client((*planner)->address())->Executors().ok());
+  executor->Signal(SIGTERM);
+  REQUIRE(executor->Exited(absl::Seconds(5)));
+  CHECK(WIFEXITED(executor->wait_status()));
+  (*planner)->Signal(SIGTERM);
+  REQUIRE((*planner)->Exited(absl::Seconds(5)));
+  CHECK(WIFEXITED((*planner)->wait_status()));
+}
+
+proto::JobSpec OneRankJob(int hidden, int ffn, int iterations) {
+  proto::JobSpec spec = TrainJob(iterations, "", 0);
+  spec.mutable_parallelism()->set_pp(1);
+  spec.mutable_parallelism()->set_dp(1);
+  spec.mutable_model()->set_hidden(hidden);
+  spec.mutable_model()->set_ffn(ffn);
+  return spec;
+}
+
+TEST_CASE("An executor out of host memory fails the job naming rank, layers and bytes, and runs the next job",
+          "[executor][integration]") {
+  Stack stack = StartStack("", absl::Seconds(5));
+  auto client = Client(stack.address());
+  auto executor = StartExecutor(stack.address(), 0);
+  REQUIRE(Eventually([&] {
+    auto list = client->Executors();
+    return list.ok() && list->executors_size() == 1;
+  }));
+  const pid_t pid = executor->pid();
+  // Room for 256 MiB more than it holds now; the job's stage needs ~3 GiB
+  // (4 layers of hidden 2048, ffn 8192: 200M parameters x 16 bytes).
+  const int64_t vm = VmSize(pid);
+  REQUIRE(vm > 0);
+  rlimit limit{static_cast<rlim_t>(vm + (int64_t{256} << 20)), RLIM_INFINITY};
+  REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
+
+  auto big = client->Submit(OneRankJob(2048, 8192, 5));
+  INFO(big.status());
+  REQUIRE(big.ok());
+  const proto::JobStatus failed = WaitEnded(client.get(), *big, absl::Seconds(60));
+  INFO(failed.error());
+  CHECK(failed.state() == proto::JobState::failed);
+  CHECK_THAT(failed.error(), Contains("rank 0") && Contains("out of host memory") && Contains("MiB"));
+  CHECK(failed.error().find('\n') == std::string::npos);
+  CHECK(Alive(pid));
+
+  // The same process trains the next job once memory is there.
+  limit.rlim_cur = RLIM_INFINITY;
+  REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
+  auto small = client->Submit(OneRankJob(32, 64, 3));
+  REQUIRE(small.ok());
+  const proto::JobStatus done = WaitEnded(client.get(), *small, absl::Seconds(60));
+  INFO(done.error());
+  CHECK(done.state() == proto::JobState::succeeded);
+  CHECK(executor->pid() == pid);
+  CHECK(Stop(executor.get(), absl::Seconds(5)));
+}
+
+}  // namespace
+}  // namespace dynapipe::testing
