@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The fault soak, long version: tests/fault_soak/fault_soak_test with many
 # runs (default 100), each a small 2 x 2 training job during which one
-# executor, the planner or Redis gets SIGKILL, SIGSTOP or SIGTERM. Writes the
-# table per fault kind to docs/fault-soak.md. Loopback only; bounded by
+# executor, the planner or Redis gets SIGKILL, SIGSTOP or SIGTERM (outages of
+# 1-20 s, and SIGSTOPs of 40 s), with a `dynapipe watch` through every job,
+# `dynapipe status` during every Redis outage and SIGTERM exit times. Writes
+# the table per fault kind to docs/fault-soak.md. Loopback only; bounded by
 # DYNAPIPE_SOAK_SECONDS (default 3600: no new run starts after it).
 #
-#   deploy/soak.sh [RUNS]          # e.g. deploy/soak.sh 100 (about 6 s a run on 2 cores)
+#   deploy/soak.sh [RUNS]          # e.g. deploy/soak.sh 100 (about 20 s a run on 2 cores)
 #
 # DYNAPIPE_SOAK_SEED picks the fault sequence (default: from the clock, printed).
 set -euo pipefail
@@ -44,13 +46,17 @@ cat "$report"
   echo "(4 CPU executors over Gloo, real Redis with its append-only file, a"
   echo "dynapipe-planner process, all on loopback) and sends one signal to one"
   echo "process at a random iteration; faults are drawn in shuffled rounds of the"
-  echo "9 kinds. Executor faults must fail the job naming a rank within 6 s (the"
+  echo "11 kinds. Executor faults must fail the job naming a rank within 6 s (the"
   echo "soak's 3 s heartbeat timeout + 3 s) and a resume must end with every rank's"
   echo "parameters bit-identical to an undisturbed run; planner and Redis faults of"
-  echo "1-8 s (restarted on the same address, or SIGCONT) must be ridden through,"
-  echo "ending bit-identically without a resume. A hang is a job that neither ends"
-  echo "nor fails within 120 s; a crash is a daemon exiting that no fault aimed at"
-  echo "(or a SIGTERMed one exiting uncleanly)."
+  echo "1-20 s (restarted on the same address, or SIGCONT), and SIGSTOPs of 40 s,"
+  echo "must be ridden through, ending bit-identically without a resume. A"
+  echo "\`dynapipe watch\` follows every job and must exit 0 exactly when the job"
+  echo "succeeded; \`dynapipe status\` during every Redis outage must answer within"
+  echo "1 s; a SIGTERMed planner or executor (the fault, and every daemon at the"
+  echo "end) must exit within 2 s. A hang is a job that neither ends nor fails"
+  echo "within 120 s; a crash is a daemon exiting that no fault aimed at (or a"
+  echo "SIGTERMed one exiting uncleanly)."
   echo
   cat "$report"
   echo

@@ -105,6 +105,14 @@ int main(int argc, char** argv) {
     o.executor.listen_address = *local;  // logged at registration
   }
   o.executor.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  if (o.executor.comm_timeout < o.executor.planner.timeout) {
+    // Ranks fetch their plans separately: while one waits out a planner
+    // outage for its next plan, its peers wait in a transfer or collective.
+    spdlog::warn("--comm-timeout-s {} is shorter than --planner-grace-s {}: a planner outage longer than {} s fails "
+                 "running jobs instead of being ridden through",
+                 absl::GetFlag(FLAGS_comm_timeout_s), absl::GetFlag(FLAGS_planner_grace_s),
+                 absl::GetFlag(FLAGS_comm_timeout_s));
+  }
   o.executor.prefetch = absl::GetFlag(FLAGS_prefetch);
   o.backend.kind = *backend;
   o.backend.device = o.executor.device;
