@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/comm.h"
 #include "runtime/data/dataset.h"
@@ -52,6 +53,8 @@ Executor::~Executor() {
 }
 
 void Executor::Shutdown() {
+  int64_t unset = 0;
+  stopping_since_ns_.compare_exchange_strong(unset, absl::ToUnixNanos(absl::Now()));
   stopping_ = true;
   AbortJob("executor shutting down");
   // Calls waiting for a planner that is down end now, and so do retries.
@@ -320,10 +323,14 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
   info.dp_rank = first->dp_rank();
   info.world = a.world_size();
   info.job_fingerprint = checkpoint::JobFingerprint(spec);
-  // A shard being written when the executor shuts down is discarded (the
-  // previous checkpoint stays the latest complete one) instead of holding
-  // up the exit.
-  Checkpointer checkpointer(ckpt_dir, info, [this] { return stopping_.load(); });
+  // A shard being written when the executor shuts down gets a grace to
+  // finish (a checkpoint missing one rank's shard cannot be resumed from);
+  // past it, it is discarded (the previous checkpoint stays the latest
+  // complete one) instead of holding up the exit.
+  Checkpointer checkpointer(ckpt_dir, info, [this] {
+    const int64_t since = stopping_since_ns_.load();
+    return since != 0 && absl::Now() - absl::FromUnixNanos(since) > kCheckpointShutdownGrace;
+  });
   if (first_iteration > 0) {
     // Resume: the planner started this job after the latest complete checkpoint.
     if (auto s = checkpointer.Restore(first_iteration - 1, **worker); !s.ok()) return fail(Annotate(s, "resuming"));

@@ -85,6 +85,12 @@ class Executor {
   http::Metrics metrics_;
   std::string metrics_job_;  // the job whose series metrics_ holds (the run loop's thread only)
   std::atomic<bool> stopping_{false};
+  // When Shutdown was first called (absl::ToUnixNanos), for the checkpoint
+  // write's grace; 0 before.
+  std::atomic<int64_t> stopping_since_ns_{0};
+  // A shard being written at shutdown gets this long to finish (most take
+  // milliseconds) before it is discarded, within the 2 s a daemon has to exit.
+  static constexpr absl::Duration kCheckpointShutdownGrace = absl::Seconds(1);
   std::thread heartbeat_;
 
   mutable Mutex mu_;

@@ -3,11 +3,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
 #include <random>
-
-#include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -165,6 +165,26 @@ std::vector<JoinedExecutor> JoinJob(const std::string& address, const std::strin
     out[e.assignment.rank()] = std::move(e);
   }
   return out;
+}
+
+SimulatedJob::~SimulatedJob() {
+  stop = true;
+  for (auto& r : ranks) r->thread.join();
+}
+
+std::unique_ptr<SimulatedJob> RunSimulatedJob(const std::string& address, const proto::JobSpec& spec,
+                                              absl::Duration work) {
+  auto job = std::make_unique<SimulatedJob>();
+  auto id = Client(address)->Submit(spec);
+  REQUIRE(id.ok());
+  job->id = *id;
+  const int world = spec.parallelism().pp() * std::max(1, spec.parallelism().dp());
+  const std::vector<JoinedExecutor> joined = JoinJob(address, job->id, world);
+  for (int r = 0; r < world; ++r) {
+    job->ranks.push_back(RunRank([address] { return address; }, job->id, r, joined[r].credential,
+                                 spec.iterations(), work, &job->stop));
+  }
+  return job;
 }
 
 std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, const std::string& job, int rank,

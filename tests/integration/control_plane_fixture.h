@@ -86,6 +86,20 @@ std::unique_ptr<SimulatedRank> RunRank(std::function<std::string()> address, con
                                        const rpc::ExecutorCredential& credential, int64_t iterations,
                                        absl::Duration work, std::atomic<bool>* stop, bool heartbeats = true);
 
+// A job trained by simulated ranks: `world` executors registered at
+// `address` hold its ranks and run RunRank (`work` per iteration) until the
+// job's iterations are done or the SimulatedJob is destroyed (then they stop
+// and are joined).
+struct SimulatedJob {
+  std::string id;
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<SimulatedRank>> ranks;
+  ~SimulatedJob();
+};
+// Submits `spec` (pp x dp ranks); REQUIREs that it is accepted and placed.
+std::unique_ptr<SimulatedJob> RunSimulatedJob(const std::string& address, const proto::JobSpec& spec,
+                                              absl::Duration work);
+
 std::unique_ptr<rpc::PlannerClient> Client(const std::string& address, const std::string& token = "");
 
 // A registered executor: its identity and a client that calls as it.

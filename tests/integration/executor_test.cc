@@ -82,20 +82,15 @@ TEST_CASE("executors train 2 x 2, checkpoint, and resume bit-identically; ZeRO-1
 
 TEST_CASE("a planner restarted mid-job (SIGTERM, 3 s away) is ridden through: the job ends bit-identically",
           "[executor][integration]") {
-  auto redis = RedisServer::Start(absl::Seconds(10), /*persistent=*/true);
-  REQUIRE(redis.ok());
   const std::vector<std::string> flags = {"--heartbeat_timeout_ms=5000"};
-  auto planner = PlannerProcess::Start((*redis)->port(), flags);
-  REQUIRE(planner.ok());
-  const std::string address = (*planner)->address();
-  auto client = Client(address);
-  std::vector<std::unique_ptr<ChildProcess>> executors;
-  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(address, d));
+  ProcessCluster cluster = StartProcessCluster(flags);
+  const std::string& address = cluster.address;
+  rpc::PlannerClient* client = cluster.client.get();
 
   const std::string quiet = TmpDir() + "/ckpt-ride-quiet", restarted = TmpDir() + "/ckpt-ride-restarted";
   auto a = client->Submit(TrainJob(12, quiet, 12));
   REQUIRE(a.ok());
-  const proto::JobStatus sa = WaitEnded(client.get(), *a, absl::Seconds(120));
+  const proto::JobStatus sa = WaitEnded(client, *a, absl::Seconds(120));
   INFO(sa.error());
   REQUIRE(sa.state() == proto::JobState::succeeded);
 
@@ -104,14 +99,15 @@ TEST_CASE("a planner restarted mid-job (SIGTERM, 3 s away) is ridden through: th
   REQUIRE(Eventually([&] { return client->Get(*b).ok() && client->Get(*b)->iterations_done() >= 3; },
                      absl::Seconds(120)));
   // As `systemctl restart` does: SIGTERM, wait for the exit, start again on the same address.
-  (*planner)->Signal(SIGTERM);
-  REQUIRE((*planner)->Exited(absl::Seconds(15)));
+  cluster.planner->Signal(SIGTERM);
+  REQUIRE(cluster.planner->Exited(absl::Seconds(15)));
   absl::SleepFor(absl::Seconds(3));
   std::vector<std::string> again = flags;
   again.push_back("--listen=" + address);
-  planner = PlannerProcess::Start((*redis)->port(), again);
-  REQUIRE(planner.ok());
-  const proto::JobStatus sb = WaitEnded(client.get(), *b, absl::Seconds(120));
+  auto again_planner = PlannerProcess::Start(cluster.redis->port(), again);
+  REQUIRE(again_planner.ok());
+  cluster.planner = std::move(*again_planner);
+  const proto::JobStatus sb = WaitEnded(client, *b, absl::Seconds(120));
   INFO(sb.error());
   REQUIRE(sb.state() == proto::JobState::succeeded);
   for (int r = 0; r < 4; ++r) {
@@ -119,7 +115,7 @@ TEST_CASE("a planner restarted mid-job (SIGTERM, 3 s away) is ridden through: th
     CHECK(Params(restarted, 11, r) == Params(quiet, 11, r));
   }
   CHECK(sb.last_loss() == sa.last_loss());
-  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
+  for (auto& e : cluster.executors) CHECK(Stop(e.get(), absl::Seconds(15)));
 }
 
 TEST_CASE("a second planner sharing Redis takes over from a SIGKILLed one; the job ends bit-identically",

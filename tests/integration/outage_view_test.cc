@@ -44,15 +44,10 @@ std::vector<std::string> Lines(const std::string& path) {
 
 TEST_CASE("watch rides through a planner SIGKILL and a Redis restart; it ends 0 on the job's final line, no line twice",
           "[integration]") {
-  auto redis = RedisServer::Start(absl::Seconds(10), /*persistent=*/true);
-  REQUIRE(redis.ok());
   const std::vector<std::string> flags = {"--heartbeat_timeout_ms=5000"};
-  auto planner = PlannerProcess::Start((*redis)->port(), flags);
-  REQUIRE(planner.ok());
-  const std::string address = (*planner)->address();
-  auto client = Client(address);
-  std::vector<std::unique_ptr<ChildProcess>> executors;
-  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(address, d));
+  ProcessCluster cluster = StartProcessCluster(flags);
+  const std::string& address = cluster.address;
+  rpc::PlannerClient* client = cluster.client.get();
   const int kIterations = 80;
   auto job = client->Submit(TrainJob(kIterations, "", 0));
   REQUIRE(job.ok());
@@ -65,24 +60,25 @@ TEST_CASE("watch rides through a planner SIGKILL and a Redis restart; it ends 0 
   REQUIRE(done(3));
 
   // The planner dies and comes back on its address 3 s later.
-  (*planner)->Signal(SIGKILL);
-  REQUIRE((*planner)->Exited(absl::Seconds(5)));
+  cluster.planner->Signal(SIGKILL);
+  REQUIRE(cluster.planner->Exited(absl::Seconds(5)));
   absl::SleepFor(absl::Seconds(3));
   CHECK_FALSE(watch->Exited(absl::ZeroDuration()));
   std::vector<std::string> again = flags;
   again.push_back("--listen=" + address);
-  planner = PlannerProcess::Start((*redis)->port(), again);
-  REQUIRE(planner.ok());
+  auto again_planner = PlannerProcess::Start(cluster.redis->port(), again);
+  REQUIRE(again_planner.ok());
+  cluster.planner = std::move(*again_planner);
   const int64_t after_planner = client->Get(*job).ok() ? client->Get(*job)->iterations_done() : 0;
   REQUIRE(done(after_planner + 3));
 
   // Redis is killed and restarted from its append-only file 2 s later.
-  ::kill((*redis)->pid(), SIGKILL);
+  ::kill(cluster.redis->pid(), SIGKILL);
   absl::SleepFor(absl::Seconds(2));
   CHECK_FALSE(watch->Exited(absl::ZeroDuration()));
-  REQUIRE((*redis)->Restart().ok());
+  REQUIRE(cluster.redis->Restart().ok());
 
-  const proto::JobStatus end = WaitEnded(client.get(), *job, absl::Seconds(180));
+  const proto::JobStatus end = WaitEnded(client, *job, absl::Seconds(180));
   INFO(end.error());
   REQUIRE(end.state() == proto::JobState::succeeded);
   REQUIRE(watch->Exited(absl::Seconds(10)));
@@ -93,7 +89,7 @@ TEST_CASE("watch rides through a planner SIGKILL and a Redis restart; it ends 0 
   REQUIRE_FALSE(lines.empty());
   CHECK(absl::StrContains(lines.back(), absl::StrCat("succeeded iteration ", kIterations, "/", kIterations)));
   CHECK(std::set<std::string>(lines.begin(), lines.end()).size() == lines.size());  // no line twice
-  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(5)));
+  for (auto& e : cluster.executors) CHECK(Stop(e.get(), absl::Seconds(5)));
 }
 
 struct Timed {
@@ -115,16 +111,9 @@ TEST_CASE("With Redis frozen, status, list, executors, /status and /metrics answ
   auto planner = PlannerProcess::Start((*redis)->port(), {});
   REQUIRE(planner.ok());
   const std::string address = (*planner)->address();
-  auto job = Client(address)->Submit(SmallJob(2, 2, 100000, 4));
-  REQUIRE(job.ok());
-  std::atomic<bool> stop{false};
-  std::vector<std::unique_ptr<SimulatedRank>> ranks;
-  const std::vector<JoinedExecutor> joined = JoinJob(address, *job, 4);
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(RunRank([&] { return address; }, *job, r, joined[r].credential, 100000, absl::Milliseconds(20),
-                            &stop));
-  }
-  REQUIRE(Eventually([&] { return ranks[0]->done >= 3; }));
+  const auto sim = RunSimulatedJob(address, SmallJob(2, 2, 100000, 4), absl::Milliseconds(20));
+  const std::string* job = &sim->id;
+  REQUIRE(Eventually([&] { return sim->ranks[0]->done >= 3; }));
   // Once through while Redis answers: the planner knows the job and executors.
   REQUIRE(TimedCli(absl::StrCat("status ", *job, " --planner ", address)).out.rc == 0);
   REQUIRE(TimedCli("executors --planner " + address).out.rc == 0);
@@ -133,23 +122,14 @@ TEST_CASE("With Redis frozen, status, list, executors, /status and /metrics answ
   absl::SleepFor(absl::Milliseconds(500));  // stores in flight are stuck by now
   for (int round = 0; round < 3; ++round) {  // also once Redis calls time out and fail
     INFO("round " << round);
-    const Timed status = TimedCli(absl::StrCat("status ", *job, " --planner ", address));
-    INFO(status.out.text);
-    CHECK(status.out.rc == 0);
-    CHECK(status.seconds < 1.0);
-    CHECK_THAT(status.out.text, Catch::Matchers::Contains(*job));
-    CHECK_THAT(status.out.text, Catch::Matchers::Contains("last known state"));
-    const Timed list = TimedCli("list --planner " + address);
-    INFO(list.out.text);
-    CHECK(list.out.rc == 0);
-    CHECK(list.seconds < 1.0);
-    CHECK_THAT(list.out.text, Catch::Matchers::Contains(*job));
-    CHECK_THAT(list.out.text, Catch::Matchers::Contains("last known state"));
-    const Timed executors = TimedCli("executors --planner " + address);
-    INFO(executors.out.text);
-    CHECK(executors.out.rc == 0);
-    CHECK(executors.seconds < 1.0);
-    CHECK_THAT(executors.out.text, Catch::Matchers::Contains("last known state"));
+    for (const std::string& verb : {absl::StrCat("status ", *job), std::string("list"), std::string("executors")}) {
+      const Timed t = TimedCli(absl::StrCat(verb, " --planner ", address));
+      INFO(verb << ": " << t.out.text);
+      CHECK(t.out.rc == 0);
+      CHECK(t.seconds < 1.0);
+      if (verb != "executors") CHECK_THAT(t.out.text, Catch::Matchers::Contains(*job));
+      CHECK_THAT(t.out.text, Catch::Matchers::Contains("last known state"));
+    }
     // In-process: the calls and the status endpoint within 200 ms (+ slack
     // for a loaded machine), marked stale.
     auto client = Client(address);
@@ -179,8 +159,6 @@ TEST_CASE("With Redis frozen, status, list, executors, /status and /metrics answ
     auto got = Client(address)->Get(*job);
     return got.ok() && got->stale_ms() == 0;
   }));
-  stop = true;
-  for (auto& r : ranks) r->thread.join();
 }
 
 TEST_CASE("A job lost with an emptied Redis: status names the loss and the iteration to resume from; list says so",

@@ -110,16 +110,8 @@ TEST_CASE("SIGTERM ends a planner within 2 s while its Redis is frozen or gone")
   REQUIRE(planner.ok());
   // Work that touches the store: a job being planned ahead, its executors
   // heartbeating and fetching plans.
-  const std::string address = (*planner)->address();
-  auto job = Client(address)->Submit(SmallJob(2, 2, 1000, 8));
-  REQUIRE(job.ok());
-  std::atomic<bool> stop{false};
-  std::vector<std::unique_ptr<SimulatedRank>> ranks;
-  const std::vector<JoinedExecutor> joined = JoinJob(address, *job, 4);
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(RunRank([&] { return address; }, *job, r, joined[r].credential, 1000, absl::Milliseconds(20), &stop));
-  }
-  REQUIRE(Eventually([&] { return ranks[0]->done >= 2; }));
+  const auto job = RunSimulatedJob((*planner)->address(), SmallJob(2, 2, 1000, 8), absl::Milliseconds(20));
+  REQUIRE(Eventually([&] { return job->ranks[0]->done >= 2; }));
   SECTION("frozen") {
     REQUIRE(::kill((*redis)->pid(), SIGSTOP) == 0);
     absl::SleepFor(absl::Milliseconds(1500));
@@ -131,8 +123,6 @@ TEST_CASE("SIGTERM ends a planner within 2 s while its Redis is frozen or gone")
     absl::SleepFor(absl::Milliseconds(1500));
     CheckPromptExit(planner->get(), "planner with Redis gone");
   }
-  stop = true;
-  for (auto& r : ranks) r->thread.join();
 }
 
 }  // namespace

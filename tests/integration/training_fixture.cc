@@ -39,6 +39,20 @@ std::unique_ptr<ChildProcess> StartExecutor(const std::string& planner, int devi
   return StartExecutor(o);
 }
 
+ProcessCluster StartProcessCluster(const std::vector<std::string>& planner_flags) {
+  ProcessCluster c;
+  auto redis = RedisServer::Start(absl::Seconds(10), /*persistent=*/true);
+  REQUIRE(redis.ok());
+  c.redis = std::move(*redis);
+  auto planner = PlannerProcess::Start(c.redis->port(), planner_flags);
+  REQUIRE(planner.ok());
+  c.planner = std::move(*planner);
+  c.address = c.planner->address();
+  c.client = Client(c.address);
+  for (int d = 0; d < 4; ++d) c.executors.push_back(StartExecutor(c.address, d));
+  return c;
+}
+
 bool Stop(ChildProcess* executor, absl::Duration wait) {
   executor->Signal(SIGTERM);
   return executor->Exited(wait);

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "proto/job.pb.h"
 #include "src/rpc/planner_client.h"
+#include "src/testing/redis_server.h"
 #include "tests/integration/control_plane_fixture.h"
 
 namespace dynapipe::testing {
@@ -33,6 +34,17 @@ struct ExecutorProcessOptions {
 // A dynapipe-executor child process (status endpoint off, warnings only).
 std::unique_ptr<ChildProcess> StartExecutor(const ExecutorProcessOptions& options);
 std::unique_ptr<ChildProcess> StartExecutor(const std::string& planner, int device);
+
+// Redis with its append-only file, a dynapipe-planner process started with
+// `planner_flags` and 4 executors (devices 0-3) on it; REQUIREs each to start.
+struct ProcessCluster {
+  std::unique_ptr<RedisServer> redis;
+  std::unique_ptr<PlannerProcess> planner;
+  std::string address;  // the planner's (pass --listen=address to a restarted one)
+  std::unique_ptr<rpc::PlannerClient> client;
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+};
+ProcessCluster StartProcessCluster(const std::vector<std::string>& planner_flags);
 
 // SIGTERM, then true if the executor exits within `wait`.
 bool Stop(ChildProcess* executor, absl::Duration wait);
