@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "planner/service/failures.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "src/common/checkpoint_layout.h"
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
@@ -168,9 +169,25 @@ absl::StatusOr<PlannerService::StartPoint> PlannerService::StartOf(const proto::
     start.source = "found on disk";
   }
   if (latest < 0 && any >= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.resume: ", dir, " holds shards but no checkpoint with all ", world,
-        " ranks' shards; starting over would overwrite them (remove them or choose another checkpoint.dir)"));
+    // No complete checkpoint, but shards: debris of this very job (a run that
+    // died while writing its first checkpoint) is started over; anything
+    // else would be overwritten, so it is refused.
+    ASSIGN_OR_RETURN(const auto shards, checkpoint_layout::ShardsOnDisk(on_disk));
+    const uint64_t fingerprint = runtime::checkpoint::JobFingerprint(spec);
+    for (const auto& [iteration, ranks] : shards) {
+      for (const int rank : ranks) {
+        const absl::StatusOr<runtime::checkpoint::ShardInfo> info =
+            runtime::checkpoint::ReadShardInfo(on_disk, iteration, rank);
+        if (!info.ok() || info->job_fingerprint != fingerprint || info->world != world) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "checkpoint.resume: ", dir, " holds shards but no checkpoint with all ", world, " ranks' shards, and ",
+              checkpoint_layout::ShardPath(dir, iteration, rank),
+              info.ok() ? " belongs to another job layout" : absl::StrCat(" cannot be read (", info.status().message(), ")"),
+              "; starting over would overwrite them (remove them or choose another checkpoint.dir)"));
+        }
+      }
+    }
+    start.source = "found on disk: only an incomplete checkpoint of this job, started over";
   }
   start.iteration = latest + 1;
   if (start.iteration >= spec.iterations()) {
@@ -202,7 +219,8 @@ absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::Sub
       spdlog::info("job {} resumes from the checkpoint of iteration {} in {} ({}): starts at iteration {}", id,
                    start.iteration - 1, spec.checkpoint().dir(), start.source, start.iteration);
     } else {
-      spdlog::info("job {}: no checkpoint in {}; starts at iteration 0", id, spec.checkpoint().dir());
+      spdlog::info("job {}: no complete checkpoint in {}; starts at iteration 0 ({})", id, spec.checkpoint().dir(),
+                   *start.source != '\0' ? start.source : "none on disk");
     }
   }
   metrics_.Add("dynapipe_jobs_submitted_total", 1, "Jobs accepted by Submit");

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "planner/testing/test_specs.h"
 #include "planner/testing/timed_report.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/dataset.h"
 #include "src/common/clock.h"
 #include "src/common/file_util.h"
@@ -295,6 +296,29 @@ TEST_CASE("Resume without a store record starts after the newest complete checkp
   auto fresh = Submit(svc, spec);
   REQUIRE(fresh.ok());
   CHECK(svc.Get(Request(*fresh))->start_iteration() == 0);
+
+  // An incomplete first checkpoint of this very job (a rank died while
+  // writing it) is started over; one of another job layout is not.
+  const std::vector<float> values(10, 1.0f);
+  auto real_shard = [&](const std::string& dir, uint64_t fingerprint) {
+    runtime::checkpoint::ShardRef ref;
+    ref.iteration = 4;
+    ref.rank = 1;
+    ref.world = 2;
+    ref.job_fingerprint = fingerprint;
+    ref.params = {{"w", values}};
+    REQUIRE(runtime::checkpoint::WriteShard(root + "/" + dir, ref).ok());
+  };
+  real_shard("own", runtime::checkpoint::JobFingerprint(spec));
+  real_shard("other", runtime::checkpoint::JobFingerprint(spec) + 1);
+  spec.mutable_checkpoint()->set_dir("own");
+  auto own = Submit(svc, spec);
+  REQUIRE(own.ok());
+  CHECK(svc.Get(Request(*own))->start_iteration() == 0);
+  spec.mutable_checkpoint()->set_dir("other");
+  const absl::Status other = Submit(svc, spec).status();
+  CHECK(other.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(other.message()), Contains("other/iter-00000004/rank-00001.ckpt belongs to another job layout"));
 }
 
 double Gauge(const std::string& metrics, const std::string& name) {

@@ -160,14 +160,48 @@ class ShardReader {
       n -= static_cast<size_t>(got);
     }
     if (hash) hasher_.Update(start, want);
+    offset_ += want;
     return absl::OkStatus();
   }
+  // Bytes read so far.
+  uint64_t offset() const { return offset_; }
 
  private:
   std::string path_;
   int fd_;
   Hasher64 hasher_;
+  uint64_t offset_ = 0;
 };
+
+// The magic, the header's length and the header of a `file_size`-byte shard.
+absl::StatusOr<proto::CheckpointHeader> ReadHeader(ShardReader& reader, uint64_t file_size) {
+  char magic[kMagicSize];
+  RETURN_IF_ERROR(reader.Read(magic, kMagicSize));
+  if (std::memcmp(magic, kMagic, kMagicSize) != 0) return reader.DataLoss("not a DPCKPT01 shard (bad magic)");
+  uint32_t header_len;
+  RETURN_IF_ERROR(reader.Read(reinterpret_cast<char*>(&header_len), sizeof(header_len)));
+  if (header_len > kMaxHeaderBytes || kMagicSize + sizeof(header_len) + header_len > file_size) {
+    return reader.DataLoss(
+        absl::StrCat("header length ", header_len, " does not fit the file's ", file_size, " bytes"));
+  }
+  std::string header_bytes(header_len, '\0');
+  RETURN_IF_ERROR(reader.Read(header_bytes.data(), header_len));
+  proto::CheckpointHeader header;
+  if (!header.ParseFromString(header_bytes)) return reader.DataLoss("header does not parse");
+  return header;
+}
+
+ShardInfo InfoOf(const proto::CheckpointHeader& header) {
+  ShardInfo info;
+  info.iteration = header.iteration();
+  info.rank = header.rank();
+  info.pp_rank = header.pp_rank();
+  info.dp_rank = header.dp_rank();
+  info.world = header.world();
+  info.optimizer_step = header.optimizer_step();
+  info.job_fingerprint = header.job_fingerprint();
+  return info;
+}
 
 // Bytes of float data the header describes; false on overflow.
 bool DataBytes(const proto::CheckpointHeader& h, uint64_t* bytes) {
@@ -266,6 +300,26 @@ absl::Status WriteShard(absl::string_view dir, const ShardRef& shard, const std:
   return out->Commit();
 }
 
+absl::StatusOr<ShardInfo> ReadShardInfo(absl::string_view dir, int64_t iteration, int rank) {
+  const std::string path = ShardPath(dir, iteration, rank);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint shard ", path, " not found"));
+    return absl::UnavailableError(absl::StrCat("open ", path, ": ", std::strerror(err)));
+  }
+  ShardReader reader(path, fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return absl::UnavailableError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) return reader.DataLoss("not a regular file");
+  ASSIGN_OR_RETURN(const proto::CheckpointHeader header, ReadHeader(reader, static_cast<uint64_t>(st.st_size)));
+  if (header.iteration() != iteration || header.rank() != rank) {
+    return reader.DataLoss(absl::StrCat("holds iteration ", header.iteration(), " rank ", header.rank(),
+                                        ", not what its path says"));
+  }
+  return InfoOf(header);
+}
+
 absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int rank) {
   const std::string path = ShardPath(dir, iteration, rank);
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
@@ -281,20 +335,9 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
   if (!S_ISREG(st.st_mode)) return reader.DataLoss("not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
 
-  char magic[kMagicSize];
-  RETURN_IF_ERROR(reader.Read(magic, kMagicSize));
-  if (std::memcmp(magic, kMagic, kMagicSize) != 0) return reader.DataLoss("not a DPCKPT01 shard (bad magic)");
-  uint32_t header_len;
-  RETURN_IF_ERROR(reader.Read(reinterpret_cast<char*>(&header_len), sizeof(header_len)));
-  if (header_len > kMaxHeaderBytes || kMagicSize + sizeof(header_len) + header_len > file_size) {
-    return reader.DataLoss(
-        absl::StrCat("header length ", header_len, " does not fit the file's ", file_size, " bytes"));
-  }
-  std::string header_bytes(header_len, '\0');
-  RETURN_IF_ERROR(reader.Read(header_bytes.data(), header_len));
-  proto::CheckpointHeader header;
-  if (!header.ParseFromString(header_bytes)) return reader.DataLoss("header does not parse");
-  const uint64_t data_start = (kMagicSize + sizeof(header_len) + header_len + kAlign - 1) / kAlign * kAlign;
+  ASSIGN_OR_RETURN(const proto::CheckpointHeader header, ReadHeader(reader, file_size));
+  const uint64_t header_end = reader.offset();
+  const uint64_t data_start = (header_end + kAlign - 1) / kAlign * kAlign;
   uint64_t data_bytes;
   if (!DataBytes(header, &data_bytes) || data_bytes > file_size) {
     return reader.DataLoss("header describes more data than the file holds");
@@ -318,16 +361,10 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
     }
   }
   char pad[kAlign];
-  RETURN_IF_ERROR(reader.Read(pad, data_start - (kMagicSize + sizeof(header_len) + header_len)));
+  RETURN_IF_ERROR(reader.Read(pad, data_start - header_end));
 
   Shard shard;
-  shard.iteration = header.iteration();
-  shard.rank = header.rank();
-  shard.pp_rank = header.pp_rank();
-  shard.dp_rank = header.dp_rank();
-  shard.world = header.world();
-  shard.optimizer_step = header.optimizer_step();
-  shard.job_fingerprint = header.job_fingerprint();
+  static_cast<ShardInfo&>(shard) = InfoOf(header);
   RETURN_IF_ERROR(ReadTensors(reader, header.params(), &shard.params));
   RETURN_IF_ERROR(ReadTensors(reader, header.adam_m(), &shard.adam_m));
   RETURN_IF_ERROR(ReadTensors(reader, header.adam_v(), &shard.adam_v));

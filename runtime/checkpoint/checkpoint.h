@@ -75,6 +75,9 @@ absl::Status WriteShard(absl::string_view dir, const ShardRef& shard, const std:
 // corrupt, failing the checksum, listing a tensor twice, or holding another
 // iteration or rank than its path says.
 absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int rank);
+// The shard's header only (which job layout, rank and step it holds): the
+// same errors for what it reads; the tensors and checksum are not read.
+absl::StatusOr<ShardInfo> ReadShardInfo(absl::string_view dir, int64_t iteration, int rank);
 
 // The newest iteration with every rank's shard file; -1 if none.
 using checkpoint_layout::LatestCompleteOnDisk;

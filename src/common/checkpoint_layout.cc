@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "src/common/status_macros.h"
 
 namespace dynapipe::checkpoint_layout {
 namespace {
@@ -46,16 +49,13 @@ std::string ShardPath(absl::string_view dir, int64_t iteration, int rank) {
   return absl::StrFormat("%s/iter-%08d/rank-%05d.ckpt", dir, iteration, rank);
 }
 
-namespace {
-
-// The newest iteration holding `want` of the shards of ranks 0..world-1 (all
-// of them, or at least one); -1 if none.
-absl::StatusOr<int64_t> Newest(absl::string_view dir, int world, bool all) {
+absl::StatusOr<std::map<int64_t, std::set<int>>> ShardsOnDisk(absl::string_view dir) {
   const std::filesystem::path root(std::string{dir});
   std::error_code ec;
+  std::map<int64_t, std::set<int>> out;
   std::vector<std::pair<int64_t, std::filesystem::path>> iterations;
   std::filesystem::directory_iterator it(root, ec);
-  if (ec == std::errc::no_such_file_or_directory) return -1;
+  if (ec == std::errc::no_such_file_or_directory) return out;
   for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     int64_t iteration;
     std::error_code gone;  // an entry removed while listing is simply not there
@@ -64,34 +64,40 @@ absl::StatusOr<int64_t> Newest(absl::string_view dir, int world, bool all) {
     }
   }
   if (ec) return ListError(ec, root);
-  std::sort(iterations.rbegin(), iterations.rend());
   for (const auto& [iteration, path] : iterations) {
-    std::set<int64_t> ranks;
+    std::set<int> ranks;
     std::filesystem::directory_iterator files(path, ec);
     for (; !ec && files != std::filesystem::directory_iterator(); files.increment(ec)) {
       int64_t rank;
       std::error_code gone;
-      if (ParseNumbered(files->path().filename().string(), "rank-", ".ckpt", &rank) && rank < world &&
-          files->is_regular_file(gone)) {
-        ranks.insert(rank);
+      if (ParseNumbered(files->path().filename().string(), "rank-", ".ckpt", &rank) &&
+          rank <= std::numeric_limits<int>::max() && files->is_regular_file(gone)) {
+        ranks.insert(static_cast<int>(rank));
       }
     }
     if (ec == std::errc::no_such_file_or_directory) continue;  // removed while listing
     if (ec) return ListError(ec, path);
-    if (all ? static_cast<int>(ranks.size()) == world : !ranks.empty()) return iteration;
+    if (!ranks.empty()) out[iteration] = std::move(ranks);
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world) {
+  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("world: ", world, " must be positive"));
+  ASSIGN_OR_RETURN(const auto shards, ShardsOnDisk(dir));
+  for (auto it = shards.rbegin(); it != shards.rend(); ++it) {
+    const std::set<int>& ranks = it->second;
+    // Ranks 0..world-1 all there (ranks are non-negative and sorted).
+    if (static_cast<int>(ranks.size()) >= world && *std::next(ranks.begin(), world - 1) == world - 1) {
+      return it->first;
+    }
   }
   return -1;
 }
 
-}  // namespace
-
-absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world) {
-  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("world: ", world, " must be positive"));
-  return Newest(dir, world, /*all=*/true);
-}
-
 absl::StatusOr<int64_t> NewestShardOnDisk(absl::string_view dir) {
-  return Newest(dir, std::numeric_limits<int>::max(), /*all=*/false);
+  ASSIGN_OR_RETURN(const auto shards, ShardsOnDisk(dir));
+  return shards.empty() ? -1 : shards.rbegin()->first;
 }
 
 }  // namespace dynapipe::checkpoint_layout

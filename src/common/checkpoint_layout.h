@@ -6,6 +6,8 @@
 //   {dir}/iter-{iteration:08d}/rank-{rank:05d}.ckpt
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,5 +25,9 @@ absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world);
 
 // The highest iteration with a shard file of any rank; -1 if none.
 absl::StatusOr<int64_t> NewestShardOnDisk(absl::string_view dir);
+
+// Every shard file's (iteration, rank), by name: iteration -> ranks. Empty
+// if `dir` is missing.
+absl::StatusOr<std::map<int64_t, std::set<int>>> ShardsOnDisk(absl::string_view dir);
 
 }  // namespace dynapipe::checkpoint_layout
