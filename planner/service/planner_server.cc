@@ -1,6 +1,7 @@
 #include "planner/service/planner_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/resource_quota.h>
 
 #include <thread>
 
@@ -36,6 +37,9 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(Options opti
   builder.RegisterService(s->registry_.get());
   builder.RegisterService(s->bootstrap_.get());
   builder.SetMaxReceiveMessageSize(rpc::kMaxPlannerRequestBytes);
+  grpc::ResourceQuota quota("dynapipe-planner");
+  quota.Resize(rpc::kPlannerReceiveQuotaBytes);
+  builder.SetResourceQuota(quota);
   builder.SetMaxSendMessageSize(rpc::kMaxPlannerResponseBytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

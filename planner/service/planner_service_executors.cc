@@ -53,11 +53,7 @@ absl::StatusOr<proto::RegisterExecutorResponse> PlannerService::Register(const p
 }
 
 absl::StatusOr<proto::ExecutorRecord> PlannerService::AuthenticateExecutor(const rpc::ExecutorCredential& caller) {
-  if (caller.executor_id.empty()) {
-    return absl::UnauthenticatedError(absl::StrCat("missing executor credential: executor calls carry ",
-                                                   rpc::kExecutorCredentialKey,
-                                                   ": <executor id>:<secret> as returned by Register"));
-  }
+  if (caller.executor_id.empty()) return rpc::MissingExecutorCredential();
   ASSIGN_OR_RETURN(proto::ExecutorRecord rec, store_->GetExecutor(caller.executor_id));
   if (!rpc::ExecutorSecretMatches(caller.secret, rec.secret_sha256())) {
     spdlog::warn("refused a call as executor {}: wrong secret", caller.executor_id);

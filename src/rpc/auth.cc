@@ -4,7 +4,8 @@
 #include <grpc/grpc_security.h>
 #include <grpcpp/security/auth_metadata_processor.h>
 
-#include <optional>
+#include <algorithm>
+#include <iterator>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -29,32 +30,66 @@ grpc::Status MatchToken(const grpc::string_ref* got, const std::string& token) {
   return grpc::Status::OK;
 }
 
-// The token check on a call's headers (TLS servers). Cheap, so it runs
-// inline on the transport thread.
+grpc::Status ToUnauthenticated(const absl::Status& s) {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(s.message()));
+}
+
+// The checks on a call's headers, before its message is read: the bearer
+// token (unless `token` is empty), and for executor-only methods an executor
+// credential of the right form. `get(key)` is the header's value or null.
+template <typename Get>
+grpc::Status CheckHeaders(const std::string& token, Get get) {
+  if (!token.empty()) {
+    if (grpc::Status s = MatchToken(get("authorization"), token); !s.ok()) return s;
+  }
+  const grpc::string_ref* path = get(":path");
+  if (path == nullptr) return grpc::Status::OK;
+  const absl::string_view method(path->data(), path->size());
+  if (std::find(std::begin(kExecutorOnlyMethods), std::end(kExecutorOnlyMethods), method) ==
+      std::end(kExecutorOnlyMethods)) {
+    return grpc::Status::OK;
+  }
+  const grpc::string_ref* credential = get(kExecutorCredentialKey);
+  if (credential == nullptr) return ToUnauthenticated(MissingExecutorCredential());
+  const absl::StatusOr<ExecutorCredential> parsed =
+      ParseExecutorCredential(absl::string_view(credential->data(), credential->size()));
+  if (!parsed.ok()) return ToUnauthenticated(parsed.status());
+  return grpc::Status::OK;
+}
+
+// CheckHeaders for TLS servers. Cheap, so it runs inline on the transport
+// thread.
 class TokenProcessor final : public grpc::AuthMetadataProcessor {
  public:
   explicit TokenProcessor(std::string token) : token_(std::move(token)) {}
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata& md, grpc::AuthContext*, OutputMetadata*, OutputMetadata*) override {
-    auto it = md.find("authorization");
-    return MatchToken(it == md.end() ? nullptr : &it->second, token_);
+    return CheckHeaders(token_, [&md](const char* key) -> const grpc::string_ref* {
+      auto it = md.find(key);
+      return it == md.end() ? nullptr : &it->second;
+    });
   }
 
  private:
   std::string token_;
 };
 
-// The same check for plaintext servers, through gRPC's core API: `state` is
-// the token (a std::string the credentials own).
+// The same checks for plaintext servers, through gRPC's core API: `state`
+// is the token (a std::string the credentials own).
 void ProcessTokenInCore(void* state, grpc_auth_context*, const grpc_metadata* md, size_t num_md,
                         grpc_process_auth_metadata_done_cb done, void* user_data) {
-  std::optional<grpc::string_ref> got;
-  for (size_t i = 0; i < num_md && !got.has_value(); ++i) {
-    if (grpc_slice_str_cmp(md[i].key, "authorization") == 0) {
-      got.emplace(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(md[i].value)), GRPC_SLICE_LENGTH(md[i].value));
-    }
-  }
-  const grpc::Status s = MatchToken(got.has_value() ? &*got : nullptr, *static_cast<const std::string*>(state));
+  grpc::string_ref found;
+  const grpc::Status s =
+      CheckHeaders(*static_cast<const std::string*>(state), [&](const char* key) -> const grpc::string_ref* {
+        for (size_t i = 0; i < num_md; ++i) {
+          if (grpc_slice_str_cmp(md[i].key, key) == 0) {
+            found = grpc::string_ref(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(md[i].value)),
+                                     GRPC_SLICE_LENGTH(md[i].value));
+            return &found;
+          }
+        }
+        return nullptr;
+      });
   done(user_data, nullptr, 0, nullptr, 0, static_cast<grpc_status_code>(s.error_code()),
        s.ok() ? nullptr : s.error_message().c_str());
 }
@@ -136,16 +171,14 @@ void AttachExecutorCredential(grpc::ClientContext* context, const ExecutorCreden
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls,
                                                                            const std::string& token) {
-  if (!tls.enabled()) {
-    if (token.empty()) return grpc::InsecureServerCredentials();
-    return std::shared_ptr<grpc::ServerCredentials>(std::make_shared<InsecureTokenCredentials>(token));
-  }
+  // Also without a token: the executor-only methods' header check runs.
+  if (!tls.enabled()) return std::shared_ptr<grpc::ServerCredentials>(std::make_shared<InsecureTokenCredentials>(token));
   grpc::SslServerCredentialsOptions options;
   ASSIGN_OR_RETURN(const std::string cert, ReadFile(tls.cert));
   ASSIGN_OR_RETURN(const std::string key, ReadSecretFile(tls.key));
   options.pem_key_cert_pairs.push_back({key, cert});
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(options);
-  if (!token.empty()) creds->SetAuthMetadataProcessor(std::make_shared<TokenProcessor>(token));
+  creds->SetAuthMetadataProcessor(std::make_shared<TokenProcessor>(token));
   return creds;
 }
 

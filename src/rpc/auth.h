@@ -27,6 +27,12 @@ namespace dynapipe::rpc {
 // registrations, heartbeats and bootstrap values (an NCCL id, Gloo
 // addresses) are smaller still.
 inline constexpr int kMaxPlannerRequestBytes = 4 << 20;
+// Memory the planner's gRPC transport may hold for incoming bytes, all calls
+// together: room for 16 requests of the largest size in flight. gRPC 1.51
+// checks a message's size only once it has arrived whole; this quota is what
+// keeps a token holder's 300 MB message from being buffered (the transport
+// resets such a stream when the quota runs out).
+inline constexpr int kPlannerReceiveQuotaBytes = 16 * kMaxPlannerRequestBytes;
 // Largest message the planner sends: execution plans (planner -> executor),
 // job listings. The planner's send limit and its clients' receive limit.
 inline constexpr int kMaxPlannerResponseBytes = 256 << 20;
@@ -37,6 +43,17 @@ inline constexpr int kMaxPlannerResponseBytes = 256 << 20;
 // the offending byte's offset, never the token); FAILED_PRECONDITION when
 // others may read it (ReadSecretFile).
 absl::StatusOr<std::string> ReadToken(const std::string& file);
+
+// The methods only executors call (gRPC ":path" values). Their calls must
+// carry a well-formed executor credential (x-dynapipe-executor) on their
+// headers: ServerCredentials refuses one without it before its message is
+// read; the secret itself is checked against the store by the handler.
+inline constexpr const char* kExecutorOnlyMethods[] = {
+    "/dynapipe.proto.PlanService/ReportIteration",
+    "/dynapipe.proto.ExecutorRegistry/Heartbeat",
+    "/dynapipe.proto.Bootstrap/Set",
+    "/dynapipe.proto.Bootstrap/Get",
+};
 
 // OK when `token` is empty (auth off) or the call carries it; otherwise
 // UNAUTHENTICATED.
@@ -59,13 +76,16 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !ca.empty(); }
 };
 
-// Server credentials (TLS if `tls` is enabled) that, when `token` is set,
-// refuse a call without it as soon as its headers arrive, before its message
-// is received. (gRPC 1.51 applies the receive-size limit only once the whole
-// message has arrived, so the limit alone does not stop a 200 MB body from
-// being buffered.) TLS servers get an AuthMetadataProcessor; plaintext
-// servers the same check through gRPC's core API, since the C++
-// InsecureServerCredentials aborts on SetAuthMetadataProcessor.
+// Server credentials (TLS if `tls` is enabled) that refuse a call as soon as
+// its headers arrive, before its message is received, when `token` is set
+// and the call lacks it, or when it calls an executor-only method without a
+// well-formed executor credential. (gRPC 1.51 applies the receive-size limit
+// only once the whole message has arrived, so the limit alone does not stop
+// a 200 MB body from being buffered; the planner's receive quota bounds what
+// a token holder can make it buffer.) TLS servers get an
+// AuthMetadataProcessor; plaintext servers the same check through gRPC's
+// core API, since the C++ InsecureServerCredentials aborts on
+// SetAuthMetadataProcessor.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls,
                                                                            const std::string& token);
 // A channel to the planner with the size limits above.

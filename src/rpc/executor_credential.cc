@@ -56,6 +56,12 @@ bool ExecutorSecretMatches(absl::string_view secret, absl::string_view stored_sh
   return stored_sha256.size() == got.size() && CRYPTO_memcmp(got.data(), stored_sha256.data(), got.size()) == 0;
 }
 
+absl::Status MissingExecutorCredential() {
+  return absl::UnauthenticatedError(absl::StrCat("missing executor credential: executor calls carry ",
+                                                 kExecutorCredentialKey,
+                                                 ": <executor id>:<secret> as returned by Register"));
+}
+
 std::string FormatExecutorCredential(const ExecutorCredential& credential) {
   return absl::StrCat(credential.executor_id, ":", credential.secret);
 }

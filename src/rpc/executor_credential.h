@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -41,6 +42,9 @@ std::string HashExecutorSecret(absl::string_view secret);
 
 // True if `secret` hashes to `stored_sha256` (constant-time comparison).
 bool ExecutorSecretMatches(absl::string_view secret, absl::string_view stored_sha256);
+
+// The refusal of an executor-only call without a credential.
+absl::Status MissingExecutorCredential();
 
 // "<id>:<secret>", the metadata value.
 std::string FormatExecutorCredential(const ExecutorCredential& credential);

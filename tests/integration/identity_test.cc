@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <google/protobuf/descriptor.h>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -344,7 +346,7 @@ TestCert SelfSignedCert() {
   return c;
 }
 
-TEST_CASE("A request without the token is refused before its body is read: 200 MB leave the planner's memory flat") {
+TEST_CASE("Requests without the token, or executor calls without a credential, are refused before their body is read; a token holder's 200 MB stop at the receive quota") {
   auto redis = RedisServer::Start();
   REQUIRE(redis.ok());
   const std::string dir = FreshTempDir("identity-gate");
@@ -372,9 +374,13 @@ TEST_CASE("A request without the token is refused before its body is read: 200 M
           (*planner)->address(), tls ? grpc::SslCredentials(ssl) : grpc::InsecureChannelCredentials(), args);
       auto plans = proto::PlanService::NewStub(channel);
       auto jobs = proto::JobService::NewStub(channel);
-      auto call = [&](const proto::IterationReport& report, bool token) {
+      // A credential of the right form for an executor that does not exist:
+      // it passes the header check, the handler refuses it.
+      const rpc::ExecutorCredential forged{"exec-none", std::string(64, 'a')};
+      auto call = [&](const proto::IterationReport& report, bool token, bool credential = true) {
         grpc::ClientContext ctx;
         if (token) rpc::AttachToken(&ctx, "s3cret-token");
+        if (credential) rpc::AttachExecutorCredential(&ctx, forged);
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
         proto::ReportIterationResponse resp;
         return plans->ReportIteration(&ctx, report, &resp);
@@ -390,8 +396,12 @@ TEST_CASE("A request without the token is refused before its body is read: 200 M
       const int64_t before = PeakRss((*planner)->pid());
       REQUIRE(before > 0);
 
-      proto::IterationReport huge = Report("job-1", 0, 0, 0, false);
-      huge.set_error(std::string(200u << 20, 'x'));
+      auto huge_with = [](size_t bytes) {
+        proto::IterationReport r = Report("job-1", 0, 0, 0, false);
+        r.set_error(std::string(bytes, 'x'));
+        return r;
+      };
+      proto::IterationReport huge = huge_with(200u << 20);
       const absl::Time t0 = absl::Now();
       const grpc::Status refused = call(huge, /*token=*/false);
       const absl::Duration took = absl::Now() - t0;
@@ -412,10 +422,48 @@ TEST_CASE("A request without the token is refused before its body is read: 200 M
       proto::IterationReport big = Report("job-1", 0, 0, 0, false);
       big.set_error(std::string(rpc::kMaxPlannerRequestBytes + 1, 'x'));
       CHECK(call(big, /*token=*/true).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-      // A token holder without an executor credential cannot report.
-      CHECK(call(Report("job-1", 0, 0, 0, false), /*token=*/true).error_code() ==
-            grpc::StatusCode::UNAUTHENTICATED);
+      // A token holder's 200 MB is not buffered whole before the size check
+      // (gRPC 1.51 checks sizes only then): the receive quota stops it.
+      const absl::Time t1 = absl::Now();
+      const grpc::Status too_big = call(huge_with(200u << 20), /*token=*/true);
+      const absl::Duration took_big = absl::Now() - t1;
+      const int64_t after_big = PeakRss((*planner)->pid());
+      std::printf("%s: a token holder's 200 MB request refused in %.0f ms (%s); planner peak RSS %.1f -> %.1f MB\n",
+                  tls ? "TLS" : "plaintext", absl::ToDoubleMilliseconds(took_big), too_big.error_message().c_str(),
+                  after / 1048576.0, after_big / 1048576.0);
+      CHECK(!too_big.ok());
+      CHECK(after_big - before < rpc::kPlannerReceiveQuotaBytes + (16 << 20));
+      CHECK(list().ok());
+      // A token holder without an executor credential is refused on the
+      // headers of an executor-only call: its 200 MB are not read.
+      const int64_t before_nocred = PeakRss((*planner)->pid());
+      const grpc::Status nocred = call(huge_with(200u << 20), /*token=*/true, /*credential=*/false);
+      CHECK(nocred.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+      CHECK_THAT(nocred.error_message(), Contains("missing executor credential"));
+      CHECK(PeakRss((*planner)->pid()) - before_nocred < (8 << 20));
+      // A malformed one is refused there too; a well-formed but unknown one
+      // by the handler, against the store.
+      {
+        grpc::ClientContext ctx;
+        rpc::AttachToken(&ctx, "s3cret-token");
+        ctx.AddMetadata(rpc::kExecutorCredentialKey, "no-colon-here");
+        proto::HeartbeatRequest hb;
+        proto::HeartbeatResponse resp;
+        const grpc::Status s = proto::ExecutorRegistry::NewStub(channel)->Heartbeat(&ctx, hb, &resp);
+        CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+        CHECK_THAT(s.error_message(), Contains("expected <executor id>:<secret>"));
+      }
+      CHECK(!call(Report("job-1", 0, 0, 0, false), /*token=*/true).ok());
     }
+  }
+}
+
+TEST_CASE("The executor-only methods checked on headers exist in the services") {
+  for (const char* path : rpc::kExecutorOnlyMethods) {
+    std::string name(path + 1);  // "/pkg.Service/Method" -> "pkg.Service.Method"
+    name[name.find('/')] = '.';
+    INFO(path);
+    CHECK(google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(name) != nullptr);
   }
 }
 
