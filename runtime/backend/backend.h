@@ -112,6 +112,11 @@ class Backend {
   // Waits for the work queued so far (with the deadline).
   virtual absl::Status Synchronize() = 0;
   virtual std::unique_ptr<InstructionTimer> NewTimer() = 0;
+  // Bounds what the pool may obtain to `bytes` (0: no bound), `what` saying
+  // why, for the out-of-memory message. The CPU backend enforces it: a job's
+  // declared device memory is the only bound a CPU rank has. A CUDA device's
+  // own memory bounds it (no-op).
+  virtual void LimitMemory(size_t /*bytes*/, std::string /*what*/) {}
 };
 
 // The backend `options.kind` names. FAILED_PRECONDITION, in one line naming

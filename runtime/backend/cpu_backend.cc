@@ -7,6 +7,7 @@
 #include "runtime/backend/cuda/attention_choice.h"
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/model/gpt.h"
+#include "src/common/logging.h"
 
 namespace dynapipe::runtime {
 namespace {
@@ -41,7 +42,7 @@ class HostTimer final : public InstructionTimer {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : pool_(CpuAllocator()) {}
+  CpuBackend() : budget_(CpuAllocator()), pool_(&budget_) {}
   proto::Backend::Value kind() const override { return proto::Backend::cpu; }
   std::string Describe() const override { return "cpu (fp32, Gloo)"; }
   absl::Status BindThread() override { return absl::OkStatus(); }
@@ -75,8 +76,14 @@ class CpuBackend final : public Backend {
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   std::unique_ptr<InstructionTimer> NewTimer() override { return NewHostTimer(); }
+  void LimitMemory(size_t bytes, std::string what) override {
+    // Blocks cached from an earlier job must not count against this one.
+    if (absl::Status s = pool_.Trim(); !s.ok()) spdlog::warn("returning cached buffers: {}", s.message());
+    budget_.SetBudget(bytes, std::move(what));
+  }
 
  private:
+  BudgetAllocator budget_;  // before pool_, which returns its blocks to it
   BufferPool pool_;
 };
 

@@ -150,6 +150,20 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const proto::JobSpec& spe
     w->chunks_.push_back(std::move(*stage));
     i = j;
   }
+  // The job's declared device memory bounds the rank: its model state (which
+  // the planner's memory model counts too), the rest for buffers.
+  if (spec.memory_limit_mb() > 0) {
+    const size_t limit = static_cast<size_t>(spec.memory_limit_mb() * (1 << 20));
+    size_t state = 0;
+    for (const auto& c : w->chunks_) state += c->state_bytes();
+    if (state >= limit) {
+      return absl::ResourceExhaustedError(absl::StrCat("rank ", rank, ": the model state of its layers needs ",
+                                                       state >> 20, " MiB, more than memory_limit_mb ",
+                                                       spec.memory_limit_mb()));
+    }
+    backend->LimitMemory(limit - state, absl::StrCat("memory_limit_mb ", spec.memory_limit_mb(), " less ",
+                                                    state >> 20, " MiB of model state"));
+  }
   // Ranks are dp_rank * pp + pp_rank.
   w->dp_rank_ = rank / pp_size;
   for (int g = 0; g < dp_size; ++g) w->dp_group_.push_back(g * pp_size + rank % pp_size);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 
@@ -24,6 +25,43 @@ constexpr size_t kMinBlock = 256;
 Allocator* CpuAllocator() {
   static HostAllocator allocator;
   return &allocator;
+}
+
+void* BudgetAllocator::Allocate(size_t bytes) {
+  {
+    MutexLock l(&mu_);
+    if (budget_ != 0 && allocated_ + bytes > budget_) return nullptr;
+    allocated_ += bytes;
+  }
+  void* p = base_->Allocate(bytes);
+  if (p == nullptr) {
+    MutexLock l(&mu_);
+    allocated_ -= bytes;
+  }
+  return p;
+}
+
+void BudgetAllocator::Free(void* ptr, size_t bytes) {
+  base_->Free(ptr, bytes);
+  MutexLock l(&mu_);
+  allocated_ -= bytes;
+}
+
+std::string BudgetAllocator::Bound() const {
+  MutexLock l(&mu_);
+  if (budget_ == 0) return {};
+  return absl::StrFormat("%.1f MiB for buffers (%s)", static_cast<double>(budget_) / (1 << 20), what_);
+}
+
+void BudgetAllocator::SetBudget(size_t bytes, std::string what) {
+  MutexLock l(&mu_);
+  budget_ = bytes;
+  what_ = std::move(what);
+}
+
+size_t BudgetAllocator::allocated() const {
+  MutexLock l(&mu_);
+  return allocated_;
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -87,11 +125,12 @@ absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
     } else {
       ++stats_.misses;
       stats_.reserved_bytes += block;
-      stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
     }
     stats_.in_use_bytes += bytes;
     stats_.block_bytes += block;
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    // Peaks count a block once it is there (below for a miss), not a
+    // request that then fails.
+    if (data != nullptr) stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   }
   if (data == nullptr) {
     data = allocator_->Allocate(block);
@@ -109,12 +148,17 @@ absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
         stats_.reserved_bytes -= block;
         s = stats_;
       }
-      const std::string what =
-          absl::StrCat("out of memory allocating a pool block of ", block, " bytes (", bytes, " requested; ",
-                       s.in_use_bytes, " in use, ", s.reserved_bytes, " reserved after returning the cache)");
+      const std::string bound = allocator_->Bound();
+      const std::string what = absl::StrCat(
+          "out of memory allocating a pool block of ", block, " bytes (", bytes, " requested; ", s.in_use_bytes,
+          " in use, ", s.reserved_bytes, " reserved after returning the cache", bound.empty() ? "" : "; limit ",
+          bound, ")");
       if (!trimmed.ok()) return absl::DeadlineExceededError(absl::StrCat(what, "; ", trimmed.message()));
       return absl::ResourceExhaustedError(what);
     }
+    MutexLock l(&mu_);
+    stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   }
   b.pool_ = this;
   b.data_ = data;

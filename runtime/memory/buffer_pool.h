@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,10 +37,36 @@ class Allocator {
   // Null when the memory is not available.
   virtual void* Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr, size_t bytes) = 0;
+  // What bounds this allocator, for an out-of-memory message ("" if only the
+  // memory underneath).
+  virtual std::string Bound() const { return {}; }
 };
 
 // 64-byte aligned host memory.
 Allocator* CpuAllocator();
+
+// `base` with a budget: Allocate returns null once the bytes it handed out
+// and not yet freed would pass the budget (0 = no budget). A CPU rank's
+// device memory: the host has no per-rank memory to run out of, so without
+// it a plan that outgrows its modelled device would take the host's memory
+// from every process on it. Thread-safe.
+class BudgetAllocator final : public Allocator {
+ public:
+  explicit BudgetAllocator(Allocator* base) : base_(base) {}
+  void* Allocate(size_t bytes) override;
+  void Free(void* ptr, size_t bytes) override;
+  std::string Bound() const override;
+  // `what` says where the budget comes from, for Bound().
+  void SetBudget(size_t bytes, std::string what);
+  size_t allocated() const;
+
+ private:
+  Allocator* base_;
+  mutable Mutex mu_;
+  size_t budget_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string what_ ABSL_GUARDED_BY(mu_);
+};
 
 // An opaque stream (a cudaStream_t on CUDA); 0 is the host, whose work is
 // complete when the call that queued it returns.

@@ -211,6 +211,29 @@ TEST_CASE("out of memory is an error the caller gets, not an abort; the pool sta
   CHECK(pool.stats().reserved_bytes == 8192);
 }
 
+TEST_CASE("a budget bounds what the pool obtains; the error names it; a new budget starts from what is held",
+          "[memory]") {
+  CountingAllocator host;
+  BudgetAllocator budget(&host);
+  budget.SetBudget(8192, "memory_limit_mb 1 less 1016 KiB of model state");
+  BufferPool pool(&budget);
+  Buffer a = *pool.Get(4096);
+  CHECK(budget.allocated() == 4096);
+  absl::StatusOr<Buffer> big = pool.Get(6000);  // 6144 more would pass 8192
+  REQUIRE(!big.ok());
+  CHECK(big.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(big.status().message().find("limit 0.0 MiB for buffers (memory_limit_mb 1 less 1016 KiB of model state)") !=
+        std::string::npos);
+  CHECK(host.live == 4096);  // the refused block never reached the host
+  a.Release();
+  REQUIRE(pool.Get(6000).ok());  // the cached block went back to make room
+  CHECK(budget.allocated() == 6144);
+  budget.SetBudget(0, "");  // no budget
+  Buffer huge = *pool.Get(1 << 20);
+  CHECK(budget.allocated() == 6144 + (1 << 20));
+  CHECK(budget.Bound().empty());
+}
+
 TEST_CASE("a fence that never passes bounds an out-of-memory retry instead of hanging", "[memory]") {
   CountingAllocator alloc;
   alloc.capacity = 8192;

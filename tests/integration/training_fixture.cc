@@ -58,20 +58,32 @@ bool Stop(ChildProcess* executor, absl::Duration wait) {
   return executor->Exited(wait);
 }
 
-std::string Dataset() {
-  const std::string dir = TmpDir() + "/executor_ds";
+namespace {
+
+// `count` samples of 4 + [0, max_input) input and 1 + [0, 6) target tokens,
+// once per directory name.
+std::string SynthDataset(const std::string& name, int count, int max_input) {
+  const std::string dir = TmpDir() + "/" + name;
   if (std::filesystem::exists(dir + "/dataset.pbtxt")) return dir;
   runtime::data::SynthOptions o;
   o.alphabet = 8;
   std::mt19937 rng(3);
   std::vector<planner::RawLength> lengths;
-  for (int i = 0; i < 200; ++i) lengths.push_back({4 + static_cast<int64_t>(rng() % 40), 1 + static_cast<int64_t>(rng() % 6)});
+  for (int i = 0; i < count; ++i) {
+    lengths.push_back({4 + static_cast<int64_t>(rng() % max_input), 1 + static_cast<int64_t>(rng() % 6)});
+  }
   auto w = runtime::data::DatasetWriter::Create(dir, runtime::data::SynthInfo(o));
   REQUIRE(w.ok());
   REQUIRE(runtime::data::Synthesize(lengths, o, w->get()).ok());
   REQUIRE((*w)->Finish().ok());
   return dir;
 }
+
+}  // namespace
+
+std::string Dataset() { return SynthDataset("executor_ds", 200, 40); }
+
+std::string WideDataset() { return SynthDataset("executor_wide_ds", 600, 118); }
 
 proto::JobSpec TrainJob(int iterations, const std::string& ckpt, int interval) {
   proto::JobSpec s;

@@ -51,6 +51,8 @@ bool Stop(ChildProcess* executor, absl::Duration wait);
 
 // A 200-sample synthetic dataset, made once per TmpDir().
 std::string Dataset();
+// The same, 600 samples of 5 to 127 tokens: micro-batches of many shapes.
+std::string WideDataset();
 
 // A 2 (pipeline) x 2 (data-parallel) GPT job on Dataset(), checkpointing
 // every `interval` iterations into `ckpt`.
