@@ -111,6 +111,50 @@ TEST_CASE("An executor out of host memory fails the job naming rank, layers and 
   CHECK(Stop(executor.get(), absl::Seconds(5)));
 }
 
+TEST_CASE("A checkpoint whose copy does not fit fails the job naming rank, iteration and bytes; the executor stays",
+          "[executor][integration]") {
+  Stack stack = StartStack("", absl::Seconds(5));
+  auto client = Client(stack.address());
+  auto executor = StartExecutor(stack.address(), 0);
+  REQUIRE(Eventually([&] {
+    auto list = client->Executors();
+    return list.ok() && list->executors_size() == 1;
+  }));
+  const pid_t pid = executor->pid();
+  // A million positions: 64M parameters of position embedding, whose
+  // checkpoint copy (parameters and both moments) takes 734 MiB.
+  proto::JobSpec spec = OneRankJob(64, 256, 40);
+  spec.mutable_model()->set_max_positions(1000000);
+  spec.mutable_checkpoint()->set_dir(TmpDir() + "/ckpt-no-room");
+  spec.mutable_checkpoint()->set_interval(20);
+  auto id = client->Submit(spec);
+  INFO(id.status());
+  REQUIRE(id.ok());
+  // Once it trains (stage and buffers in place), leave 256 MiB of room.
+  REQUIRE(Eventually(
+      [&] {
+        auto st = client->Get(*id);
+        return st.ok() && st->iterations_done() >= 2;
+      },
+      absl::Seconds(60)));
+  rlimit limit{static_cast<rlim_t>(VmSize(pid) + (int64_t{256} << 20)), RLIM_INFINITY};
+  REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
+  const proto::JobStatus failed = WaitEnded(client.get(), *id, absl::Seconds(120));
+  INFO(failed.error());
+  CHECK(failed.state() == proto::JobState::failed);
+  CHECK_THAT(failed.error(), Contains("rank 0") && Contains("checkpoint of iteration") &&
+                                 Contains("out of host memory") && Contains("734 MiB"));
+  CHECK(failed.error().find('\n') == std::string::npos);
+  CHECK(Alive(pid));
+  limit.rlim_cur = RLIM_INFINITY;
+  REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
+  auto small = client->Submit(OneRankJob(32, 64, 3));
+  REQUIRE(small.ok());
+  CHECK(WaitEnded(client.get(), *small, absl::Seconds(60)).state() == proto::JobState::succeeded);
+  CHECK(executor->pid() == pid);
+  CHECK(Stop(executor.get(), absl::Seconds(5)));
+}
+
 // The largest buffer-pool reservation (model state included) any rank
 // reported for iteration `it`.
 double PeakReserved(rpc::PlannerClient* client, const std::string& job, int64_t it) {
