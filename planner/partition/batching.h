@@ -12,6 +12,7 @@
 #include "planner/partition/batch.h"
 #include "planner/partition/dp_partitioner.h"
 #include "planner/partition/shape_costs.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::planner {
 
@@ -37,8 +38,8 @@ std::vector<MicroBatch> FromSplit(std::span<const Sample> samples, std::span<con
                                   std::span<const int> ends, int round_multiple, bool encoder_decoder);
 
 struct DynamicOptions {
-  int round_multiple = 8;
-  double tolerance = 0.02;
+  int round_multiple = spec::kDefaultRoundMultiple;
+  double tolerance = spec::kDefaultCapTolerance;
   int max_mbs = 0;     // 0: bounded by memory only
   int candidates = 1;  // best DP splits returned (see DpOptions::keep)
 };

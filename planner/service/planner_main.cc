@@ -7,6 +7,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "planner/service/planner_server.h"
 #include "src/common/flags.h"
@@ -19,7 +20,7 @@ ABSL_FLAG(std::string, listen, std::string(dynapipe::rpc::kDefaultPlannerAddress
           "gRPC address (host:port; port 0 picks one)");
 ABSL_FLAG(int, http_port, dynapipe::rpc::kPlannerStatusPort, "status endpoint port (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
-ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis host:port");
+ABSL_FLAG(std::string, redis, absl::StrCat("127.0.0.1:", dynapipe::store::kDefaultRedisPort), "Redis host:port");
 ABSL_FLAG(std::string, redis_password_file, "",
           "file (mode 0600) holding the Redis password (else $DYNAPIPE_REDIS_PASSWORD)");
 ABSL_FLAG(std::string, redis_prefix, "dynapipe:", "prefix of every Redis key");
@@ -28,9 +29,13 @@ ABSL_FLAG(std::string, token_file, "",
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (enables TLS with --tls-key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key");
 ABSL_FLAG(std::string, data_root, "", "directory that relative dataset paths resolve against");
-ABSL_FLAG(int, planning_threads, 2, "planning worker threads");
-ABSL_FLAG(int, lease_ttl_ms, 10000, "lease on an iteration being planned; another planner takes over after it");
-ABSL_FLAG(int, heartbeat_timeout_ms, 10000, "executors silent this long are lost and their job fails");
+ABSL_FLAG(int, planning_threads, dynapipe::planner::service::ServiceOptions().planning_threads,
+          "planning worker threads");
+ABSL_FLAG(int, lease_ttl_ms, absl::ToInt64Milliseconds(dynapipe::planner::service::ServiceOptions().lease_ttl),
+          "lease on an iteration being planned; another planner takes over after it");
+ABSL_FLAG(int, heartbeat_timeout_ms,
+          absl::ToInt64Milliseconds(dynapipe::planner::service::ServiceOptions().heartbeat_timeout),
+          "executors silent this long are lost and their job fails");
 ABSL_FLAG(int64_t, progress_timeout_s,
           absl::ToInt64Seconds(dynapipe::planner::service::ServiceOptions().progress_timeout),
           "a running job whose completed iterations do not advance this long fails");

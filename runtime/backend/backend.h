@@ -60,7 +60,7 @@ struct ConnectOptions {
   int size = 1;
   std::string job_prefix;                  // unique per job attempt
   std::string listen_address = "127.0.0.1";  // Gloo: the interface peers connect to
-  absl::Duration connect_timeout = absl::Seconds(60);
+  absl::Duration connect_timeout = comm::kDefaultConnectTimeout;
 };
 
 // Marks instruction boundaries on the backend's clock: the host's steady

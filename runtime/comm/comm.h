@@ -26,6 +26,13 @@
 
 namespace dynapipe::runtime::comm {
 
+// How long a rank waits for its job's peers to join a communicator (Gloo's
+// rendezvous, NCCL's unique id and init), and the deadline of every transfer
+// and collective wait. The executor's --comm-timeout-s and every options
+// struct below take them from here.
+inline constexpr absl::Duration kDefaultConnectTimeout = absl::Seconds(60);
+inline constexpr absl::Duration kDefaultCommTimeout = absl::Seconds(60);
+
 // A failure caused by losing one peer (its connection failed, or a wait on it
 // ran out) carries that peer's rank. Losing a peer is not proof it died: a
 // peer that aborted after its own loss looks the same. Whoever collects a

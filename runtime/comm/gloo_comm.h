@@ -42,7 +42,7 @@ struct GlooOptions {
   std::string interface_address = "127.0.0.1";
   // Bounds connecting the world mesh and each group's mesh (all ranks must
   // arrive within it).
-  absl::Duration connect_timeout = absl::Seconds(30);
+  absl::Duration connect_timeout = kDefaultConnectTimeout;
   // Scheduling of Gloo's event-loop thread, which moves every transfer's
   // bytes. The loop polls again at once while a rank thread holds a
   // connection's lock, so where ranks outnumber cores it takes the core from

@@ -68,7 +68,7 @@ struct NcclOptions {
   // Null: the legacy default stream.
   cudaStream_t compute_stream = nullptr;
   // Bounds initialising the world communicator and each group's.
-  absl::Duration connect_timeout = absl::Seconds(60);
+  absl::Duration connect_timeout = kDefaultConnectTimeout;
 };
 
 // Creates rank `options.rank`'s world communicator; blocks until every rank

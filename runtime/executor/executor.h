@@ -33,8 +33,8 @@ struct ExecutorOptions {
   int device = 0;
   std::string data_root;        // relative dataset paths resolve here
   std::string listen_address = "127.0.0.1";  // for peers' connections
-  absl::Duration comm_timeout = absl::Seconds(60);
-  absl::Duration connect_timeout = absl::Seconds(60);
+  absl::Duration comm_timeout = comm::kDefaultCommTimeout;
+  absl::Duration connect_timeout = comm::kDefaultConnectTimeout;
   int prefetch = 2;             // plans fetched ahead of the running iteration
   // Tests only: runs on the job thread after a job ends (its communicator
   // already destroyed), before the executor forgets the job: where a

@@ -40,10 +40,12 @@ ABSL_FLAG(std::string, data_root, "", "directory that relative dataset and check
 ABSL_FLAG(std::string, listen_address, "auto",
           "address peers connect to for pipeline and gradient traffic; auto: this machine's address on the route "
           "to the planner (127.0.0.1 for a planner on loopback)");
-ABSL_FLAG(int, comm_timeout_s, 60, "deadline of every transfer and collective wait");
+ABSL_FLAG(int, comm_timeout_s, absl::ToInt64Seconds(dynapipe::runtime::comm::kDefaultCommTimeout),
+          "deadline of every transfer and collective wait");
 ABSL_FLAG(int, planner_grace_s, dynapipe::rpc::kDefaultPlannerGraceS,
           "a planner outage (restart, network blip) this long is ridden through: calls to it are retried meanwhile");
-ABSL_FLAG(int, prefetch, 2, "plans fetched ahead of the running iteration");
+ABSL_FLAG(int, prefetch, dynapipe::runtime::executor::ExecutorOptions().prefetch,
+          "plans fetched ahead of the running iteration");
 ABSL_FLAG(std::string, http_port, "auto",
           absl::StrCat("status endpoint port; auto: ", dynapipe::rpc::kExecutorStatusPortBase,
                        " + --device; 0 picks a free one, -1 disables it"));

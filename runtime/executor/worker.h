@@ -33,7 +33,7 @@
 namespace dynapipe::runtime::executor {
 
 struct WorkerOptions {
-  absl::Duration comm_timeout = absl::Seconds(60);  // per transfer wait and per collective
+  absl::Duration comm_timeout = comm::kDefaultCommTimeout;  // per transfer wait and per collective
   // Asked before every instruction: once true, the iteration ends CANCELLED
   // at the next instruction instead of running the plan out (a daemon shutting
   // down, a job failed elsewhere). Unset: never.

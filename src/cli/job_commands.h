@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "src/rpc/defaults.h"
+
 namespace dynapipe::cli {
 
 // Deadline of each call to the planner without --timeout-s.
-inline constexpr int kDefaultCallTimeoutS = 10;
+using rpc::kDefaultCallTimeoutS;
 // How long the client waits for the planner to accept a connection.
 inline constexpr int kConnectTimeoutS = 2;
 

@@ -7,6 +7,8 @@
 
 #include <string_view>
 
+#include "absl/time/time.h"
+
 namespace dynapipe::rpc {
 
 inline constexpr std::string_view kDefaultPlannerAddress = "127.0.0.1:50051";
@@ -17,6 +19,11 @@ inline constexpr int kExecutorStatusPortBase = 8081;
 // blip) before an executor gives up on its job and `dynapipe watch` on its
 // stream: executors' --planner-grace-s and watch's --grace-s.
 inline constexpr int kDefaultPlannerGraceS = 60;
+
+// Deadline of each call to the planner: PlannerClient::Options and the CLI's
+// --timeout-s.
+inline constexpr int kDefaultCallTimeoutS = 10;
+inline constexpr absl::Duration kDefaultCallTimeout = absl::Seconds(kDefaultCallTimeoutS);
 
 // The status port of the executor driving device `device`.
 constexpr int ExecutorStatusPort(int device) { return kExecutorStatusPortBase + device; }

@@ -30,7 +30,7 @@ class PlannerClient {
     // network blip) may last before a call gives up. Calls are retried while
     // the planner is UNAVAILABLE, and calls that may be repeated also when it
     // CANCELLED them (a planner shutting down cancels the calls in flight).
-    absl::Duration timeout = absl::Seconds(10);
+    absl::Duration timeout = kDefaultCallTimeout;
     // Calls wait (within `timeout`) for the channel to connect instead of
     // failing at once while it is down. For daemons riding through planner
     // restarts: with fail-fast calls, gRPC 1.51 cancels its own reconnection

@@ -23,9 +23,12 @@ struct redisContext;
 
 namespace dynapipe::store {
 
+// Redis's own default port: the planner's --redis and RedisOptions.
+inline constexpr int kDefaultRedisPort = 6379;
+
 struct RedisOptions {
   std::string host = "127.0.0.1";
-  int port = 6379;
+  int port = kDefaultRedisPort;
   std::string password;  // empty: no AUTH
   absl::Duration connect_timeout = absl::Seconds(1);
   absl::Duration command_timeout = absl::Seconds(2);
