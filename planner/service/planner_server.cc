@@ -91,13 +91,6 @@ void PlannerServer::Shutdown() {
   }
   if (http_) http_->Shutdown();
   spdlog::info("dynapipe-planner stopped");
-  MutexLock lock(&mu_);
-  done_ = true;
-}
-
-void PlannerServer::Wait() {
-  MutexLock lock(&mu_);
-  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_; });
 }
 
 PlannerServer::~PlannerServer() { Shutdown(); }

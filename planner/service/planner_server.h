@@ -39,8 +39,6 @@ class PlannerServer {
   // Stops taking calls, answers waiting ones, stops planning (in-flight
   // iterations finish or leave their lease to expire).
   void Shutdown();
-  // Blocks until Shutdown.
-  void Wait();
 
  private:
   PlannerServer() = default;
@@ -55,7 +53,6 @@ class PlannerServer {
   int port_ = 0;
   Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown started
-  bool done_ ABSL_GUARDED_BY(mu_) = false;       // Shutdown finished
 };
 
 }  // namespace dynapipe::planner::service

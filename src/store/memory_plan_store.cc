@@ -311,14 +311,4 @@ void MemoryPlanStore::SetListener(std::function<void(const std::string& event)> 
   listener_ = std::move(listener);
 }
 
-void MemoryPlanStore::ExpireLeases() {
-  MutexLock lock(&mu_);
-  for (auto& [id, j] : jobs_) j.leases.clear();
-}
-
-void MemoryPlanStore::CorruptPlan(const std::string& job, int64_t iteration, int rank, const std::string& bytes) {
-  MutexLock lock(&mu_);
-  jobs_[job].plans[{iteration, rank}] = bytes;
-}
-
 }  // namespace dynapipe::store

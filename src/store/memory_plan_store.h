@@ -27,7 +27,6 @@ class MemoryPlanStore : public PlanStore {
                                    std::span<const proto::ExecutionPlan> plans, absl::Duration ttl) override;
   absl::StatusOr<bool> IsPlanned(const std::string& job, int64_t iteration) override;
   absl::StatusOr<proto::ExecutionPlan> GetPlan(const std::string& job, int64_t iteration, int rank) override;
-  absl::StatusOr<int64_t> PlanWrites(const std::string& job, int64_t iteration) override;
   absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
   absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
@@ -53,12 +52,14 @@ class MemoryPlanStore : public PlanStore {
   bool healthy() const override { return true; }
   int64_t errors() const override { return 0; }
 
-  // Drops every lease (as if their holders died and the TTLs ran out).
-  void ExpireLeases();
-  // Overwrites a stored plan's bytes (tests of corruption handling).
-  void CorruptPlan(const std::string& job, int64_t iteration, int rank, const std::string& bytes);
+  // How many times plans for the iteration were committed (1 = exactly once;
+  // what the store keeps for that check, not part of PlanStore).
+  absl::StatusOr<int64_t> PlanWrites(const std::string& job, int64_t iteration);
 
  private:
+  // Tests of corruption handling overwrite a stored plan's bytes.
+  friend class MemoryPlanStoreTestPeer;
+
   void Notify(const std::string& event);
 
   struct Job {

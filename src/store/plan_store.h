@@ -81,8 +81,6 @@ class PlanStore {
   virtual absl::StatusOr<bool> IsPlanned(const std::string& job, int64_t iteration) = 0;
   // NOT_FOUND if not stored (yet, or expired); DATA_LOSS if corrupt.
   virtual absl::StatusOr<proto::ExecutionPlan> GetPlan(const std::string& job, int64_t iteration, int rank) = 0;
-  // How many times plans for the iteration were committed (1 = exactly once).
-  virtual absl::StatusOr<int64_t> PlanWrites(const std::string& job, int64_t iteration) = 0;
 
   // Progress: stores the report and raises the rank's last done iteration.
   virtual absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) = 0;

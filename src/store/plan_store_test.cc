@@ -47,7 +47,12 @@ bool Eventually(Pred pred) {
   return pred();
 }
 
-void CheckStore(PlanStore& store, const std::function<void(const std::string&, int64_t, int, const std::string&)>& corrupt) {
+// The store's own count of commits of an iteration's plans (not part of
+// PlanStore): 1 = exactly once.
+using Writes = std::function<int64_t(const std::string& job, int64_t iteration)>;
+
+void CheckStore(PlanStore& store, const Writes& plan_writes,
+                const std::function<void(const std::string&, int64_t, int, const std::string&)>& corrupt) {
   Mutex mu;
   std::vector<std::string> events;
   store.SetListener([&](const std::string& e) {
@@ -83,7 +88,7 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   CHECK_FALSE(*store.CommitPlans(*id, 0, "planner-b", plans, absl::Minutes(5)));  // not its lease
   CHECK(*store.CommitPlans(*id, 0, "planner-a", plans, absl::Minutes(5)));
   CHECK_FALSE(*store.CommitPlans(*id, 0, "planner-a", plans, absl::Minutes(5)));  // already stored
-  CHECK(*store.PlanWrites(*id, 0) == 1);
+  CHECK(plan_writes(*id, 0) == 1);
   CHECK(*store.IsPlanned(*id, 0));
   CHECK_FALSE(*store.IsPlanned(*id, 1));
   auto got = store.GetPlan(*id, 0, 1);
@@ -293,9 +298,27 @@ void CheckStore(PlanStore& store, const std::function<void(const std::string&, i
   store.SetListener(nullptr);
 }
 
+}  // namespace
+
+// Overwrites a stored plan's bytes, for the corruption checks.
+class MemoryPlanStoreTestPeer {
+ public:
+  static void CorruptPlan(MemoryPlanStore& store, const std::string& job, int64_t iteration, int rank,
+                          const std::string& bytes) {
+    MutexLock lock(&store.mu_);
+    store.jobs_[job].plans[{iteration, rank}] = bytes;
+  }
+};
+
+namespace {
+
 TEST_CASE("In-memory store") {
   MemoryPlanStore store;
-  CheckStore(store, [&](const std::string& j, int64_t i, int r, const std::string& b) { store.CorruptPlan(j, i, r, b); });
+  CheckStore(
+      store, [&](const std::string& j, int64_t i) { return *store.PlanWrites(j, i); },
+      [&](const std::string& j, int64_t i, int r, const std::string& b) {
+        MemoryPlanStoreTestPeer::CorruptPlan(store, j, i, r, b);
+      });
 }
 
 TEST_CASE("Redis store against a real redis-server") {
@@ -307,9 +330,11 @@ TEST_CASE("Redis store against a real redis-server") {
   // Give the subscriber its connection before events are published.
   REQUIRE(Eventually([&] { return store.client().Command({"PUBSUB", "NUMSUB", "test:events"}).ok() &&
                                   store.client().Command({"PUBSUB", "NUMSUB", "test:events"})->elements[1].integer == 1; }));
-  CheckStore(store, [&](const std::string& j, int64_t i, int r, const std::string& b) {
-    REQUIRE(store.client().Command({"SET", store.keys().Plan(j, i, r), b}).ok());
-  });
+  CheckStore(
+      store, [&](const std::string& j, int64_t i) { return *store.PlanWrites(j, i); },
+      [&](const std::string& j, int64_t i, int r, const std::string& b) {
+        REQUIRE(store.client().Command({"SET", store.keys().Plan(j, i, r), b}).ok());
+      });
 }
 
 TEST_CASE("Redis client reports UNAVAILABLE while Redis is down and recovers by itself") {

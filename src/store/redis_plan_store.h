@@ -34,7 +34,6 @@ class RedisPlanStore : public PlanStore {
                                    std::span<const proto::ExecutionPlan> plans, absl::Duration ttl) override;
   absl::StatusOr<bool> IsPlanned(const std::string& job, int64_t iteration) override;
   absl::StatusOr<proto::ExecutionPlan> GetPlan(const std::string& job, int64_t iteration, int rank) override;
-  absl::StatusOr<int64_t> PlanWrites(const std::string& job, int64_t iteration) override;
   absl::Status PutReport(const proto::IterationReport& report, absl::Duration ttl) override;
   absl::StatusOr<std::vector<int64_t>> DoneByRank(const std::string& job, int world) override;
   absl::StatusOr<proto::IterationReport> GetReport(const std::string& job, int64_t iteration, int rank) override;
@@ -61,6 +60,10 @@ class RedisPlanStore : public PlanStore {
   absl::Time last_trouble() const override { return client_.last_trouble(); }
   int64_t errors() const override { return client_.errors(); }
   void Shutdown() override;
+
+  // How many times plans for the iteration were committed (1 = exactly once;
+  // what the commit script counts for that check, not part of PlanStore).
+  absl::StatusOr<int64_t> PlanWrites(const std::string& job, int64_t iteration);
 
   RedisClient& client() { return client_; }
   const Keys& keys() const { return keys_; }

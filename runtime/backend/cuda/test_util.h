@@ -21,6 +21,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/status/status.h"
+#include "src/testing/status_require.h"
 
 namespace dynapipe::runtime::cuda::testing {
 
@@ -85,14 +86,6 @@ inline double RelativeError(const std::vector<float>& got, const std::vector<flo
 }
 
 #define CUDA_REQUIRE(expr) REQUIRE((expr) == cudaSuccess)
-
-// REQUIRE an absl::Status to be OK, printing it when it is not.
-#define REQUIRE_OK(expr)             \
-  do {                               \
-    const absl::Status st_ = (expr); \
-    INFO(st_.ToString());            \
-    REQUIRE(st_.ok());               \
-  } while (false)
 
 // A device array of n elements of T; freed on destruction.
 template <typename T>
