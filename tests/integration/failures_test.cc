@@ -72,55 +72,68 @@ proto::JobSpec OneRankJob(int hidden, int ffn, int iterations) {
   return spec;
 }
 
-TEST_CASE("An executor out of host memory fails the job naming rank, layers and bytes, and runs the next job",
-          "[executor][integration]") {
-  Stack stack = StartStack("", absl::Seconds(5));
-  auto client = Client(stack.address());
-  auto executor = StartExecutor(stack.address(), 0);
-  REQUIRE(Eventually([&] {
-    auto list = client->Executors();
-    return list.ok() && list->executors_size() == 1;
-  }));
-  const pid_t pid = executor->pid();
-  // Room for 256 MiB more than it holds now; the job's stage needs ~3 GiB
-  // (4 layers of hidden 2048, ffn 8192: 200M parameters x 16 bytes).
+// A planner (5 s heartbeat timeout) with one CPU executor registered.
+struct OneExecutor {
+  OneExecutor()
+      : stack(StartStack("", absl::Seconds(5))),
+        client(Client(stack.address())),
+        executor(StartExecutor(stack.address(), 0)) {
+    REQUIRE(Eventually([&] {
+      auto list = client->Executors();
+      return list.ok() && list->executors_size() == 1;
+    }));
+  }
+  Stack stack;
+  std::unique_ptr<rpc::PlannerClient> client;
+  std::unique_ptr<ChildProcess> executor;
+};
+
+// Leaves process `pid` `room` bytes of address space beyond what it maps
+// now (RLIMIT_AS); room < 0 lifts the limit.
+void LimitAddressSpace(pid_t pid, int64_t room) {
   const int64_t vm = VmSize(pid);
   REQUIRE(vm > 0);
-  rlimit limit{static_cast<rlim_t>(vm + (int64_t{256} << 20)), RLIM_INFINITY};
+  rlimit limit{room < 0 ? RLIM_INFINITY : static_cast<rlim_t>(vm + room), RLIM_INFINITY};
   REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
+}
 
-  auto big = client->Submit(OneRankJob(2048, 8192, 5));
+// After a failed job: memory is back, and the same executor process trains
+// the next job, then stops on SIGTERM.
+void TrainsTheNextJob(OneExecutor& c, pid_t pid) {
+  CHECK(Alive(pid));
+  LimitAddressSpace(pid, -1);
+  auto small = c.client->Submit(OneRankJob(32, 64, 3));
+  REQUIRE(small.ok());
+  const proto::JobStatus done = WaitEnded(c.client.get(), *small, absl::Seconds(60));
+  INFO(done.error());
+  CHECK(done.state() == proto::JobState::succeeded);
+  CHECK(c.executor->pid() == pid);
+  CHECK(Stop(c.executor.get(), absl::Seconds(5)));
+}
+
+TEST_CASE("An executor out of host memory fails the job naming rank, layers and bytes, and runs the next job",
+          "[executor][integration]") {
+  OneExecutor c;
+  const pid_t pid = c.executor->pid();
+  // Room for 256 MiB more than it holds now; the job's stage needs ~3 GiB
+  // (4 layers of hidden 2048, ffn 8192: 200M parameters x 16 bytes).
+  LimitAddressSpace(pid, int64_t{256} << 20);
+  auto big = c.client->Submit(OneRankJob(2048, 8192, 5));
   INFO(big.status());
   REQUIRE(big.ok());
-  const proto::JobStatus failed = WaitEnded(client.get(), *big, absl::Seconds(60));
+  const proto::JobStatus failed = WaitEnded(c.client.get(), *big, absl::Seconds(60));
   INFO(failed.error());
   CHECK(failed.state() == proto::JobState::failed);
   CHECK_THAT(failed.error(), Contains("rank 0") && Contains("out of host memory") && Contains("MiB"));
   CHECK(failed.error().find('\n') == std::string::npos);
-  CHECK(Alive(pid));
-
-  // The same process trains the next job once memory is there.
-  limit.rlim_cur = RLIM_INFINITY;
-  REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
-  auto small = client->Submit(OneRankJob(32, 64, 3));
-  REQUIRE(small.ok());
-  const proto::JobStatus done = WaitEnded(client.get(), *small, absl::Seconds(60));
-  INFO(done.error());
-  CHECK(done.state() == proto::JobState::succeeded);
-  CHECK(executor->pid() == pid);
-  CHECK(Stop(executor.get(), absl::Seconds(5)));
+  TrainsTheNextJob(c, pid);
 }
 
 TEST_CASE("A checkpoint whose copy does not fit fails the job naming rank, iteration and bytes; the executor stays",
           "[executor][integration]") {
-  Stack stack = StartStack("", absl::Seconds(5));
-  auto client = Client(stack.address());
-  auto executor = StartExecutor(stack.address(), 0);
-  REQUIRE(Eventually([&] {
-    auto list = client->Executors();
-    return list.ok() && list->executors_size() == 1;
-  }));
-  const pid_t pid = executor->pid();
+  OneExecutor c;
+  rpc::PlannerClient* client = c.client.get();
+  const pid_t pid = c.executor->pid();
   // A million positions: 64M parameters of position embedding, whose
   // checkpoint copy (parameters and both moments) takes 734 MiB.
   proto::JobSpec spec = OneRankJob(64, 256, 40);
@@ -137,22 +150,14 @@ TEST_CASE("A checkpoint whose copy does not fit fails the job naming rank, itera
         return st.ok() && st->iterations_done() >= 2;
       },
       absl::Seconds(60)));
-  rlimit limit{static_cast<rlim_t>(VmSize(pid) + (int64_t{256} << 20)), RLIM_INFINITY};
-  REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
-  const proto::JobStatus failed = WaitEnded(client.get(), *id, absl::Seconds(120));
+  LimitAddressSpace(pid, int64_t{256} << 20);
+  const proto::JobStatus failed = WaitEnded(client, *id, absl::Seconds(120));
   INFO(failed.error());
   CHECK(failed.state() == proto::JobState::failed);
   CHECK_THAT(failed.error(), Contains("rank 0") && Contains("checkpoint of iteration") &&
                                  Contains("out of host memory") && Contains("734 MiB"));
   CHECK(failed.error().find('\n') == std::string::npos);
-  CHECK(Alive(pid));
-  limit.rlim_cur = RLIM_INFINITY;
-  REQUIRE(::prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
-  auto small = client->Submit(OneRankJob(32, 64, 3));
-  REQUIRE(small.ok());
-  CHECK(WaitEnded(client.get(), *small, absl::Seconds(60)).state() == proto::JobState::succeeded);
-  CHECK(executor->pid() == pid);
-  CHECK(Stop(executor.get(), absl::Seconds(5)));
+  TrainsTheNextJob(c, pid);
 }
 
 // The largest buffer-pool reservation (model state included) any rank
@@ -172,13 +177,8 @@ TEST_CASE("A CPU rank holds no more than the job's declared device memory, which
   // 542 MB predicted for 256 layers at 512 tokens). Unbounded, a CPU rank
   // held that on top of its declared device; a pipeline of 4,096 such layers
   // ran the host out of memory (OpenBLAS then exits the process).
-  Stack stack = StartStack("", absl::Seconds(5));
-  auto client = Client(stack.address());
-  auto executor = StartExecutor(stack.address(), 0);
-  REQUIRE(Eventually([&] {
-    auto list = client->Executors();
-    return list.ok() && list->executors_size() == 1;
-  }));
+  OneExecutor c;
+  rpc::PlannerClient* client = c.client.get();
   auto spec = [](double memory_mb) {
     proto::JobSpec s = OneRankJob(64, 256, 2);
     s.mutable_model()->set_num_layers(256);
@@ -193,14 +193,14 @@ TEST_CASE("A CPU rank holds no more than the job's declared device memory, which
     auto id = client->Submit(spec(memory_mb));
     INFO(id.status());
     REQUIRE(id.ok());
-    const proto::JobStatus st = WaitEnded(client.get(), *id, absl::Seconds(120));
+    const proto::JobStatus st = WaitEnded(client, *id, absl::Seconds(120));
     INFO(st.error());
     REQUIRE(st.state() == proto::JobState::succeeded);
     return *id;
   };
   // Room to spare: what the pool holds unbounded.
   const std::string roomy = run(4096);
-  const double unbounded = std::max(PeakReserved(client.get(), roomy, 0), PeakReserved(client.get(), roomy, 1));
+  const double unbounded = std::max(PeakReserved(client, roomy, 0), PeakReserved(client, roomy, 1));
   auto history = client->GetIterations(roomy, 0, 10);
   REQUIRE(history.ok());
   double planned = 0;
@@ -211,11 +211,11 @@ TEST_CASE("A CPU rank holds no more than the job's declared device memory, which
   const double limit = std::round((planned + unbounded) / 2);
   const std::string tight = run(limit);
   for (int64_t it = 0; it < 2; ++it) {
-    const double held = PeakReserved(client.get(), tight, it);
+    const double held = PeakReserved(client, tight, it);
     INFO("iteration " << it << ": reserved " << held << " MiB with memory_limit_mb " << limit);
     CHECK(held <= limit);
   }
-  CHECK(Stop(executor.get(), absl::Seconds(5)));
+  CHECK(Stop(c.executor.get(), absl::Seconds(5)));
 }
 
 }  // namespace
