@@ -11,6 +11,7 @@
 #include "planner/plan/replay.h"
 #include "planner/plan/validate.h"
 #include "planner/testing/test_specs.h"
+#include "src/plan/plan_seal.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -339,7 +340,7 @@ TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
     const int i = FindOp(p, proto::Instruction::kRecvActivationStart);
     REQUIRE(i >= 0);
     p.mutable_instructions(i)->mutable_recv_activation_start()->mutable_shapes(0)->set_dims(1, 12345);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     CHECK_THAT(std::string(ValidatePlans(plans_).message()), Contains("mismatch"));
   }
   SECTION("a receive finished before it is started") {
@@ -349,7 +350,7 @@ TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
     REQUIRE(start >= 0);
     REQUIRE(finish > start);
     p.mutable_instructions()->SwapElements(start, finish);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     CHECK_FALSE(ValidatePlans(plans_).ok());
   }
   SECTION("backward before forward") {
@@ -357,7 +358,7 @@ TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
     const int fw = FindOp(p, proto::Instruction::kForward);
     const int bw = FindOp(p, proto::Instruction::kBackward);
     p.mutable_instructions()->SwapElements(fw, bw);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     CHECK_FALSE(ValidatePlans(plans_).ok());
   }
   SECTION("two ranks waiting on each other deadlock") {
@@ -371,7 +372,7 @@ TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
     auto* list = p.mutable_instructions();
     list->Add()->Swap(&moved);
     for (int k = list->size() - 1; k > 0; --k) list->SwapElements(k, k - 1);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     const absl::Status s = ValidatePlans(plans_);
     CHECK_FALSE(s.ok());
   }
@@ -380,7 +381,7 @@ TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
     const int f = FindOp(p, proto::Instruction::kFreeBuffer);
     REQUIRE(f >= 0);
     *p.add_instructions() = p.instructions(f);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     CHECK_THAT(std::string(ValidatePlans(plans_).message()), Contains("frees buffer"));
   }
 }

@@ -21,7 +21,6 @@
 
 namespace dynapipe::planner {
 
-inline constexpr uint32_t kPlanSchemaVersion = 1;
 
 struct GroupPlanInput {
   const PipelineModel* model = nullptr;
@@ -41,10 +40,5 @@ struct GroupPlanInput {
 // One plan per pipeline device of the group (index = pp rank); global rank =
 // dp_rank * pp + pp_rank. Plans are sealed (checksum set).
 std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in);
-
-// Checksum over the plan's serialized bytes with the checksum field cleared.
-uint64_t PlanChecksum(const proto::ExecutionPlan& plan);
-// Sets plan->checksum.
-void SealPlan(proto::ExecutionPlan* plan);
 
 }  // namespace dynapipe::planner

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/plan/instructions.h"
 #include "src/common/status_macros.h"
+#include "src/plan/plan_seal.h"
 #include <set>
 
 namespace dynapipe::planner {
@@ -66,9 +67,9 @@ enum class Slot : uint8_t { kFree, kWritten, kReceiving, kSending };
 // Per-rank buffer and op-order checks (no peers involved).
 absl::Status CheckRank(const proto::ExecutionPlan& p) {
   const int r = p.rank();
-  if (p.num_buffer_slots() < 0 || p.num_buffer_slots() > kMaxBufferSlots) {
+  if (p.num_buffer_slots() < 0 || p.num_buffer_slots() > plan::kMaxBufferSlots) {
     return absl::InvalidArgumentError(absl::StrCat("plan rank ", r, ": num_buffer_slots ", p.num_buffer_slots(),
-                                                   " outside 0..", kMaxBufferSlots));
+                                                   " outside 0..", plan::kMaxBufferSlots));
   }
   std::vector<Slot> slots(p.num_buffer_slots(), Slot::kFree);
   std::map<std::pair<int, int>, uint8_t> ops;  // (mb, chunk) -> bit 1 forward, bit 2 backward
@@ -341,11 +342,11 @@ absl::Status ValidatePlans(std::span<const proto::ExecutionPlan> plans, std::spa
   }
   std::vector<const proto::ExecutionPlan*> by_rank(plans.size(), nullptr);
   for (const proto::ExecutionPlan& p : plans) {
-    if (p.schema_version() != kPlanSchemaVersion) {
+    if (p.schema_version() != plan::kPlanSchemaVersion) {
       return absl::InvalidArgumentError(absl::StrCat("plan rank ", p.rank(), ": schema version ", p.schema_version(),
-                                                     ", expected ", kPlanSchemaVersion));
+                                                     ", expected ", plan::kPlanSchemaVersion));
     }
-    if (p.checksum() != PlanChecksum(p)) {
+    if (p.checksum() != plan::PlanChecksum(p)) {
       return absl::DataLossError(absl::StrCat("plan rank ", p.rank(), " of job ", p.job_id(), " iteration ",
                                               p.iteration(), ": checksum mismatch"));
     }

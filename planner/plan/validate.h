@@ -26,10 +26,6 @@
 
 namespace dynapipe::planner {
 
-// Buffer slots a plan may declare: far above any real plan (a few per
-// micro-batch in flight), low enough that checking one stays cheap.
-inline constexpr int kMaxBufferSlots = 1 << 20;
-
 absl::Status ValidatePlans(std::span<const proto::ExecutionPlan> plans,
                            std::span<const int64_t> expected_sample_ids = {});
 

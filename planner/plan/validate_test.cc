@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "planner/plan/instructions.h"
+#include "src/plan/plan_seal.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -16,7 +17,7 @@ using Catch::Matchers::Contains;
 // The smallest valid plan set: one rank running one micro-batch.
 proto::ExecutionPlan OneRank() {
   proto::ExecutionPlan p;
-  p.set_schema_version(kPlanSchemaVersion);
+  p.set_schema_version(plan::kPlanSchemaVersion);
   p.set_job_id("j");
   p.set_iteration(3);
   p.set_pp_size(1);
@@ -36,7 +37,7 @@ proto::ExecutionPlan OneRank() {
   add(0)->mutable_backward();
   add(0)->mutable_free_buffer()->add_buffer_ids(0);
   add(-1)->mutable_optimizer_step();
-  SealPlan(&p);
+  plan::SealPlan(&p);
   return p;
 }
 
@@ -48,13 +49,13 @@ TEST_CASE("ValidatePlans refuses untrusted sizes instead of using them") {
   SECTION("a negative slot count") {
     // Sized a std::vector with it: std::length_error, uncaught.
     p.set_num_buffer_slots(-1);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     CHECK_THAT(std::string(ValidatePlans(plans).message()), Contains("num_buffer_slots -1"));
   }
   SECTION("a slot count no plan needs") {
     // 2e9 slots allocated 2 GB before any instruction was read.
-    p.set_num_buffer_slots(kMaxBufferSlots + 1);
-    SealPlan(&p);
+    p.set_num_buffer_slots(plan::kMaxBufferSlots + 1);
+    plan::SealPlan(&p);
     CHECK(ValidatePlans(plans).code() == absl::StatusCode::kInvalidArgument);
   }
   SECTION("pp x dp wrapping around to the number of plans") {
@@ -62,19 +63,19 @@ TEST_CASE("ValidatePlans refuses untrusted sizes instead of using them") {
     // loop index by_rank[g * pp] far past its one entry.
     p.set_pp_size(9);
     p.set_dp_size(954437177);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     CHECK_THAT(std::string(ValidatePlans(plans).message()), Contains("1 plans for pp 9 x dp 954437177"));
   }
   SECTION("coordinates whose rank overflows") {
     // dp_rank * pp = 2^31: signed overflow (reported under --config=asan).
     p.set_pp_size(2);
     p.set_dp_rank(1 << 30);
-    SealPlan(&p);
+    plan::SealPlan(&p);
     proto::ExecutionPlan second = OneRank();
     second.set_rank(1);
     second.set_pp_rank(1);
     second.set_pp_size(2);
-    SealPlan(&second);
+    plan::SealPlan(&second);
     plans.push_back(second);
     CHECK_THAT(std::string(ValidatePlans(plans).message()), Contains("inconsistent pp/dp coordinates"));
   }
@@ -89,7 +90,7 @@ std::vector<proto::ExecutionPlan> TwoStages(bool separate) {
   std::vector<proto::ExecutionPlan> plans(2);
   for (int r = 0; r < 2; ++r) {
     proto::ExecutionPlan& p = plans[r];
-    p.set_schema_version(kPlanSchemaVersion);
+    p.set_schema_version(plan::kPlanSchemaVersion);
     p.set_job_id("j");
     p.set_iteration(1);
     p.set_rank(r);
@@ -155,7 +156,7 @@ std::vector<proto::ExecutionPlan> TwoStages(bool separate) {
     b.mutable_instructions(b.instructions_size() - 1)->mutable_free_buffer()->add_buffer_ids(1 + 2 * m);
   }
   add(b, -1)->mutable_optimizer_step();
-  for (auto& p : plans) SealPlan(&p);
+  for (auto& p : plans) plan::SealPlan(&p);
   return plans;
 }
 

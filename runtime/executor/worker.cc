@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "planner/plan/validate.h"
+#include "src/plan/plan_seal.h"
 #include "runtime/model/batch.h"
 #include "runtime/optim/adamw.h"
 #include "src/common/logging.h"
@@ -193,7 +193,7 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   it.iteration = plan.iteration();
   it.start = Clock::now();
   it.loss_scale = 1.0f / static_cast<float>(plan.global_loss_tokens());
-  if (plan.num_buffer_slots() < 0 || plan.num_buffer_slots() > planner::kMaxBufferSlots) {
+  if (plan.num_buffer_slots() < 0 || plan.num_buffer_slots() > plan::kMaxBufferSlots) {
     return absl::InvalidArgumentError(absl::StrCat("iteration ", plan.iteration(), ": plan asks for ",
                                                    plan.num_buffer_slots(), " buffer slots"));
   }

@@ -5,8 +5,8 @@
 #include <memory>
 #include <thread>
 
-#include "planner/plan/instructions.h"
 #include "src/common/mutex.h"
+#include "src/plan/plan_seal.h"
 #include "src/store/memory_plan_store.h"
 #include "src/store/redis_plan_store.h"
 #include "src/testing/redis_server.h"
@@ -16,14 +16,14 @@ namespace {
 
 proto::ExecutionPlan MakePlan(const std::string& job, int rank, int64_t iteration) {
   proto::ExecutionPlan p;
-  p.set_schema_version(planner::kPlanSchemaVersion);
+  p.set_schema_version(plan::kPlanSchemaVersion);
   p.set_job_id(job);
   p.set_iteration(iteration);
   p.set_rank(rank);
   p.set_pp_size(2);
   p.set_dp_size(1);
   p.add_instructions()->mutable_optimizer_step();
-  planner::SealPlan(&p);
+  plan::SealPlan(&p);
   return p;
 }
 

@@ -6,8 +6,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "planner/plan/instructions.h"
 #include "src/common/status_macros.h"
+#include "src/plan/plan_seal.h"
 
 namespace dynapipe::store {
 namespace {
@@ -146,7 +146,7 @@ absl::StatusOr<int64_t> ParseInt(const RedisReply& r, int64_t fallback) {
 absl::StatusOr<proto::ExecutionPlan> DecodePlan(const std::string& bytes, const std::string& what) {
   proto::ExecutionPlan plan;
   if (!plan.ParseFromString(bytes)) return absl::DataLossError(absl::StrCat(what, ": stored bytes do not parse as a plan"));
-  if (plan.checksum() == 0 || plan.checksum() != planner::PlanChecksum(plan)) {
+  if (plan.checksum() == 0 || plan.checksum() != plan::PlanChecksum(plan)) {
     return absl::DataLossError(absl::StrCat(what, ": checksum mismatch (corrupt or truncated plan)"));
   }
   return plan;
