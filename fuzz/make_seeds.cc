@@ -32,6 +32,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/data/synth.h"
 #include "src/common/file_util.h"
+#include "src/plan/plan_seal.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
 
@@ -324,7 +325,7 @@ absl::Status PlanSeeds(const Dirs& d) {
     proto::ExecutionPlan p;
     if (!p.ParseFromString(one.plans(0))) return absl::InternalError("pp1-packing: plan does not parse");
     r.edit(&p);
-    planner::SealPlan(&p);
+    plan::SealPlan(&p);
     PlanSet set;
     set.add_plans(p.SerializeAsString());
     RETURN_IF_ERROR(Put(d, "plan", absl::StrCat("regress-", r.name, ".bin"), set.SerializeAsString()));

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "fuzz/plan_set.pb.h"
-#include "planner/plan/instructions.h"
 #include "planner/plan/validate.h"
 #include "proto/plan.pb.h"
 #include "runtime/executor/plan_prefetcher.h"
+#include "src/plan/plan_seal.h"
 #include "src/store/plan_store.h"
 
 namespace {
@@ -34,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)store::DecodePlan(set.plans(i), "plan " + std::to_string(i));
     proto::ExecutionPlan plan;
     if (!plan.ParseFromString(set.plans(i))) continue;
-    planner::SealPlan(&plan);
+    plan::SealPlan(&plan);
     resealed.push_back(std::move(plan));
   }
   if (set.plans_size() > 0) {
