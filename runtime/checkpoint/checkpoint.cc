@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -300,27 +301,12 @@ absl::Status WriteShard(absl::string_view dir, const ShardRef& shard, const std:
   return out->Commit();
 }
 
-absl::StatusOr<ShardInfo> ReadShardInfo(absl::string_view dir, int64_t iteration, int rank) {
-  const std::string path = ShardPath(dir, iteration, rank);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint shard ", path, " not found"));
-    return absl::UnavailableError(absl::StrCat("open ", path, ": ", std::strerror(err)));
-  }
-  ShardReader reader(path, fd);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return absl::UnavailableError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return reader.DataLoss("not a regular file");
-  ASSIGN_OR_RETURN(const proto::CheckpointHeader header, ReadHeader(reader, static_cast<uint64_t>(st.st_size)));
-  if (header.iteration() != iteration || header.rank() != rank) {
-    return reader.DataLoss(absl::StrCat("holds iteration ", header.iteration(), " rank ", header.rank(),
-                                        ", not what its path says"));
-  }
-  return InfoOf(header);
-}
+namespace {
 
-absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int rank) {
+// Shard (iteration, rank) of `dir`, opened for reading: NOT_FOUND if absent,
+// DATA_LOSS if not a regular file; `*size` is its size.
+absl::StatusOr<std::unique_ptr<ShardReader>> OpenShard(absl::string_view dir, int64_t iteration, int rank,
+                                                       uint64_t* size) {
   const std::string path = ShardPath(dir, iteration, rank);
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -329,12 +315,38 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("checkpoint shard ", path, " not found"));
     return absl::UnavailableError(absl::StrCat("open ", path, ": ", std::strerror(err)));
   }
-  ShardReader reader(path, fd);
+  auto reader = std::make_unique<ShardReader>(path, fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) return absl::UnavailableError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return reader.DataLoss("not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (!S_ISREG(st.st_mode)) return reader->DataLoss("not a regular file");
+  *size = static_cast<uint64_t>(st.st_size);
+  return reader;
+}
 
+// DATA_LOSS unless `header` is of the shard its path names.
+absl::Status CheckPlace(const ShardReader& reader, const proto::CheckpointHeader& header, int64_t iteration,
+                        int rank) {
+  if (header.iteration() != iteration || header.rank() != rank) {
+    return reader.DataLoss(absl::StrCat("holds iteration ", header.iteration(), " rank ", header.rank(),
+                                        ", not what its path says"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ShardInfo> ReadShardInfo(absl::string_view dir, int64_t iteration, int rank) {
+  uint64_t file_size = 0;
+  ASSIGN_OR_RETURN(const std::unique_ptr<ShardReader> reader, OpenShard(dir, iteration, rank, &file_size));
+  ASSIGN_OR_RETURN(const proto::CheckpointHeader header, ReadHeader(*reader, file_size));
+  RETURN_IF_ERROR(CheckPlace(*reader, header, iteration, rank));
+  return InfoOf(header);
+}
+
+absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int rank) {
+  uint64_t file_size = 0;
+  ASSIGN_OR_RETURN(const std::unique_ptr<ShardReader> opened, OpenShard(dir, iteration, rank, &file_size));
+  ShardReader& reader = *opened;
   ASSIGN_OR_RETURN(const proto::CheckpointHeader header, ReadHeader(reader, file_size));
   const uint64_t header_end = reader.offset();
   const uint64_t data_start = (header_end + kAlign - 1) / kAlign * kAlign;
@@ -347,10 +359,7 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
     return reader.DataLoss(absl::StrCat(file_size < expected ? "truncated" : "trailing bytes", ": ", file_size,
                                         " bytes, the header describes ", expected));
   }
-  if (header.iteration() != iteration || header.rank() != rank) {
-    return reader.DataLoss(absl::StrCat("holds iteration ", header.iteration(), " rank ", header.rank(),
-                                        ", not what its path says"));
-  }
+  RETURN_IF_ERROR(CheckPlace(reader, header, iteration, rank));
   // A name listed twice would let one tensor's values silently replace another's.
   for (const auto* list : {&header.params(), &header.adam_m(), &header.adam_v()}) {
     std::set<absl::string_view> names;
