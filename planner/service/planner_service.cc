@@ -152,11 +152,11 @@ absl::StatusOr<PlannerService::StartPoint> PlannerService::StartOf(const proto::
   const int world = spec.parallelism().pp() * spec.parallelism().dp();
   ASSIGN_OR_RETURN(const std::string on_disk, Annotate(ConfinedPath(options_.data_root, dir), "checkpoint.dir"));
   // Any shard at all: something a run from iteration 0 would overwrite.
-  ASSIGN_OR_RETURN(const int64_t any, checkpoint_layout::NewestShardOnDisk(on_disk));
+  ASSIGN_OR_RETURN(const checkpoint_layout::ShardMap shards, checkpoint_layout::ShardsOnDisk(on_disk));
   if (!spec.checkpoint().resume()) {
-    if (any < 0) return start;
+    if (shards.empty()) return start;
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir: ", dir, " already holds checkpoints (iteration ", any,
+        "checkpoint.dir: ", dir, " already holds checkpoints (iteration ", shards.rbegin()->first,
         "); set checkpoint.resume to continue from them, or choose an empty directory"));
   }
   // Resuming: after the latest checkpoint every rank completed, as the ranks'
@@ -165,14 +165,13 @@ absl::StatusOr<PlannerService::StartPoint> PlannerService::StartOf(const proto::
   ASSIGN_OR_RETURN(int64_t latest, store_->LatestCheckpoint(dir));
   start.source = "recorded in the store";
   if (latest < 0) {
-    ASSIGN_OR_RETURN(latest, checkpoint_layout::LatestCompleteOnDisk(on_disk, world));
+    latest = checkpoint_layout::LatestComplete(shards, world);
     start.source = "found on disk";
   }
-  if (latest < 0 && any >= 0) {
+  if (latest < 0 && !shards.empty()) {
     // No complete checkpoint, but shards: debris of this very job (a run that
     // died while writing its first checkpoint) is started over; anything
     // else would be overwritten, so it is refused.
-    ASSIGN_OR_RETURN(const auto shards, checkpoint_layout::ShardsOnDisk(on_disk));
     const uint64_t fingerprint = runtime::checkpoint::JobFingerprint(spec);
     for (const auto& [iteration, ranks] : shards) {
       for (const int rank : ranks) {

@@ -49,10 +49,10 @@ std::string ShardPath(absl::string_view dir, int64_t iteration, int rank) {
   return absl::StrFormat("%s/iter-%08d/rank-%05d.ckpt", dir, iteration, rank);
 }
 
-absl::StatusOr<std::map<int64_t, std::set<int>>> ShardsOnDisk(absl::string_view dir) {
+absl::StatusOr<ShardMap> ShardsOnDisk(absl::string_view dir) {
   const std::filesystem::path root(std::string{dir});
   std::error_code ec;
-  std::map<int64_t, std::set<int>> out;
+  ShardMap out;
   std::vector<std::pair<int64_t, std::filesystem::path>> iterations;
   std::filesystem::directory_iterator it(root, ec);
   if (ec == std::errc::no_such_file_or_directory) return out;
@@ -82,9 +82,7 @@ absl::StatusOr<std::map<int64_t, std::set<int>>> ShardsOnDisk(absl::string_view 
   return out;
 }
 
-absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world) {
-  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("world: ", world, " must be positive"));
-  ASSIGN_OR_RETURN(const auto shards, ShardsOnDisk(dir));
+int64_t LatestComplete(const ShardMap& shards, int world) {
   for (auto it = shards.rbegin(); it != shards.rend(); ++it) {
     const std::set<int>& ranks = it->second;
     // Ranks 0..world-1 all there (ranks are non-negative and sorted).
@@ -95,9 +93,10 @@ absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world) {
   return -1;
 }
 
-absl::StatusOr<int64_t> NewestShardOnDisk(absl::string_view dir) {
-  ASSIGN_OR_RETURN(const auto shards, ShardsOnDisk(dir));
-  return shards.empty() ? -1 : shards.rbegin()->first;
+absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world) {
+  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("world: ", world, " must be positive"));
+  ASSIGN_OR_RETURN(const ShardMap shards, ShardsOnDisk(dir));
+  return LatestComplete(shards, world);
 }
 
 }  // namespace dynapipe::checkpoint_layout

@@ -23,11 +23,12 @@ std::string ShardPath(absl::string_view dir, int64_t iteration, int rank);
 // Looks at names only: reading a shard may still find it corrupt.
 absl::StatusOr<int64_t> LatestCompleteOnDisk(absl::string_view dir, int world);
 
-// The highest iteration with a shard file of any rank; -1 if none.
-absl::StatusOr<int64_t> NewestShardOnDisk(absl::string_view dir);
-
 // Every shard file's (iteration, rank), by name: iteration -> ranks. Empty
 // if `dir` is missing.
-absl::StatusOr<std::map<int64_t, std::set<int>>> ShardsOnDisk(absl::string_view dir);
+using ShardMap = std::map<int64_t, std::set<int>>;
+absl::StatusOr<ShardMap> ShardsOnDisk(absl::string_view dir);
+
+// LatestCompleteOnDisk over a listing already made (world >= 1).
+int64_t LatestComplete(const ShardMap& shards, int world);
 
 }  // namespace dynapipe::checkpoint_layout
