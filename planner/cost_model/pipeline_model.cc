@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/checkpoint_layout.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::planner {
@@ -88,7 +89,7 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
   const double w = memory.weight_bytes;
   const double master = w < 4 ? 4 : 0;
   const double per_param = w + 4 + master + 8.0 / (memory.zero1 ? std::max(1, memory.dp) : 1) +
-                           (memory.checkpoint_copy ? 12 : 0);
+                           (memory.checkpoint_copy ? checkpoint_layout::kCopyBytesPerParam : 0);
   pm.static_mb_.assign(num_devices, 0);
   pm.grad_mb_.assign(num_devices, 0);
   const LayerCostModel& lc = *pm.cost_;

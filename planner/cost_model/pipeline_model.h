@@ -47,8 +47,9 @@ struct MemoryOptions {
   int dp = 1;               // data-parallel degree (ZeRO-1 shards over it)
   bool zero1 = false;
   int weight_bytes = 2;     // bytes per parameter of the compute copy
-  // A checkpoint's host copy of parameters and both moments (12 bytes per
-  // parameter) is counted as device memory (CPU devices: PlannerConfig).
+  // A checkpoint's host copy of parameters and both moments
+  // (checkpoint_layout::kCopyBytesPerParam) is counted as device memory (CPU
+  // devices: PlannerConfig).
   bool checkpoint_copy = false;
 };
 

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/checkpoint_layout.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::runtime::executor {
@@ -57,7 +58,9 @@ absl::Status Checkpointer::Begin(int64_t iteration, Worker& worker, std::functio
   w->shard.optimizer_step = worker.optimizer_step();
   w->states.resize(worker.chunks().size());
   size_t bytes = 0;  // the copy: parameters and both moments, fp32
-  for (const auto& chunk : worker.chunks()) bytes += 3 * sizeof(float) * chunk->layout().num_params();
+  for (const auto& chunk : worker.chunks()) {
+    bytes += size_t{checkpoint_layout::kCopyBytesPerParam} * chunk->layout().num_params();
+  }
   try {
     for (size_t c = 0; c < worker.chunks().size(); ++c) {
       RETURN_IF_ERROR(worker.chunks()[c]->ExportState(&w->states[c]));

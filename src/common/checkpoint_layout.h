@@ -15,6 +15,12 @@
 
 namespace dynapipe::checkpoint_layout {
 
+// Host memory a checkpoint's in-memory copy takes per parameter while its
+// shard is written: the parameters and both Adam moments, fp32. The
+// executor's checkpointer makes the copy; the planner's memory model counts it
+// on CPU devices, where it shares the rank's memory.
+inline constexpr int kCopyBytesPerParam = 3 * sizeof(float);
+
 // {dir}/iter-{iteration:08d}/rank-{rank:05d}.ckpt
 std::string ShardPath(absl::string_view dir, int64_t iteration, int rank);
 
