@@ -20,6 +20,10 @@ _NVCC_FLAGS = " ".join([
     "-gencode arch=compute_90,code=compute_90",
 ])
 
+# Every .cu file may turn CUDA errors into absl::Status (runtime/device).
+_DEVICE_HDR = "//runtime/device:cuda_status.h"
+_DEVICE_LIB = "//runtime/device:cuda_status"
+
 CUDA_ONLY = select({
     "//bazel:cuda_enabled": [],
     "//conditions:default": ["//bazel:incompatible"],
@@ -35,7 +39,7 @@ def dynapipe_cuda_library(name, srcs, hdrs = [], deps = [], nvcc_hdrs = [], visi
         obj = src[:-len(".cu")] + ".cu.o"
         native.genrule(
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
-            srcs = [src] + hdrs + nvcc_hdrs,
+            srcs = [src] + hdrs + nvcc_hdrs + [_DEVICE_HDR],
             outs = [obj],
             cmd = "%s %s -I. -I$(GENDIR) $(location %s) -o $@" % (_NVCC, _NVCC_FLAGS, src),
             message = "nvcc " + src,
@@ -46,7 +50,7 @@ def dynapipe_cuda_library(name, srcs, hdrs = [], deps = [], nvcc_hdrs = [], visi
         name = name,
         srcs = objs,
         hdrs = hdrs,
-        deps = deps + ["//bazel:cuda_runtime"],
+        deps = deps + ["//bazel:cuda_runtime", _DEVICE_LIB],
         linkstatic = True,
         target_compatible_with = CUDA_ONLY,
         visibility = visibility,

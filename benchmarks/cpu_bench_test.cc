@@ -13,8 +13,8 @@
 #include "benchmarks/plan_dump.h"
 #include "benchmarks/train_on_dump.h"
 #include "runtime/backend/backend.h"
-#include "runtime/data/synth.h"
-#include "runtime/executor/local_run.h"
+#include "src/data/synth.h"
+#include "cli/local_run.h"
 #include "src/common/proto_io.h"
 #include "src/testing/shell.h"
 #include "src/testing/temp_dir.h"
@@ -26,17 +26,17 @@ using runtime::model::AttentionKernel;
 
 // 160 synthetic samples of 6..60 tokens; vocabulary 16 (alphabet 8).
 std::string MakeDataset(const std::string& root) {
-  runtime::data::SynthOptions o;
+  data::SynthOptions o;
   o.alphabet = 8;
   std::mt19937 rng(5);
-  std::vector<planner::RawLength> lengths;
+  std::vector<data::RawLength> lengths;
   for (int i = 0; i < 160; ++i) {
     lengths.push_back({4 + static_cast<int64_t>(rng() % 50), 2 + static_cast<int64_t>(rng() % 8)});
   }
   const std::string dir = root + "/data";
-  auto w = runtime::data::DatasetWriter::Create(dir, runtime::data::SynthInfo(o));
+  auto w = data::DatasetWriter::Create(dir, data::SynthInfo(o));
   REQUIRE(w.ok());
-  REQUIRE(runtime::data::Synthesize(lengths, o, w->get()).ok());
+  REQUIRE(data::Synthesize(lengths, o, w->get()).ok());
   REQUIRE((*w)->Finish().ok());
   return "data";
 }
@@ -136,7 +136,7 @@ TEST_CASE("dump -> our training reproduces the executor; ops time; PyTorch agree
     // The executor (worker + planner, one rank, the job's varlen kernel) and
     // our replay must agree bit for bit; the materialized kernel computes the
     // same function (to rounding).
-    auto run = runtime::executor::RunLocal(spec, root, kIterations);
+    auto run = cli::RunLocal(spec, root, kIterations);
     REQUIRE(run.ok());
     auto backend = runtime::CreateBackend({});
     REQUIRE(backend.ok());
@@ -207,7 +207,7 @@ TEST_CASE("The GPU benchmark's driver runs end to end (both sides on the CPU)", 
   // The bundle's layout: bin/ with the three programs, a small model.
   const std::string root = testing::FreshTempDir("gpu_vs_torch");
   const std::string rf = testing::Runfiles();
-  REQUIRE(testing::RunShell(absl::StrCat("mkdir -p ", root, "/bin && ln -s ", rf, "/src/cli/dynapipe ", rf,
+  REQUIRE(testing::RunShell(absl::StrCat("mkdir -p ", root, "/bin && ln -s ", rf, "/cli/dynapipe ", rf,
                                          "/benchmarks/dump_batches ", rf, "/benchmarks/cpu_bench ", root, "/bin/ && ",
                                          "sed -e 's/num_layers: 24/num_layers: 2/; s/hidden: 1024/hidden: 32/; "
                                          "s/heads: 16/heads: 2/; s/ffn: 4096/ffn: 64/; s/vocab: 50304/vocab: 64/; "

@@ -63,7 +63,7 @@ def prepare(args):
     """Builds, makes the data and the dumps; returns the binaries' folder."""
     if not args.no_build:
         run(["bazel", "build", "--config=release", "//benchmarks:dump_batches", "//benchmarks:cpu_bench",
-             "//src/cli:dynapipe"], capture=False)
+             "//cli:dynapipe"], capture=False)
     bindir = run(["bazel", "info", "--config=release", "bazel-bin"]).strip()
     job = open(os.path.join(ROOT, args.job)).read()
     m = re.search(r'dataset\s*{\s*path:\s*"([^"]+)"', job)
@@ -76,7 +76,7 @@ def prepare(args):
         more = synth.group(2) if synth.group(1).rstrip().endswith("\\") else ""
         words = (synth.group(1) + " " + (more or "")).replace("\\", " ").split()
         words = [os.path.join(args.data_root, w) if w.startswith("data/") else w for w in words]
-        run([os.path.join(bindir, "src/cli/dynapipe"), "data", "synth"] + words, capture=False)
+        run([os.path.join(bindir, "cli/dynapipe"), "data", "synth"] + words, capture=False)
     os.makedirs(os.path.join(ROOT, args.out), exist_ok=True)
     for method in sorted({c[1] for c in CONFIGS if c[0] in args.methods}):
         prefix = os.path.join(args.out, method)

@@ -8,7 +8,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/backend/cpu/ops.h"
+#include "runtime/kernels/cpu/ops.h"
 #include "src/common/stats.h"
 #include "src/common/status_macros.h"
 

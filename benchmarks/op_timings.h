@@ -1,6 +1,6 @@
 #pragma once
 
-// Our CPU kernels (runtime/backend/cpu/ops.h, AdamW of runtime/optim) timed
+// Our CPU kernels (runtime/kernels/cpu/ops.h, AdamW of runtime/optim) timed
 // one by one on the shapes of a dump's micro-batches: each op is called once
 // per micro-batch of the chosen iterations (one layer's worth), on random
 // data of those shapes; a pass sums the calls' time. One untimed pass warms

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "planner/service/job_runtime.h"
-#include "runtime/data/dataset.h"
+#include "src/data/dataset.h"
 #include "runtime/model/batch.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
@@ -36,7 +36,7 @@ absl::StatusOr<BatchDump> DumpPlans(const proto::JobSpec& job, const std::string
   }
   const proto::JobSpec& s = rt->spec;  // normalised
   ASSIGN_OR_RETURN(const std::string dataset_path, ConfinedPath(data_root, s.dataset().path()));
-  ASSIGN_OR_RETURN(std::unique_ptr<runtime::data::Dataset> dataset, runtime::data::Dataset::Open(dataset_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(dataset_path));
   BatchDump d;
   d.job_name = s.name();
   d.method = proto::BatchingSpec::Method_Name(s.batching().method());

@@ -24,7 +24,7 @@ cd "$tmp"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export DYNAPIPE_BIN="$repo" DYNAPIPE_RUN_DIR="$tmp/cluster" DYNAPIPE_DATA_ROOT="$tmp" OPENBLAS_NUM_THREADS=1
 export DYNAPIPE_REDIS_PORT=$(free_port) DYNAPIPE_PLANNER_PORT=$(free_port) DYNAPIPE_HTTP_PORT=$(free_port)
-cli="$repo/src/cli/dynapipe"
+cli="$repo/cli/dynapipe"
 timeout 60 "$cli" data synth --out data/quickstart --lengths "$repo/tests/data/flan-like-lengths.txt" --samples 2000 \
   --input-scale 0.125 --alphabet 8 --seed 1 > synth.log
 sed 's/^iterations: 600$/iterations: 120/' "$repo/configs/jobs/quickstart.pbtxt" > job.pbtxt

@@ -20,15 +20,15 @@ job_file="configs/jobs/quickstart.pbtxt"
 bash deploy/setup.sh
 
 echo "quickstart: building (first build takes several minutes)"
-bazel build --config=release //src/cli:dynapipe //planner/service:dynapipe-planner \
+bazel build --config=release //cli:dynapipe //planner/service:dynapipe-planner \
   //runtime/executor:dynapipe-executor
 # Copy the binaries: bazel-bin follows whatever configuration builds next.
 bin="$out/bin"
-mkdir -p "$bin/src/cli" "$bin/planner/service" "$bin/runtime/executor"
-cp -f bazel-bin/src/cli/dynapipe "$bin/src/cli/"
+mkdir -p "$bin/cli" "$bin/planner/service" "$bin/runtime/executor"
+cp -f bazel-bin/cli/dynapipe "$bin/cli/"
 cp -f bazel-bin/planner/service/dynapipe-planner "$bin/planner/service/"
 cp -f bazel-bin/runtime/executor/dynapipe-executor "$bin/runtime/executor/"
-dynapipe="$bin/src/cli/dynapipe"
+dynapipe="$bin/cli/dynapipe"
 
 if [ ! -f data/quickstart/dataset.pbtxt ]; then
   "$dynapipe" data synth --out data/quickstart --lengths tests/data/flan-like-lengths.txt --samples 20000 \

@@ -89,7 +89,7 @@ TEST_CASE("The Slurm script runs a job with a password-protected Redis on the he
   fs::create_directories(fake_bin);
   WriteExecutable(fake_bin + "/scontrol", kScontrol);
   WriteExecutable(fake_bin + "/srun", kSrun);
-  const std::string cli = Runfiles() + "/src/cli/dynapipe";
+  const std::string cli = Runfiles() + "/cli/dynapipe";
   const std::string lengths = Runfiles() + "/tests/data/flan-like-lengths.txt";
   const Output synth = Shell("cd '" + work + "' && '" + cli + "' data synth --out data/ds --lengths '" + lengths +
                              "' --samples 300 --input-scale 0.125 --alphabet 8 --seed 1");

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project: installs what is missing (deploy/setup.sh),
 # builds all targets (CUDA objects included where the toolkit exists), runs
-# every test, then fuzzes each parser briefly (deploy/fuzz.sh, clang in its
+# every test, checks the structure (dependencies only point down the layers of
+# bazel/layers.bzl; no file or function over its size limit), then fuzzes each parser briefly (deploy/fuzz.sh, clang in its
 # own output base), and ends with "tests: N passed, M failed[, K skipped]"
 # counting Catch2 test cases and one case per fuzz harness. Exit status 0
 # only when nothing failed.
@@ -17,18 +18,34 @@ bash deploy/setup.sh || { echo "tests: 0 passed, 1 failed (setup failed)"; exit 
 
 events="$(mktemp -t dynapipe-bep.XXXXXX.json)"
 fuzz_results="$(mktemp -t dynapipe-fuzz.XXXXXX.txt)"
-trap 'rm -f "$events" "$fuzz_results"' EXIT
+check_results="$(mktemp -t dynapipe-checks.XXXXXX.txt)"
+trap 'rm -f "$events" "$fuzz_results" "$check_results"' EXIT
 
 echo "test: building and testing //... (first build takes several minutes)"
 bazel test //... --keep_going --build_event_json_file="$events" "$@"
 bazel_rc=$?
+
+# One "<name> passed|failed <why>" line per structure check.
+check() {
+  local name="$1"; shift
+  local out
+  if out="$("$@" 2>&1)"; then
+    echo "$name passed" >> "$check_results"
+  else
+    echo "$out" | sed "s/^/check $name: /"
+    echo "$name failed $(echo "$out" | tail -1)" >> "$check_results"
+  fi
+}
+echo "test: checking the layering (tools/check_layers.py) and code size (tools/code_size.py)"
+check layering python3 tools/check_layers.py --self-test
+check code_size bash tools/code_size.sh
 
 if [ "${DYNAPIPE_FUZZ:-1}" != 0 ]; then
   echo "test: fuzzing the parsers (deploy/fuzz.sh)"
   bash deploy/fuzz.sh --results "$fuzz_results"
 fi
 
-python3 deploy/test_summary.py "$events" --fuzz "$fuzz_results"
+python3 deploy/test_summary.py "$events" --fuzz "$fuzz_results" --checks "$check_results"
 summary_rc=$?
 
 if [ $bazel_rc -ne 0 ] && [ $summary_rc -eq 0 ]; then

@@ -4,7 +4,8 @@
 Prints failing targets, then one line "tests: N passed, M failed[, K skipped]".
 A test target that failed to build, crashed or timed out without a Catch2
 summary counts as one failed case. With --fuzz FILE (deploy/fuzz.sh
---results), each fuzz harness counts as one case too. Exit status 1 if
+--results), each fuzz harness counts as one case too, and with --checks FILE
+each structure check of deploy/test.sh (layering, code size). Exit status 1 if
 anything failed.
 
     test_summary.py EVENTS.json [--fuzz RESULTS.txt]
@@ -38,9 +39,10 @@ def count_log(text):
     return None
 
 
-def count_fuzz(path):
-    """(passed, failed, failure lines) from deploy/fuzz.sh's results file:
-    one "<harness> passed|failed <detail>" line per harness."""
+def count_results(path, kind):
+    """(passed, failed, failure lines) from a results file of one
+    "<name> passed|failed <detail>" line per case: deploy/fuzz.sh's harnesses
+    (kind "fuzz") or deploy/test.sh's structure checks (kind "check")."""
     passed = failed = 0
     failures = []
     try:
@@ -55,11 +57,11 @@ def count_fuzz(path):
             passed += 1
         elif name:
             failed += 1
-            failures.append(f"fuzz {name}: {detail}")
+            failures.append(f"{kind} {name}: {detail}")
     return passed, failed, failures
 
 
-def main(path, fuzz_path=None):
+def main(path, fuzz_path=None, checks_path=None):
     results = {}  # label -> (status, log path)
     build_failed = set()
     tests_seen = set()
@@ -116,11 +118,12 @@ def main(path, fuzz_path=None):
         failed += fl
         skipped += s
 
-    if fuzz_path:
-        p, fl, lines = count_fuzz(fuzz_path)
-        passed += p
-        failed += fl
-        failures.extend(lines)
+    for extra, kind in ((fuzz_path, "fuzz"), (checks_path, "check")):
+        if extra:
+            p, fl, lines = count_results(extra, kind)
+            passed += p
+            failed += fl
+            failures.extend(lines)
 
     for line in failures:
         print("FAILED " + line)
@@ -131,11 +134,12 @@ def main(path, fuzz_path=None):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    fuzz = None
-    if "--fuzz" in args:
-        i = args.index("--fuzz")
-        fuzz = args[i + 1] if i + 1 < len(args) else None
-        del args[i:i + 2]
+    files = {}
+    for flag in ("--fuzz", "--checks"):
+        if flag in args:
+            i = args.index(flag)
+            files[flag] = args[i + 1] if i + 1 < len(args) else None
+            del args[i:i + 2]
     if len(args) != 1:
-        sys.exit("usage: test_summary.py EVENTS.json [--fuzz RESULTS.txt]")
-    sys.exit(main(args[0], fuzz))
+        sys.exit("usage: test_summary.py EVENTS.json [--fuzz RESULTS.txt] [--checks RESULTS.txt]")
+    sys.exit(main(args[0], files.get("--fuzz"), files.get("--checks")))

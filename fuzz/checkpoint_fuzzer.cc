@@ -10,7 +10,7 @@
 
 #include "absl/strings/string_view.h"
 #include "fuzz/scratch_dir.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 
 namespace {
 constexpr int64_t kIteration = 3;
@@ -20,18 +20,18 @@ constexpr int kRank = 1;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dynapipe;
   static const std::string path = [] {
-    const std::string p = runtime::checkpoint::ShardPath(fuzz::ScratchDir(), kIteration, kRank);
+    const std::string p = checkpoint::ShardPath(fuzz::ScratchDir(), kIteration, kRank);
     std::filesystem::create_directories(std::filesystem::path(p).parent_path());
     return p;
   }();
   fuzz::WriteScratchFile(path, absl::string_view(reinterpret_cast<const char*>(data), size));
-  const auto shard = runtime::checkpoint::ReadShard(fuzz::ScratchDir(), kIteration, kRank);
+  const auto shard = checkpoint::ReadShard(fuzz::ScratchDir(), kIteration, kRank);
   if (!shard.ok()) return 0;
-  runtime::checkpoint::ShardInfo want;
+  checkpoint::ShardInfo want;
   want.iteration = kIteration;
   want.rank = kRank;
   want.world = 2;
   want.pp_rank = 1;
-  (void)runtime::checkpoint::CheckSameJob(want, *shard);
+  (void)checkpoint::CheckSameJob(want, *shard);
   return 0;
 }

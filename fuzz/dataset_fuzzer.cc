@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "fuzz/dataset_input.h"
 #include "fuzz/scratch_dir.h"
-#include "runtime/data/dataset.h"
+#include "src/data/dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dynapipe;
@@ -23,13 +23,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::WriteScratchFile(dir + "/index.bin", files.index);
   fuzz::WriteScratchFile(dir + "/tokens.bin", files.tokens);
 
-  auto dataset = runtime::data::Dataset::Open(dir);
+  auto dataset = data::Dataset::Open(dir);
   if (!dataset.ok()) return 0;
-  const runtime::data::Dataset& d = **dataset;
+  const data::Dataset& d = **dataset;
   (void)d.Lengths();
   uint64_t sum = 0;
   for (uint64_t i = 0; i < d.size(); ++i) {
-    const runtime::data::SampleView s = d.sample(i);
+    const data::SampleView s = d.sample(i);
     for (uint32_t t : s.input) sum += t;
     for (uint32_t t : s.target) sum += t;
   }

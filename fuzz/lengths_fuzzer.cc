@@ -12,13 +12,13 @@
 #include "absl/strings/string_view.h"
 #include "fuzz/scratch_dir.h"
 #include "planner/partition/global_batches.h"
-#include "runtime/data/dataset.h"
+#include "src/data/dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dynapipe;
   static const std::string path = fuzz::ScratchDir() + "/lengths.txt";
   fuzz::WriteScratchFile(path, absl::string_view(reinterpret_cast<const char*>(data), size));
-  const auto raw = runtime::data::ReadLengths(path, /*indexed=*/false);
+  const auto raw = data::ReadLengths(path, /*indexed=*/false);
   if (!raw.ok()) return 0;
   for (const bool encoder_decoder : {false, true}) {
     std::vector<planner::Sample> samples;

@@ -28,9 +28,9 @@
 #include "planner/plan/instructions.h"
 #include "planner/service/job_runtime.h"
 #include "proto/job.pb.h"
-#include "runtime/checkpoint/checkpoint.h"
-#include "runtime/data/dataset.h"
-#include "runtime/data/synth.h"
+#include "src/checkpoint/checkpoint.h"
+#include "src/data/dataset.h"
+#include "src/data/synth.h"
 #include "src/common/file_util.h"
 #include "src/plan/plan_seal.h"
 #include "src/common/proto_io.h"
@@ -161,12 +161,12 @@ absl::Status LengthsSeeds(const Dirs& d) {
 
 // ---- dataset: dataset directories --------------------------------------------
 
-absl::StatusOr<DatasetFiles> Synth(const std::string& dir, std::vector<planner::RawLength> lengths, uint64_t seed) {
-  runtime::data::SynthOptions o;
+absl::StatusOr<DatasetFiles> Synth(const std::string& dir, std::vector<data::RawLength> lengths, uint64_t seed) {
+  data::SynthOptions o;
   o.seed = seed;
   o.alphabet = 8;
-  ASSIGN_OR_RETURN(auto writer, runtime::data::DatasetWriter::Create(dir, runtime::data::SynthInfo(o)));
-  RETURN_IF_ERROR(runtime::data::Synthesize(lengths, o, writer.get()));
+  ASSIGN_OR_RETURN(auto writer, data::DatasetWriter::Create(dir, data::SynthInfo(o)));
+  RETURN_IF_ERROR(data::Synthesize(lengths, o, writer.get()));
   RETURN_IF_ERROR(writer->Finish());
   DatasetFiles f;
   ASSIGN_OR_RETURN(f.info, ReadFile(dir + "/dataset.pbtxt"));
@@ -209,7 +209,7 @@ constexpr int64_t kShardIteration = 3;
 constexpr int kShardRank = 1;
 
 absl::StatusOr<std::string> Shard(const std::string& dir, int rank, const std::vector<std::vector<float>>& tensors) {
-  runtime::checkpoint::ShardRef s;
+  checkpoint::ShardRef s;
   s.iteration = kShardIteration;
   s.rank = rank;
   s.world = 2;
@@ -222,8 +222,8 @@ absl::StatusOr<std::string> Shard(const std::string& dir, int rank, const std::v
     s.adam_m.push_back({absl::StrCat("layer", i, ".w"), data});
     s.adam_v.push_back({absl::StrCat("layer", i, ".w"), data});
   }
-  RETURN_IF_ERROR(runtime::checkpoint::WriteShard(dir, s));
-  return ReadFile(runtime::checkpoint::ShardPath(dir, kShardIteration, rank));
+  RETURN_IF_ERROR(checkpoint::WriteShard(dir, s));
+  return ReadFile(checkpoint::ShardPath(dir, kShardIteration, rank));
 }
 
 absl::Status CheckpointSeeds(const Dirs& d) {

@@ -19,8 +19,8 @@ namespace dynapipe::planner {
 namespace {
 
 std::vector<Sample> LoadFlan(int max_seq) {
-  static const std::vector<RawLength> raw = [] {
-    std::vector<RawLength> out;
+  static const std::vector<data::RawLength> raw = [] {
+    std::vector<data::RawLength> out;
     for (const char* path : {"tests/data/flan-like-lengths.txt", "../tests/data/flan-like-lengths.txt"}) {
       std::ifstream in(path);
       if (!in) continue;
@@ -28,7 +28,7 @@ std::vector<Sample> LoadFlan(int max_seq) {
       while (std::getline(in, line)) {
         if (line.empty() || line[0] == '#') continue;
         std::istringstream ss(line);
-        RawLength r;
+        data::RawLength r;
         ss >> r.input >> r.target;
         out.push_back(r);
       }

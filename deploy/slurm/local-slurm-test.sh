@@ -47,7 +47,7 @@ for tool in slurmctld slurmd sbatch scontrol sinfo squeue scancel munged munge u
   command -v "$tool" > /dev/null || skip "slurm-wlm not installed (apt-get install slurm-wlm munge): no $tool"
 done
 [ "$(id -u)" -eq 0 ] || skip "needs root (slurmd starts jobs as their user)"
-for b in planner/service/dynapipe-planner runtime/executor/dynapipe-executor src/cli/dynapipe; do
+for b in planner/service/dynapipe-planner runtime/executor/dynapipe-executor cli/dynapipe; do
   [ -x "$bin/$b" ] || { say "FAIL: no $bin/$b (build first, or set DYNAPIPE_BIN)"; exit 1; }
 done
 bin="$(cd "$bin" && pwd)"  # the jobs run elsewhere
@@ -251,7 +251,7 @@ done
 up_s=$((SECONDS - start))
 
 # A tiny dataset and job, as deploy/slurm_test uses.
-(cd "$work" && timeout 60 "$bin/src/cli/dynapipe" data synth --out data/ds --lengths "$repo/tests/data/flan-like-lengths.txt" \
+(cd "$work" && timeout 60 "$bin/cli/dynapipe" data synth --out data/ds --lengths "$repo/tests/data/flan-like-lengths.txt" \
   --samples 300 --input-scale 0.125 --alphabet 8 --seed 1) > "$log/data-synth.out" 2>&1 ||
   fail "dynapipe data synth"
 cp "$repo/deploy/slurm/test-job.pbtxt" "$work/job.pbtxt" || fail "no $repo/deploy/slurm/test-job.pbtxt"

@@ -90,16 +90,16 @@ TEST_CASE("Padding pads to the global maximum; packing fills rows; token budget 
 
 TEST_CASE("Global batches close before the sample that would pass the budget") {
   std::vector<Sample> s;
-  for (int i = 0; i < 10; ++i) s.push_back(Truncate(i, RawLength{100, 10}, 2048, false));
+  for (int i = 0; i < 10; ++i) s.push_back(Truncate(i, data::RawLength{100, 10}, 2048, false));
   auto batches = FormGlobalBatches(s, 330, false);
   REQUIRE(batches.size() == 4);  // 3 x 110 = 330 fits exactly
   CHECK(batches[0].size() == 3);
   CHECK(batches[3].size() == 1);
   // Truncation: decoder-only counts input + target, capped at max_seq.
-  const Sample t = Truncate(5, RawLength{3000, 100}, 2048, false);
+  const Sample t = Truncate(5, data::RawLength{3000, 100}, 2048, false);
   CHECK(t.input == 2048);
   CHECK(t.target == 100);
-  const Sample e = Truncate(5, RawLength{3000, 4000}, 2048, true);
+  const Sample e = Truncate(5, data::RawLength{3000, 4000}, 2048, true);
   CHECK(e.input == 2048);
   CHECK(e.target == 2048);
   // One sample over budget still forms its own batch.
@@ -110,13 +110,13 @@ TEST_CASE("Truncation caps lengths near INT64_MAX without overflowing") {
   // A lengths file accepts any int64 ("9223372036854775807 1" came from
   // fuzz/lengths_fuzzer): input + target overflowed and wrapped to 0 tokens.
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  const Sample t = Truncate(0, RawLength{kMax, 1}, 2048, false);
+  const Sample t = Truncate(0, data::RawLength{kMax, 1}, 2048, false);
   CHECK(t.input == 2048);
   CHECK(t.target == 1);
-  const Sample u = Truncate(0, RawLength{1, kMax}, 2048, false);
+  const Sample u = Truncate(0, data::RawLength{1, kMax}, 2048, false);
   CHECK(u.input == 2048);
   CHECK(u.target == 2048);
-  const Sample e = Truncate(0, RawLength{kMax, kMax}, 2048, true);
+  const Sample e = Truncate(0, data::RawLength{kMax, kMax}, 2048, true);
   CHECK(e.input == 2048);
   CHECK(e.target == 2048);
 }

@@ -4,7 +4,7 @@
 
 namespace dynapipe::planner {
 
-Sample Truncate(int64_t id, const RawLength& raw, int max_seq, bool encoder_decoder) {
+Sample Truncate(int64_t id, const data::RawLength& raw, int max_seq, bool encoder_decoder) {
   Sample s;
   s.id = id;
   if (encoder_decoder) {

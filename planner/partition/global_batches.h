@@ -9,17 +9,13 @@
 #include <vector>
 
 #include "planner/partition/batch.h"
+#include "src/data/lengths.h"
 
 namespace dynapipe::planner {
 
-struct RawLength {
-  int64_t input = 0;
-  int64_t target = 0;
-};
-
 // Decoder-only: one sequence of min(input + target, max_seq) tokens, of which
 // min(target, that) are loss tokens. Encoder-decoder: each side truncated.
-Sample Truncate(int64_t id, const RawLength& raw, int max_seq, bool encoder_decoder);
+Sample Truncate(int64_t id, const data::RawLength& raw, int max_seq, bool encoder_decoder);
 
 // Tokens a sample contributes to the budget.
 inline int64_t SampleTokens(const Sample& s, bool encoder_decoder) {

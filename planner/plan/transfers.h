@@ -3,7 +3,7 @@
 // Which transfer a plan instruction belongs to. Plans name a transfer by its
 // kind (activation or gradient), its two ranks and its micro-batch; the k-th
 // send of a key on one rank meets the k-th receive of that key on the peer.
-// Shared by the replay (plan/replay.h) and the trace writer (src/cli/trace.h).
+// Shared by the replay (plan/replay.h) and the trace writer (cli/trace.h).
 
 #include <compare>
 #include <optional>

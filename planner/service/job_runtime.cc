@@ -5,7 +5,7 @@
 #include "planner/cost_model/profile_cost_model.h"
 #include "planner/cost_model/refit_cost_model.h"
 #include "planner/partition/global_batches.h"
-#include "runtime/data/dataset.h"
+#include "src/data/dataset.h"
 #include "src/common/file_util.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
@@ -59,11 +59,11 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
   }
   ASSIGN_OR_RETURN(const std::string dataset_path,
                    Annotate(ConfinedPath(data_root, spec.dataset().path()), "dataset.path"));
-  std::vector<RawLength> raw;
+  std::vector<data::RawLength> raw;
   if (spec.dataset().format() == proto::DatasetSpec::indexed) {
     // The files inside the directory too: each may be a link leading out.
-    RETURN_IF_ERROR(Annotate(runtime::data::CheckDatasetConfined(data_root, dataset_path), "dataset.path"));
-    auto dataset = runtime::data::Dataset::Open(dataset_path);
+    RETURN_IF_ERROR(Annotate(data::CheckDatasetConfined(data_root, dataset_path), "dataset.path"));
+    auto dataset = data::Dataset::Open(dataset_path);
     if (!dataset.ok()) return Annotate(dataset.status(), "dataset.path");
     // Caught here, not at the first forward pass of every executor.
     if ((*dataset)->info().vocab() > static_cast<uint32_t>(spec.model().vocab())) {
@@ -73,7 +73,7 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
     }
     raw = (*dataset)->Lengths();
   } else {
-    auto lengths = runtime::data::ReadLengths(dataset_path, /*indexed=*/false);
+    auto lengths = data::ReadLengths(dataset_path, /*indexed=*/false);
     if (!lengths.ok()) return Annotate(lengths.status(), "dataset.path");
     raw = std::move(*lengths);
   }

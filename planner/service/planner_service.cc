@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "planner/service/failures.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/common/checkpoint_layout.h"
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
@@ -172,11 +172,11 @@ absl::StatusOr<PlannerService::StartPoint> PlannerService::StartOf(const proto::
     // No complete checkpoint, but shards: debris of this very job (a run that
     // died while writing its first checkpoint) is started over; anything
     // else would be overwritten, so it is refused.
-    const uint64_t fingerprint = runtime::checkpoint::JobFingerprint(spec);
+    const uint64_t fingerprint = checkpoint::JobFingerprint(spec);
     for (const auto& [iteration, ranks] : shards) {
       for (const int rank : ranks) {
-        const absl::StatusOr<runtime::checkpoint::ShardInfo> info =
-            runtime::checkpoint::ReadShardInfo(on_disk, iteration, rank);
+        const absl::StatusOr<checkpoint::ShardInfo> info =
+            checkpoint::ReadShardInfo(on_disk, iteration, rank);
         if (!info.ok() || info->job_fingerprint != fingerprint || info->world != world) {
           return absl::FailedPreconditionError(absl::StrCat(
               "checkpoint.resume: ", dir, " holds shards but no checkpoint with all ", world, " ranks' shards, and ",

@@ -14,8 +14,8 @@
 #include "absl/strings/str_format.h"
 #include "planner/testing/test_specs.h"
 #include "planner/testing/timed_report.h"
-#include "runtime/checkpoint/checkpoint.h"
-#include "runtime/data/dataset.h"
+#include "src/checkpoint/checkpoint.h"
+#include "src/data/dataset.h"
 #include "src/common/clock.h"
 #include "src/common/file_util.h"
 #include "src/store/memory_plan_store.h"
@@ -301,16 +301,16 @@ TEST_CASE("Resume without a store record starts after the newest complete checkp
   // writing it) is started over; one of another job layout is not.
   const std::vector<float> values(10, 1.0f);
   auto real_shard = [&](const std::string& dir, uint64_t fingerprint) {
-    runtime::checkpoint::ShardRef ref;
+    checkpoint::ShardRef ref;
     ref.iteration = 4;
     ref.rank = 1;
     ref.world = 2;
     ref.job_fingerprint = fingerprint;
     ref.params = {{"w", values}};
-    REQUIRE(runtime::checkpoint::WriteShard(root + "/" + dir, ref).ok());
+    REQUIRE(checkpoint::WriteShard(root + "/" + dir, ref).ok());
   };
-  real_shard("own", runtime::checkpoint::JobFingerprint(spec));
-  real_shard("other", runtime::checkpoint::JobFingerprint(spec) + 1);
+  real_shard("own", checkpoint::JobFingerprint(spec));
+  real_shard("other", checkpoint::JobFingerprint(spec) + 1);
   spec.mutable_checkpoint()->set_dir("own");
   auto own = Submit(svc, spec);
   REQUIRE(own.ok());
@@ -407,7 +407,7 @@ TEST_CASE("Submit refuses a model whose vocabulary is smaller than the dataset's
   proto::DatasetInfo info;
   info.set_vocab(1000);
   info.add_tasks("t");
-  auto w = runtime::data::DatasetWriter::Create(dir, info);
+  auto w = data::DatasetWriter::Create(dir, info);
   REQUIRE(w.ok());
   for (uint32_t i = 0; i < 64; ++i) {
     const std::vector<uint32_t> in = {1, 2, 3, 999}, out = {4, 5};

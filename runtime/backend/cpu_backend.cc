@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/backend/cuda/attention_choice.h"
+#include "runtime/kernels/cuda/attention_choice.h"
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/model/gpt.h"
 #include "src/common/logging.h"

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/backend/cuda/attention_choice.h"
-#include "runtime/backend/cuda/attention_probe.h"
-#include "runtime/backend/cuda/cuda_status.h"
-#include "runtime/backend/cuda/cudnn_attention.h"
-#include "runtime/backend/cuda/device_memory.h"
-#include "runtime/backend/cuda/elementwise.h"
+#include "runtime/kernels/cuda/attention_choice.h"
+#include "runtime/kernels/cuda/attention_probe.h"
+#include "runtime/device/cuda_status.h"
+#include "runtime/kernels/cuda/cudnn_attention.h"
+#include "runtime/kernels/cuda/device_memory.h"
+#include "runtime/kernels/cuda/elementwise.h"
 #include "runtime/backend/cpu_backend.h"
 #include "runtime/comm/nccl_comm.h"
 #include "runtime/comm/staged_comm.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "runtime/backend/backend.h"
-#include "runtime/backend/cuda/test_util.h"
+#include "runtime/kernels/cuda/test_util.h"
 #include "runtime/comm/kv_store.h"
 #include "src/common/status_macros.h"
 

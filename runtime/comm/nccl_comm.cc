@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/backend/cuda/cuda_status.h"
+#include "runtime/device/cuda_status.h"
 #include "src/common/logging.h"
 #include "src/common/mutex.h"
 #include "src/common/status_macros.h"

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/backend/cuda/test_util.h"
+#include "runtime/kernels/cuda/test_util.h"
 #include "runtime/comm/kv_store.h"
 
 namespace dynapipe::runtime::comm {

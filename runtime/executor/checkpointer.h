@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "runtime/executor/worker.h"
 
 namespace dynapipe::runtime::executor {

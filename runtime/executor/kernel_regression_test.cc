@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/executor/local_run.h"
+#include "cli/local_run.h"
 #include "runtime/executor/test_dataset.h"
 #include "src/common/proto_io.h"
 #include "src/testing/shell.h"
@@ -67,7 +67,7 @@ struct Outcome {
 };
 
 Outcome Run(const std::string& dataset, const Case& c) {
-  auto run = RunLocal(Spec(dataset, c), "/", kIterations);
+  auto run = cli::RunLocal(Spec(dataset, c), "/", kIterations);
   REQUIRE(run.ok());
   Outcome o;
   // The loss is the last stage's: rank pp - 1 (ranks go stage-major within a data-parallel group).

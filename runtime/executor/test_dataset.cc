@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/data/synth.h"
+#include "src/data/synth.h"
 
 namespace dynapipe::runtime::executor::testing {
 
@@ -19,7 +19,7 @@ std::string WorkerTestDataset(const std::string& name) {
   data::SynthOptions o;
   o.alphabet = 24;
   std::mt19937 rng(11);
-  std::vector<planner::RawLength> lengths;
+  std::vector<data::RawLength> lengths;
   for (int i = 0; i < 96; ++i) lengths.push_back({6 + static_cast<int64_t>(rng() % 56), 2 + static_cast<int64_t>(rng() % 10)});
   auto w = data::DatasetWriter::Create(dir, data::SynthInfo(o));
   REQUIRE(w.ok());

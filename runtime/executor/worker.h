@@ -26,7 +26,7 @@
 #include "proto/report.pb.h"
 #include "runtime/backend/backend.h"
 #include "runtime/comm/comm.h"
-#include "runtime/data/dataset.h"
+#include "src/data/dataset.h"
 #include "runtime/executor/grad_reducer.h"
 #include "runtime/model/stage.h"
 

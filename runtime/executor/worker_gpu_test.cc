@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/executor/local_run.h"
+#include "cli/local_run.h"
 #include "runtime/executor/test_dataset.h"
 #include "src/common/proto_io.h"
 
@@ -40,7 +40,7 @@ proto::JobSpec Spec(const std::string& dataset, int pp, int dp, const char* dtyp
   return spec;
 }
 
-std::vector<double> Losses(const LocalRunResult& r) {
+std::vector<double> Losses(const cli::LocalRunResult& r) {
   std::vector<double> out;
   for (const IterationResult& it : r.per_rank[0]) out.push_back(it.loss);
   return out;
@@ -49,9 +49,9 @@ std::vector<double> Losses(const LocalRunResult& r) {
 // The CUDA run's losses follow the CPU's within bf16 tolerance, and learn.
 void CheckAgainstCpu(int pp, int dp, CommKind comm, const char* recompute = "none", bool zero1 = false) {
   const std::string ds = MakeDataset();
-  auto cpu = RunLocal(Spec(ds, pp, dp, "fp32", recompute, zero1), "/", 6);
+  auto cpu = cli::RunLocal(Spec(ds, pp, dp, "fp32", recompute, zero1), "/", 6);
   REQUIRE(cpu.ok());
-  auto gpu = RunLocal(Spec(ds, pp, dp, "bf16", recompute, zero1), "/", 6, {},
+  auto gpu = cli::RunLocal(Spec(ds, pp, dp, "bf16", recompute, zero1), "/", 6, {},
                       {.kind = proto::Backend::cuda, .device = 0, .comm = comm});
   INFO(gpu.status());
   REQUIRE(gpu.ok());
@@ -84,7 +84,7 @@ void CheckAgainstCpu(int pp, int dp, CommKind comm, const char* recompute = "non
 TEST_CASE("CPU reference of the GPU worker tests: the jobs plan, run and learn, so the comparison is not vacuous") {
   const std::string ds = MakeDataset();
   for (auto [pp, dp] : {std::pair{1, 1}, {2, 1}, {2, 2}}) {
-    auto cpu = RunLocal(Spec(ds, pp, dp, "fp32", pp * dp == 4 ? "full" : "none"), "/", 6);
+    auto cpu = cli::RunLocal(Spec(ds, pp, dp, "fp32", pp * dp == 4 ? "full" : "none"), "/", 6);
     REQUIRE(cpu.ok());
     const std::vector<double> losses = Losses(*cpu);
     CHECK(losses.front() > 3.0);  // about ln(32) at initialisation
@@ -93,7 +93,7 @@ TEST_CASE("CPU reference of the GPU worker tests: the jobs plan, run and learn, 
   // A backend refuses a job in another dtype than it computes, naming the
   // field (the CPU a bf16 job; checked where the CPU is the default here).
   if (!CreateBackend({.kind = proto::Backend::cuda}).ok()) {
-    auto wrong = RunLocal(Spec(ds, 1, 1, "bf16"), "/", 1);
+    auto wrong = cli::RunLocal(Spec(ds, 1, 1, "bf16"), "/", 1);
     REQUIRE_FALSE(wrong.ok());
     CHECK(wrong.status().message().find("model.dtype: bf16") != std::string::npos);
   }
@@ -118,8 +118,8 @@ TEST_CASE("ZeRO-1 on the CUDA stage: 1 x 2 ranks on one GPU train as the CPU doe
   // are the whole step's values bit for bit (Gloo's sums are in member order).
   const std::string ds = MakeDataset();
   const BackendOptions gpu{.kind = proto::Backend::cuda, .device = 0, .comm = CommKind::kGloo};
-  auto whole = RunLocal(Spec(ds, 1, 2, "bf16"), "/", 6, {}, gpu);
-  auto sharded = RunLocal(Spec(ds, 1, 2, "bf16", "none", /*zero1=*/true), "/", 6, {}, gpu);
+  auto whole = cli::RunLocal(Spec(ds, 1, 2, "bf16"), "/", 6, {}, gpu);
+  auto sharded = cli::RunLocal(Spec(ds, 1, 2, "bf16", "none", /*zero1=*/true), "/", 6, {}, gpu);
   INFO(whole.status() << " / " << sharded.status());
   REQUIRE(whole.ok());
   REQUIRE(sharded.ok());

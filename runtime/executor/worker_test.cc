@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "runtime/executor/local_run.h"
+#include "cli/local_run.h"
 #include "runtime/executor/test_dataset.h"
 #include "absl/strings/str_cat.h"
 #include "src/common/proto_io.h"
@@ -35,7 +35,7 @@ proto::JobSpec Spec(const std::string& dataset, int pp, int dp, const char* meth
   return spec;
 }
 
-std::vector<double> Losses(const LocalRunResult& r) {
+std::vector<double> Losses(const cli::LocalRunResult& r) {
   std::vector<double> out;
   for (const IterationResult& it : r.per_rank[0]) out.push_back(it.loss);
   return out;
@@ -43,7 +43,7 @@ std::vector<double> Losses(const LocalRunResult& r) {
 
 TEST_CASE("pipeline equivalence: pp=1, 2, 4 and 2x2 give the same losses for 5 iterations", "[executor]") {
   const std::string ds = MakeDataset();
-  auto base = RunLocal(Spec(ds, 1, 1), "/", 5);
+  auto base = cli::RunLocal(Spec(ds, 1, 1), "/", 5);
   REQUIRE(base.ok());
   const std::vector<double> want = Losses(*base);
   REQUIRE(want.size() == 5);
@@ -51,7 +51,7 @@ TEST_CASE("pipeline equivalence: pp=1, 2, 4 and 2x2 give the same losses for 5 i
   CHECK(want[4] < want[0]);    // and it learns
   for (auto [pp, dp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
     INFO("pp=" << pp << " dp=" << dp);
-    auto run = RunLocal(Spec(ds, pp, dp), "/", 5);
+    auto run = cli::RunLocal(Spec(ds, pp, dp), "/", 5);
     REQUIRE(run.ok());
     const int world = pp * dp;
     for (int r = 0; r < world; ++r) {
@@ -80,9 +80,9 @@ TEST_CASE("pipeline equivalence: pp=1, 2, 4 and 2x2 give the same losses for 5 i
 
 TEST_CASE("dynamic, packing and padding batches train to the same losses", "[executor]") {
   const std::string ds = MakeDataset();
-  auto dynamic = RunLocal(Spec(ds, 2, 1, "dynamic"), "/", 3);
-  auto packing = RunLocal(Spec(ds, 2, 1, "packing"), "/", 3);
-  auto padding = RunLocal(Spec(ds, 2, 1, "padding"), "/", 3);
+  auto dynamic = cli::RunLocal(Spec(ds, 2, 1, "dynamic"), "/", 3);
+  auto packing = cli::RunLocal(Spec(ds, 2, 1, "packing"), "/", 3);
+  auto padding = cli::RunLocal(Spec(ds, 2, 1, "padding"), "/", 3);
   REQUIRE((dynamic.ok() && packing.ok() && padding.ok()));
   for (int i = 0; i < 3; ++i) {
     INFO("iteration " << i);
@@ -102,8 +102,8 @@ TEST_CASE("a local run refits its cost model and plans ahead with it", "[executo
   spec.mutable_cost_refit()->set_min_iterations(3);
   proto::JobSpec base_spec = Spec(ds, 2, 2, "dynamic");
   base_spec.set_iterations(8);  // the same learning-rate schedule
-  auto refit = RunLocal(spec, "/", 8);
-  auto base = RunLocal(base_spec, "/", 8);
+  auto refit = cli::RunLocal(spec, "/", 8);
+  auto base = cli::RunLocal(base_spec, "/", 8);
   REQUIRE(refit.ok());
   REQUIRE(base.ok());
   CHECK(refit->refit_fitted);
@@ -145,7 +145,7 @@ TEST_CASE("training through the backend seam matches the CPU worker before it", 
   const std::string ds = MakeDataset();
   for (const Golden& g : goldens) {
     INFO("recompute " << g.recompute << " pp=" << g.pp << " dp=" << g.dp);
-    auto run = RunLocal(Spec(ds, g.pp, g.dp, "dynamic", g.recompute), "/", 5);
+    auto run = cli::RunLocal(Spec(ds, g.pp, g.dp, "dynamic", g.recompute), "/", 5);
     REQUIRE(run.ok());
     const std::vector<double> losses = Losses(*run);
     REQUIRE(losses.size() == 5);
@@ -157,7 +157,7 @@ TEST_CASE("training through the backend seam matches the CPU worker before it", 
 }
 
 // Final parameters and losses of every rank, bit for bit.
-void CheckSameBits(const LocalRunResult& a, const LocalRunResult& b) {
+void CheckSameBits(const cli::LocalRunResult& a, const cli::LocalRunResult& b) {
   REQUIRE(a.per_rank.size() == b.per_rank.size());
   for (size_t r = 0; r < a.per_rank.size(); ++r) {
     INFO("rank " << r);
@@ -177,8 +177,8 @@ TEST_CASE("gradient buckets reduce while backward runs and train bit for bit lik
     proto::JobSpec fine = Spec(ds, pp, dp), coarse = Spec(ds, pp, dp);
     fine.mutable_parallelism()->set_grad_bucket_mb(1e-6);  // one bucket per layer
     coarse.mutable_parallelism()->set_grad_bucket_mb(1000);
-    auto a = RunLocal(fine, "/", 4);
-    auto b = RunLocal(coarse, "/", 4);
+    auto a = cli::RunLocal(fine, "/", 4);
+    auto b = cli::RunLocal(coarse, "/", 4);
     REQUIRE((a.ok() && b.ok()));
     CheckSameBits(*a, *b);
     int busy = 0;
@@ -207,8 +207,8 @@ TEST_CASE("ZeRO-1 shards AdamW over data-parallel ranks and trains bit for bit l
       whole.mutable_parallelism()->set_grad_bucket_mb(bucket_mb);
       sharded.mutable_parallelism()->set_grad_bucket_mb(bucket_mb);
       sharded.mutable_optimizer()->set_zero1(true);
-      auto a = RunLocal(whole, "/", 4);
-      auto b = RunLocal(sharded, "/", 4);
+      auto a = cli::RunLocal(whole, "/", 4);
+      auto b = cli::RunLocal(sharded, "/", 4);
       REQUIRE(a.ok());
       INFO(b.status());
       REQUIRE(b.ok());
@@ -223,9 +223,9 @@ TEST_CASE("ZeRO-1 shards AdamW over data-parallel ranks and trains bit for bit l
 
 TEST_CASE("recomputation keeps less for backward on the CPU backend", "[executor]") {
   const std::string ds = MakeDataset();
-  auto none = RunLocal(Spec(ds, 1, 1, "padding", "none"), "/", 1);
-  auto selective = RunLocal(Spec(ds, 1, 1, "padding", "selective"), "/", 1);
-  auto full = RunLocal(Spec(ds, 1, 1, "padding", "full"), "/", 1);
+  auto none = cli::RunLocal(Spec(ds, 1, 1, "padding", "none"), "/", 1);
+  auto selective = cli::RunLocal(Spec(ds, 1, 1, "padding", "selective"), "/", 1);
+  auto full = cli::RunLocal(Spec(ds, 1, 1, "padding", "full"), "/", 1);
   REQUIRE((none.ok() && selective.ok() && full.ok()));
   const double mem_none = none->per_rank[0][0].peak_memory_mb, mem_sel = selective->per_rank[0][0].peak_memory_mb,
                mem_full = full->per_rank[0][0].peak_memory_mb;

@@ -1,7 +1,7 @@
 #include "runtime/model/batch.h"
 
 #include "absl/strings/str_cat.h"
-#include "runtime/data/synth.h"
+#include "src/data/synth.h"
 
 namespace dynapipe::runtime::model {
 

@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
-#include "runtime/data/dataset.h"
+#include "src/data/dataset.h"
 #include "runtime/model/layout.h"
 
 namespace dynapipe::runtime::model {

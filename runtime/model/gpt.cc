@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/backend/cpu/ops.h"
+#include "runtime/kernels/cpu/ops.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::runtime::model {

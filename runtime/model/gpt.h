@@ -2,7 +2,7 @@
 
 // The GPT pipeline stage on the CPU backend: fp32 parameters, gradients,
 // AdamW moments and activations in host memory, kernels of
-// runtime/backend/cpu. The model, its layout and its initial values are
+// runtime/kernels/cpu. The model, its layout and its initial values are
 // runtime/model/layout.h's, shared with the CUDA stage; the interface is the
 // backend seam of runtime/model/stage.h.
 //

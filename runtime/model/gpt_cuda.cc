@@ -7,10 +7,10 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/backend/cuda/cast.h"
-#include "runtime/backend/cuda/cuda_status.h"
-#include "runtime/backend/cuda/device_memory.h"
-#include "runtime/backend/cuda/optimizer.h"
+#include "runtime/kernels/cuda/cast.h"
+#include "runtime/device/cuda_status.h"
+#include "runtime/kernels/cuda/device_memory.h"
+#include "runtime/kernels/cuda/optimizer.h"
 #include "runtime/model/gpt_cuda_stash.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"

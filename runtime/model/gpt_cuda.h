@@ -3,7 +3,7 @@
 // The GPT pipeline stage (runtime/model/stage.h) on a CUDA device: the model,
 // parameter names, shapes, flat offsets, parameter groups and initial values
 // of runtime/model/layout.h, computed with the kernels of
-// runtime/backend/cuda in mixed precision, so checkpoints and comparisons
+// runtime/kernels/cuda in mixed precision, so checkpoints and comparisons
 // with the CPU stage (runtime/model/gpt.h) line up.
 //
 // Device state (one cudaMalloc each, P = the layout's parameter count, in
@@ -48,9 +48,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "runtime/backend/cuda/attention.h"
-#include "runtime/backend/cuda/cudnn_attention.h"
-#include "runtime/backend/cuda/matmul.h"
+#include "runtime/kernels/cuda/attention.h"
+#include "runtime/kernels/cuda/cudnn_attention.h"
+#include "runtime/kernels/cuda/matmul.h"
 #include "runtime/memory/buffer_pool.h"
 #include "runtime/model/layout.h"
 #include "runtime/model/stage.h"

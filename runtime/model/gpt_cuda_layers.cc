@@ -4,11 +4,11 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/backend/cuda/cross_entropy.h"
-#include "runtime/backend/cuda/cuda_status.h"
-#include "runtime/backend/cuda/elementwise.h"
-#include "runtime/backend/cuda/embedding.h"
-#include "runtime/backend/cuda/layernorm.h"
+#include "runtime/kernels/cuda/cross_entropy.h"
+#include "runtime/device/cuda_status.h"
+#include "runtime/kernels/cuda/elementwise.h"
+#include "runtime/kernels/cuda/embedding.h"
+#include "runtime/kernels/cuda/layernorm.h"
 #include "runtime/model/gpt_cuda.h"
 #include "runtime/model/gpt_cuda_stash.h"
 #include "src/common/logging.h"

@@ -17,8 +17,8 @@
 #include <span>
 #include <vector>
 
-#include "runtime/backend/cuda/device_memory.h"
-#include "runtime/backend/cuda/test_util.h"
+#include "runtime/kernels/cuda/device_memory.h"
+#include "runtime/kernels/cuda/test_util.h"
 #include "runtime/model/gpt.h"
 #include "runtime/optim/adamw.h"
 

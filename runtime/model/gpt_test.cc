@@ -3,7 +3,7 @@
 #include <random>
 
 #include "planner/partition/batch.h"
-#include "runtime/data/synth.h"
+#include "src/data/synth.h"
 #include "runtime/model/batch.h"
 #include "runtime/model/gpt.h"
 #include "src/testing/temp_dir.h"
@@ -31,7 +31,7 @@ std::unique_ptr<data::Dataset> MakeDataset(int n) {
   o.max_input = 40;
   o.max_target = 12;
   std::mt19937 rng(5);
-  std::vector<planner::RawLength> lengths;
+  std::vector<data::RawLength> lengths;
   for (int i = 0; i < n; ++i) lengths.push_back({4 + static_cast<int64_t>(rng() % 24), 1 + static_cast<int64_t>(rng() % 8)});
   auto w = data::DatasetWriter::Create(dir, data::SynthInfo(o));
   REQUIRE(w.ok());

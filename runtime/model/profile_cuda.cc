@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/backend/cuda/cast.h"
-#include "runtime/backend/cuda/cuda_status.h"
-#include "runtime/backend/cuda/device_memory.h"
+#include "runtime/kernels/cuda/cast.h"
+#include "runtime/device/cuda_status.h"
+#include "runtime/kernels/cuda/device_memory.h"
 #include "runtime/model/gpt_cuda.h"
 #include "src/common/status_macros.h"
 

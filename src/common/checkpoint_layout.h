@@ -1,7 +1,7 @@
 #pragma once
 
 // Where checkpoint shards live on disk, shared by the executor (which writes
-// them, runtime/checkpoint) and the planner (which finds the newest complete
+// them, src/checkpoint) and the planner (which finds the newest complete
 // checkpoint when Redis has no record of it):
 //   {dir}/iter-{iteration:08d}/rank-{rank:05d}.ckpt
 

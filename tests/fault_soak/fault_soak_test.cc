@@ -41,7 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
 #include "tests/integration/training_fixture.h"
@@ -80,7 +80,7 @@ struct Tally {
   std::vector<double> detection_s, exit_s, status_s;
 };
 
-std::string Cli() { return RunfilesRoot() + "/src/cli/dynapipe"; }
+std::string Cli() { return RunfilesRoot() + "/cli/dynapipe"; }
 
 // `dynapipe watch JOB` as a child process (output into `out`).
 std::unique_ptr<ChildProcess> StartWatch(const std::string& address, const std::string& job, const std::string& out) {

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
-#include "runtime/checkpoint/checkpoint.h"
-#include "runtime/data/dataset.h"
-#include "runtime/executor/evaluate.h"
+#include "src/checkpoint/checkpoint.h"
+#include "src/data/dataset.h"
+#include "cli/evaluate.h"
 #include "runtime/memory/buffer_pool.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
@@ -22,8 +22,8 @@ namespace dynapipe::testing::hostile {
 namespace {
 
 namespace fs = std::filesystem;
-using runtime::checkpoint::ShardPath;
-using runtime::checkpoint::TensorRef;
+using checkpoint::ShardPath;
+using checkpoint::TensorRef;
 
 proto::JobSpec EvalJob(const std::string& data, int hidden) {
   proto::JobSpec s;
@@ -57,7 +57,7 @@ absl::Status WriteDataset(const std::string& dir, uint32_t max_token) {
   proto::DatasetInfo info;
   info.set_vocab(max_token + 1);
   info.add_tasks("t0");
-  ASSIGN_OR_RETURN(auto w, runtime::data::DatasetWriter::Create(dir, info));
+  ASSIGN_OR_RETURN(auto w, data::DatasetWriter::Create(dir, info));
   std::mt19937 rng(5);
   for (int i = 0; i < 24; ++i) {
     std::vector<uint32_t> in(4 + rng() % 20), out(1 + rng() % 4);
@@ -73,20 +73,20 @@ absl::Status WriteDataset(const std::string& dir, uint32_t max_token) {
 absl::Status WriteModelShard(const proto::JobSpec& spec, const std::string& dir, int64_t iteration, int rank,
                              int world, const std::function<void(std::vector<TensorRef>*)>& edit = {}) {
   runtime::BufferPool pool(runtime::CpuAllocator());
-  ASSIGN_OR_RETURN(auto whole, runtime::executor::LoadWholeModel(spec, "", -1, &pool));
+  ASSIGN_OR_RETURN(auto whole, cli::LoadWholeModel(spec, "", -1, &pool));
   std::vector<TensorRef> params;
   const std::span<const float> data = std::as_const(*whole).param_data();
   for (const auto& p : whole->layout().params()) params.push_back({p.name, data.subspan(p.offset, p.size)});
   if (edit) edit(&params);
-  runtime::checkpoint::ShardRef shard;
+  checkpoint::ShardRef shard;
   shard.iteration = iteration;
   shard.rank = rank;
   shard.world = world;
-  shard.job_fingerprint = runtime::checkpoint::JobFingerprint(spec);
+  shard.job_fingerprint = checkpoint::JobFingerprint(spec);
   shard.params = params;
   shard.adam_m = params;
   shard.adam_v = params;
-  return runtime::checkpoint::WriteShard(dir, shard);
+  return checkpoint::WriteShard(dir, shard);
 }
 
 template <typename T>

@@ -2,7 +2,7 @@
 
 // Checkpoint shards for `dynapipe eval`: a tiny GPT job (pp 1, so one shard
 // holds the whole model), a dataset for it, a valid shard written with
-// runtime::checkpoint::WriteShard, and corrupted copies of it, each in a
+// checkpoint::WriteShard, and corrupted copies of it, each in a
 // checkpoint directory of its own.
 
 #include <cstdint>

@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "runtime/data/dataset.h"
+#include "src/data/dataset.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
 
@@ -52,7 +52,7 @@ absl::Status WriteValidDataset(const std::string& dir) {
   info.add_tasks("t0");
   info.add_tasks("t1");
   info.set_source("hostile_inputs_test");
-  ASSIGN_OR_RETURN(auto w, runtime::data::DatasetWriter::Create(dir, info));
+  ASSIGN_OR_RETURN(auto w, data::DatasetWriter::Create(dir, info));
   std::mt19937 rng(7);
   for (int i = 0; i < 40; ++i) {
     std::vector<uint32_t> in(4 + rng() % 60), out(1 + rng() % 8);

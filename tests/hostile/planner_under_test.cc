@@ -16,7 +16,7 @@
 
 namespace dynapipe::testing::hostile {
 
-std::string CliPath() { return RunfilesRoot() + "/src/cli/dynapipe"; }
+std::string CliPath() { return RunfilesRoot() + "/cli/dynapipe"; }
 
 std::string TmpDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");

@@ -1,5 +1,5 @@
 // Checkpoints across the control plane (real Redis, in-process planner, gRPC):
-// ranks write their shards (runtime/checkpoint) and report them; the
+// ranks write their shards (src/checkpoint) and report them; the
 // checkpoint counts only once every rank has; a job resubmitted with
 // checkpoint.resume starts after the latest complete one.
 #include <unistd.h>
@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/store/redis_plan_store.h"
 #include "tests/integration/control_plane_fixture.h"
 
@@ -15,7 +15,7 @@ namespace dynapipe::testing {
 namespace {
 
 using Catch::Matchers::Contains;
-namespace ckpt = runtime::checkpoint;
+namespace ckpt = checkpoint;
 
 // The value of a counter or gauge in Prometheus text; -1 if absent.
 double Metric(const std::string& text, const std::string& name) {

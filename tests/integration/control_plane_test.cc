@@ -16,12 +16,12 @@
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/partition/global_batches.h"
 #include "planner/service/planner_server.h"
-#include "src/cli/job_commands.h"
-#include "src/cli/lengths_file.h"
+#include "cli/job_commands.h"
+#include "src/data/lengths.h"
 #include "src/common/file_util.h"
 #include "src/common/proto_io.h"
-#include "runtime/data/dataset.h"
-#include "runtime/data/synth.h"
+#include "src/data/dataset.h"
+#include "src/data/synth.h"
 #include "src/testing/redis_server.h"
 #include "tests/integration/control_plane_fixture.h"
 
@@ -49,7 +49,7 @@ TEST_CASE("Submitted jobs are planned ahead and each rank fetches exactly the of
   auto cost = planner::AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {});
   auto offline = planner::Planner::Create(*config, std::shared_ptr<const planner::LayerCostModel>(std::move(*cost)));
   REQUIRE(offline.ok());
-  auto raw = cli::ReadLengthsFile(spec.dataset().path());
+  auto raw = data::ReadLengthsFile(spec.dataset().path());
   std::vector<planner::Sample> samples;
   for (size_t i = 0; i < raw->size(); ++i) samples.push_back(planner::Truncate(i, (*raw)[i], 2048, false));
   const auto batches = planner::FormGlobalBatches(samples, 16384, false);
@@ -405,13 +405,13 @@ TEST_CASE("A FetchPlan waiting on a job that gets cancelled ends at once; so do 
 TEST_CASE("Jobs on an indexed dataset are planned from the dataset's own lengths") {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = std::string(tmp ? tmp : "/tmp") + "/indexed-" + std::to_string(::getpid());
-  auto raw = cli::ReadLengthsFile(RunfilesRoot() + "/tests/data/flan-like-lengths.txt");
+  auto raw = data::ReadLengthsFile(RunfilesRoot() + "/tests/data/flan-like-lengths.txt");
   REQUIRE(raw.ok());
   raw->resize(400);
-  runtime::data::SynthOptions so;
-  auto w = runtime::data::DatasetWriter::Create(dir, runtime::data::SynthInfo(so));
+  data::SynthOptions so;
+  auto w = data::DatasetWriter::Create(dir, data::SynthInfo(so));
   REQUIRE(w.ok());
-  REQUIRE(runtime::data::Synthesize(*raw, so, w->get()).ok());
+  REQUIRE(data::Synthesize(*raw, so, w->get()).ok());
   REQUIRE((*w)->Finish().ok());
 
   Stack s = StartStack();
@@ -423,7 +423,7 @@ TEST_CASE("Jobs on an indexed dataset are planned from the dataset's own lengths
   REQUIRE(id.ok());
   auto plan = client->FetchPlan(*id, 0, 0, absl::Seconds(10));
   REQUIRE(plan.ok());
-  auto dataset = runtime::data::Dataset::Open(dir);
+  auto dataset = data::Dataset::Open(dir);
   REQUIRE(dataset.ok());
   int64_t samples = 0;
   for (const auto& mb : plan->micro_batches()) {

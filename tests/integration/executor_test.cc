@@ -16,9 +16,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "runtime/backend/backend.h"
-#include "runtime/data/synth.h"
+#include "src/data/synth.h"
 #include "runtime/executor/executor.h"
 #include "tests/integration/control_plane_fixture.h"
 #include "tests/integration/training_fixture.h"
@@ -49,7 +49,7 @@ TEST_CASE("executors train 2 x 2, checkpoint, and resume bit-identically; ZeRO-1
     INFO(sa.error());
     REQUIRE(sa.state() == proto::JobState::succeeded);
     CHECK(sa.last_loss() > 0);
-    CHECK(runtime::checkpoint::LatestCompleteOnDisk(full, 4).value_or(-1) == 9);
+    CHECK(checkpoint::LatestCompleteOnDisk(full, 4).value_or(-1) == 9);
 
     // Interrupted: stop after iteration 7 (checkpoint 7), then resume to 10.
     const std::string part = TmpDir() + "/ckpt-part" + tag;
@@ -181,7 +181,7 @@ TEST_CASE("Redis restarted empty: the loss is reported, ids are not reused, a re
   proto::JobSpec spec = TrainJob(iterations, wiped, 5);
   auto b = client->Submit(spec);
   REQUIRE(b.ok());
-  REQUIRE(Eventually([&] { return runtime::checkpoint::LatestCompleteOnDisk(wiped, 4).value_or(-1) >= 9; },
+  REQUIRE(Eventually([&] { return checkpoint::LatestCompleteOnDisk(wiped, 4).value_or(-1) >= 9; },
                      absl::Seconds(60)));
   stack.redis->Stop();
   REQUIRE(stack.redis->Restart().ok());
@@ -219,7 +219,7 @@ TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; 
   auto job = client->Submit(TrainJob(400, dir, 3));
   REQUIRE(job.ok());
   // Let it pass a checkpoint, then kill the executor holding rank 1.
-  REQUIRE(Eventually([&] { return runtime::checkpoint::LatestCompleteOnDisk(dir, 4).value_or(-1) >= 2; },
+  REQUIRE(Eventually([&] { return checkpoint::LatestCompleteOnDisk(dir, 4).value_or(-1) >= 2; },
                      absl::Seconds(60)));
   std::string victim;
   auto list = client->Executors();
@@ -256,7 +256,7 @@ TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; 
       },
       absl::Seconds(20)));
   // A replacement executor, a resubmitted job: it resumes after the last complete checkpoint.
-  auto latest = runtime::checkpoint::LatestCompleteOnDisk(dir, 4);
+  auto latest = checkpoint::LatestCompleteOnDisk(dir, 4);
   REQUIRE(latest.ok());
   REQUIRE(*latest >= 2);
   executors[device] = StartExecutor(stack.address(), device);

@@ -14,7 +14,7 @@
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
-#include "src/cli/trace.h"
+#include "cli/trace.h"
 #include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
 #include "tests/integration/training_fixture.h"
@@ -66,7 +66,7 @@ TEST_CASE("planner and executor metrics pass promtool and say how a 2 x 2 job is
   CHECK(running.eta_s() > 0);
   CHECK(running.lr() > 0);
   CHECK(running.grad_norm() > 0);
-  const ShellOutput status = RunShell(Runfiles() + "/src/cli/dynapipe status --planner " + stack.address());
+  const ShellOutput status = RunShell(Runfiles() + "/cli/dynapipe status --planner " + stack.address());
   INFO(status.text);
   CHECK_THAT(status.text, Contains(" running   iteration ") && Contains(" | loss ") && Contains(" tokens/s | elapsed ") &&
                               Contains(" | ETA "));
@@ -138,7 +138,7 @@ TEST_CASE("history lists every iteration of a finished 2 x 2 job and trace write
   CHECK(history->iterations(5).loss() == client->GetIteration(*job, 5)->reports(0).loss());
   CHECK(client->GetIterations(*job, 4, 1)->iterations(0).iteration() == 4);
 
-  const std::string cli = Runfiles() + "/src/cli/dynapipe";
+  const std::string cli = Runfiles() + "/cli/dynapipe";
   const ShellOutput lines = RunShell(cli + " history " + *job + " --planner " + stack.address());
   INFO(lines.text);
   CHECK(lines.rc == 0);

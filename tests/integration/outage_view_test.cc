@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/testing/redis_server.h"
 #include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
@@ -27,7 +27,7 @@
 namespace dynapipe::testing {
 namespace {
 
-std::string Cli() { return RunfilesRoot() + "/src/cli/dynapipe"; }
+std::string Cli() { return RunfilesRoot() + "/cli/dynapipe"; }
 
 // `dynapipe ARGS` as a child process, stdout and stderr into `out`.
 std::unique_ptr<ChildProcess> StartCli(const std::string& args, const std::string& out) {
@@ -171,7 +171,7 @@ TEST_CASE("A job lost with an emptied Redis: status names the loss and the itera
   auto client = Client(stack.address());
   auto job = client->Submit(TrainJob(400, ckpt, 5));
   REQUIRE(job.ok());
-  REQUIRE(Eventually([&] { return runtime::checkpoint::LatestCompleteOnDisk(ckpt, 4).value_or(-1) >= 9; },
+  REQUIRE(Eventually([&] { return checkpoint::LatestCompleteOnDisk(ckpt, 4).value_or(-1) >= 9; },
                      absl::Seconds(60)));
   REQUIRE(client->Get(*job).ok());  // the planner has seen it
   stack.redis->Stop();
@@ -180,7 +180,7 @@ TEST_CASE("A job lost with an emptied Redis: status names the loss and the itera
                                   std::string::npos; }));
   // Shards still being written when the job stopped land within a moment.
   absl::SleepFor(absl::Seconds(2));
-  const int64_t resume_from = runtime::checkpoint::LatestCompleteOnDisk(ckpt, 4).value_or(-1) + 1;
+  const int64_t resume_from = checkpoint::LatestCompleteOnDisk(ckpt, 4).value_or(-1) + 1;
   const Timed status = TimedCli(absl::StrCat("status ", *job, " --planner ", stack.address()));
   INFO(status.out.text);
   CHECK(status.out.rc == 1);

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "src/cli/job_commands.h"
+#include "cli/job_commands.h"
 #include "src/common/file_util.h"
 #include "src/rpc/defaults.h"
 #include "src/testing/redis_server.h"

@@ -9,8 +9,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/checkpoint/checkpoint.h"
-#include "runtime/data/synth.h"
+#include "src/checkpoint/checkpoint.h"
+#include "src/data/synth.h"
 
 namespace dynapipe::testing {
 
@@ -65,16 +65,16 @@ namespace {
 std::string SynthDataset(const std::string& name, int count, int max_input) {
   const std::string dir = TmpDir() + "/" + name;
   if (std::filesystem::exists(dir + "/dataset.pbtxt")) return dir;
-  runtime::data::SynthOptions o;
+  data::SynthOptions o;
   o.alphabet = 8;
   std::mt19937 rng(3);
-  std::vector<planner::RawLength> lengths;
+  std::vector<data::RawLength> lengths;
   for (int i = 0; i < count; ++i) {
     lengths.push_back({4 + static_cast<int64_t>(rng() % max_input), 1 + static_cast<int64_t>(rng() % 6)});
   }
-  auto w = runtime::data::DatasetWriter::Create(dir, runtime::data::SynthInfo(o));
+  auto w = data::DatasetWriter::Create(dir, data::SynthInfo(o));
   REQUIRE(w.ok());
-  REQUIRE(runtime::data::Synthesize(lengths, o, w->get()).ok());
+  REQUIRE(data::Synthesize(lengths, o, w->get()).ok());
   REQUIRE((*w)->Finish().ok());
   return dir;
 }
@@ -142,7 +142,7 @@ proto::JobStatus WaitEnded(rpc::PlannerClient* client, const std::string& job, a
 }
 
 std::vector<float> Params(const std::string& dir, int64_t iteration, int rank) {
-  auto shard = runtime::checkpoint::ReadShard(dir, iteration, rank);
+  auto shard = checkpoint::ReadShard(dir, iteration, rank);
   std::vector<float> out;
   if (!shard.ok()) return out;
   for (const auto& t : shard->params) out.insert(out.end(), t.data.begin(), t.data.end());

@@ -23,7 +23,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/testing/shell.h"
 #include "tests/integration/control_plane_fixture.h"
 #include "tests/integration/training_fixture.h"
@@ -199,7 +199,7 @@ TEST_CASE("A 2 x 2 job across two hosts trains as on one; a partition fails it n
     proto::JobSpec spec = TrainJob(kIterations, dir, kInterval);
     auto job = client->Submit(spec);
     REQUIRE(job.ok());
-    REQUIRE(Eventually([&] { return runtime::checkpoint::LatestCompleteOnDisk(dir, 4).value_or(-1) >= kInterval - 1; },
+    REQUIRE(Eventually([&] { return checkpoint::LatestCompleteOnDisk(dir, 4).value_or(-1) >= kInterval - 1; },
                        absl::Seconds(60)));
     REQUIRE(hosts.SetRouting(false));
     const absl::Time cut = absl::Now();

@@ -1,0 +1,176 @@
+#include "cli/local_run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "planner/service/job_runtime.h"
+#include "runtime/backend/backend.h"
+#include "runtime/comm/kv_store.h"
+#include "src/common/file_util.h"
+#include "src/common/logging.h"
+#include "src/common/mutex.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::cli {
+namespace {
+
+// Plans handed from the planning thread to the ranks, and reports back.
+class PlanExchange {
+ public:
+  PlanExchange(int64_t count, int world) : plans_(count), reported_(count), world_(world) {}
+
+  void Publish(int64_t i, std::vector<proto::ExecutionPlan> plans) {
+    MutexLock lock(&mu_);
+    plans_[i] = std::move(plans);
+  }
+  // This rank's plan of iteration i; CANCELLED once the run failed.
+  absl::StatusOr<proto::ExecutionPlan> Take(int64_t i, int rank) {
+    MutexLock lock(&mu_);
+    mu_.Await([&] { return plans_[i].has_value() || failed_; });
+    if (!plans_[i].has_value()) return absl::CancelledError("local run failed elsewhere");
+    return (*plans_[i])[rank];
+  }
+  void Report(int64_t i, proto::IterationReport report) {
+    MutexLock lock(&mu_);
+    reported_[i].push_back(std::move(report));
+  }
+  // Every rank's report of iteration i; empty once the run failed.
+  std::vector<proto::IterationReport> AwaitReports(int64_t i) {
+    MutexLock lock(&mu_);
+    mu_.Await([&] { return static_cast<int>(reported_[i].size()) == world_ || failed_; });
+    return failed_ ? std::vector<proto::IterationReport>{} : std::move(reported_[i]);
+  }
+  void Fail() {
+    MutexLock lock(&mu_);
+    failed_ = true;
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<std::optional<std::vector<proto::ExecutionPlan>>> plans_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<proto::IterationReport>> reported_ ABSL_GUARDED_BY(mu_);
+  const int world_;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+proto::IterationReport ReportOf(const runtime::executor::IterationResult& res, int64_t iteration, int rank) {
+  proto::IterationReport r;
+  r.set_iteration(iteration);
+  r.set_rank(rank);
+  r.set_iteration_ms(res.iteration_ms);
+  r.set_tokens(res.tokens);
+  r.set_loss(res.loss);
+  for (const auto& t : res.timings) *r.add_timings() = t;
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
+                                        runtime::executor::WorkerOptions options, runtime::BackendOptions backend_options) {
+  ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
+  ASSIGN_OR_RETURN(const std::string dataset_path, ConfinedPath(data_root, rt->spec.dataset().path()));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(dataset_path));
+  const int world = rt->world();
+  const int pp = rt->planner->config().pp, dp = rt->planner->config().dp;
+  LocalRunResult out;
+  out.predicted_ms.resize(count);
+  out.plan_ms.resize(count);
+  out.refit_plan.resize(count);
+  out.explore_plan.resize(count);
+  out.micro_batches.resize(count);
+  out.padding_efficiency.resize(count);
+  PlanExchange exchange(count, world);
+  // Planning thread only (this one).
+  auto plan = [&](int64_t i) -> absl::Status {
+    const std::shared_ptr<const planner::Planner> planner = rt->PlannerFor(i);
+    ASSIGN_OR_RETURN(planner::IterationPlan p, planner->Plan(rt->batch(i), i));
+    out.predicted_ms[i] = p.predicted_ms;
+    out.plan_ms[i] = p.timings.total_ms;
+    out.refit_plan[i] = planner != rt->planner;
+    out.explore_plan[i] = rt->refit && rt->refit->PlannedWith(i) == planner::service::PlanModel::kExplore;
+    int micro_batches = 0;
+    for (const auto& g : p.groups) micro_batches += static_cast<int>(g.size());
+    out.micro_batches[i] = micro_batches;
+    out.padding_efficiency[i] = p.padding_efficiency;
+    if (rt->refit) rt->refit->Remember(i, p.plans);
+    exchange.Publish(i, std::move(p.plans));
+    return absl::OkStatus();
+  };
+  const int64_t ahead = rt->refit ? std::min<int64_t>(count, rt->spec.planner_lookahead()) : count;
+  for (int64_t i = 0; i < ahead; ++i) RETURN_IF_ERROR(plan(i));
+  if (count == 0) return out;
+
+  runtime::comm::MemoryKeyValueStore kv;
+  out.per_rank.resize(world);
+  out.final_params.resize(world);
+  std::vector<absl::Status> status(world);
+  std::vector<std::thread> threads;
+  std::vector<double> wall(world, 0);
+  std::vector<std::vector<double>> done(world, std::vector<double>(count, 0));  // on one clock for every rank
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> absl::Status {
+        // One backend per rank, as one per executor process.
+        ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, CreateBackend(backend_options));
+        RETURN_IF_ERROR(backend->BindThread());
+        ASSIGN_OR_RETURN(auto comm, backend->Connect({.rank = r, .size = world, .job_prefix = "local/"}, &kv));
+        ASSIGN_OR_RETURN(proto::ExecutionPlan first, exchange.Take(0, r));
+        const auto& layers = first.layers();
+        ASSIGN_OR_RETURN(auto worker, runtime::executor::Worker::Create(rt->spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp,
+                                                     dp, comm.get(), dataset.get(), backend.get(), options));
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < count; ++i) {
+          ASSIGN_OR_RETURN(proto::ExecutionPlan p, i == 0 ? std::move(first) : exchange.Take(i, r));
+          ASSIGN_OR_RETURN(runtime::executor::IterationResult res, worker->RunIteration(p));
+          done[r][i] = seconds_since(start);
+          exchange.Report(i, ReportOf(res, i, r));
+          out.per_rank[r].push_back(std::move(res));
+        }
+        wall[r] = seconds_since(t0);
+        for (const auto& c : worker->chunks()) {
+          runtime::model::StageState state;
+          RETURN_IF_ERROR(c->ExportState(&state));
+          out.final_params[r].insert(out.final_params[r].end(), state.params.begin(), state.params.end());
+        }
+        return absl::OkStatus();
+      }();
+      if (!status[r].ok()) exchange.Fail();
+    });
+  }
+  absl::Status planning = absl::OkStatus();
+  for (int64_t i = 0; rt->refit && i < count && planning.ok(); ++i) {
+    const std::vector<proto::IterationReport> reports = exchange.AwaitReports(i);
+    if (reports.empty()) break;  // a rank failed: its status says why
+    for (const auto& r : reports) {
+      if (const absl::Status s = rt->refit->Report(r); !s.ok()) spdlog::warn("cost refit: {}", s.message());
+    }
+    if (i + ahead < count) planning = plan(i + ahead);
+    if (!planning.ok()) exchange.Fail();
+  }
+  for (auto& t : threads) t.join();
+  RETURN_IF_ERROR(planning);
+  for (int r = 0; r < world; ++r) RETURN_IF_ERROR(status[r]);
+  out.wall_s = *std::max_element(wall.begin(), wall.end());
+  out.done_s.assign(count, 0);
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < count; ++i) out.done_s[i] = std::max(out.done_s[i], done[r][i]);
+  }
+  // The model later iterations would be planned with (PlannerFor would also note an iteration that never runs).
+  out.cost_model = rt->refit ? rt->refit->Status().model : rt->planner->model().cost_model().Describe();
+  if (rt->refit) {
+    const planner::service::RefitStatus refit = rt->refit->Status();
+    out.refit_fitted = refit.refits > 0;
+    out.refit_terms = refit.terms;
+  }
+  return out;
+}
+
+}  // namespace dynapipe::cli

@@ -1,0 +1,46 @@
+#pragma once
+
+// Runs a job's ranks as threads of this process: plans from the planner
+// library, workers talking over Gloo on loopback. The same code paths as the
+// daemons minus RPC and Redis; used by the equivalence tests and the CPU
+// throughput benchmark.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost_model/refit_cost_model.h"
+#include "proto/job.pb.h"
+#include "runtime/backend/backend.h"
+#include "runtime/executor/worker.h"
+
+namespace dynapipe::cli {
+
+struct LocalRunResult {
+  std::vector<std::vector<runtime::executor::IterationResult>> per_rank;  // [rank][iteration]
+  std::vector<double> predicted_ms;                    // per iteration
+  std::vector<double> plan_ms;                         // per iteration: planning time
+  std::vector<bool> refit_plan;                        // per iteration: planned with a refit cost model
+  std::vector<bool> explore_plan;                      // per iteration: planned to explore (its prediction is off by design)
+  std::vector<int> micro_batches;                      // per iteration, all dp groups together
+  std::vector<double> padding_efficiency;              // per iteration: real / computed tokens
+  std::vector<std::vector<float>> final_params;        // per rank, chunks concatenated
+  double wall_s = 0;  // iterations only (no setup; planning ahead with the refit on overlaps them)
+  std::vector<double> done_s;  // per iteration: seconds from the ranks' start until the last rank ended it
+  std::string cost_model;  // the planner's cost model at the end
+  // With cost_refit on: the refit's terms at the end (fitted: enough iterations seen).
+  bool refit_fitted = false;
+  planner::RefitTerms refit_terms;
+};
+
+// Iterations [0, count) of `spec` (dataset paths relative to `data_root`),
+// each rank on a backend of its own made from `backend` (the CPU by default;
+// CUDA ranks share the one device). With cost_refit on, as in the planner
+// daemon: the first planner_lookahead iterations are planned before the
+// ranks start, iteration i + planner_lookahead once every rank has reported
+// iteration i and the refit has seen it. Otherwise every plan is made first.
+absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
+                                        runtime::executor::WorkerOptions options = {}, runtime::BackendOptions backend = {});
+
+}  // namespace dynapipe::cli

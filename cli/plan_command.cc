@@ -1,0 +1,289 @@
+#include "cli/plan_command.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "planner/partition/global_batches.h"
+#include "planner/planner.h"
+#include "cli/args.h"
+#include "src/data/lengths.h"
+#include "cli/plan_setup.h"
+#include "src/common/file_util.h"
+#include "src/common/proto_io.h"
+#include "src/common/stats.h"
+#include "src/common/thread_pool.h"
+
+namespace dynapipe::cli {
+namespace {
+
+using planner::Batching;
+using planner::IterationPlan;
+
+std::string IterationJson(const IterationPlan& p, size_t samples) {
+  std::vector<std::string> mbs, peaks;
+  for (const auto& g : p.groups) {
+    for (const auto& mb : g) {
+      mbs.push_back(mb.shape.dec_seq > 0
+                        ? absl::StrFormat("{\"mbs\":%d,\"seq\":%d,\"dec_seq\":%d}", mb.shape.mbs, mb.shape.seq, mb.shape.dec_seq)
+                        : absl::StrFormat("{\"mbs\":%d,\"seq\":%d}", mb.shape.mbs, mb.shape.seq));
+    }
+  }
+  for (double m : p.peak_mb) peaks.push_back(absl::StrFormat("%.1f", m));
+  std::vector<std::string> schedules;
+  for (auto k : p.schedules) schedules.push_back(absl::StrCat("\"", planner::ScheduleName(k), "\""));
+  return absl::StrFormat(
+      "{\"iteration\":%d,\"batching\":\"%s\",\"samples\":%d,\"tokens\":%d,\"micro_batches\":[%s],"
+      "\"predicted_iteration_ms\":%.3f,\"padding_efficiency\":%.4f,\"peak_memory_mb\":[%s],"
+      "\"schedule\":%s,\"recompute\":\"%s\",\"simulations\":%d,"
+      "\"plan_ms\":{\"partition\":%.3f,\"schedule\":%.3f,\"instructions\":%.3f,\"validate\":%.3f,\"total\":%.3f}}",
+      p.iteration, planner::BatchingName(p.batching), samples, p.tokens, absl::StrJoin(mbs, ","), p.predicted_ms,
+      p.padding_efficiency, absl::StrJoin(peaks, ","),
+      schedules.size() == 1 ? schedules[0] : absl::StrCat("[", absl::StrJoin(schedules, ","), "]"),
+      planner::RecomputeName(p.recompute), p.simulations, p.timings.partition_ms, p.timings.schedule_ms,
+      p.timings.instructions_ms, p.timings.validate_ms, p.timings.total_ms);
+}
+
+std::string IterationText(const IterationPlan& p, size_t samples) {
+  std::vector<std::string> mbs;
+  int count = 0;
+  for (const auto& g : p.groups) {
+    for (const auto& mb : g) {
+      ++count;
+      mbs.push_back(mb.shape.dec_seq > 0 ? absl::StrCat(mb.shape.mbs, "x", mb.shape.seq, "/", mb.shape.dec_seq)
+                                         : absl::StrCat(mb.shape.mbs, "x", mb.shape.seq));
+    }
+  }
+  std::vector<std::string> peaks;
+  for (double m : p.peak_mb) peaks.push_back(absl::StrFormat("%.0f", m));
+  std::vector<std::string> schedules;
+  for (auto k : p.schedules) schedules.push_back(planner::ScheduleName(k));
+  return absl::StrFormat(
+      "iter %d: %d samples, %d tokens, %d micro-batches [%s]\n"
+      "  predicted %.2f ms, padding efficiency %.3f, peak MB per stage [%s], schedule %s, recompute %s\n"
+      "  plan %.2f ms (partition %.2f, schedule %.2f, instructions %.2f, validate %.2f; %d simulations)\n",
+      p.iteration, samples, p.tokens, count, absl::StrJoin(mbs, " "), p.predicted_ms, p.padding_efficiency,
+      absl::StrJoin(peaks, " "), absl::StrJoin(schedules, ","), planner::RecomputeName(p.recompute),
+      p.timings.total_ms, p.timings.partition_ms, p.timings.schedule_ms, p.timings.instructions_ms,
+      p.timings.validate_ms, p.simulations);
+}
+
+struct MethodResult {
+  Batching batching;
+  std::vector<IterationPlan> plans;
+  double tokens = 0, predicted_ms = 0;
+  double tokens_per_s() const { return predicted_ms > 0 ? tokens / (predicted_ms / 1e3) : 0; }
+  double padding_efficiency() const {
+    double e = 0;
+    for (const auto& p : plans) e += p.padding_efficiency;
+    return plans.empty() ? 0 : e / plans.size();
+  }
+};
+
+}  // namespace
+
+std::string PlanUsage() {
+  return R"(usage: dynapipe plan --lengths FILE --model MODEL [flags]
+  --lengths FILE            one sample per line: input_len [target_len]; '#' comments
+  --model MODEL             ModelSpec file, or a name in configs/models (gpt-6.7b, gpt-tiny, ...)
+  --stages N                pipeline stages (default 1)
+  --dp N                    data-parallel groups (default 1)
+  --layers-per-stage N|L    layers per stage, one value or a comma list
+  --layer-to-device L       device per layer, comma list (interleaved layouts)
+  --max-seqlen N            longer samples are truncated (default min(2048, model max_positions))
+  --global-batch-tokens N   token budget per iteration (default 65536)
+  --mem-limit-mb X          memory per device (default: the device's)
+  --cluster FILE            ClusterSpec (devices per node, bandwidths, latencies)
+  --profile FILE | --device NAME   measured CostProfile JSON, or analytic model of h100|h200|a100|cpu
+  --batching METHOD         dynamic|packing|padding|token_based|fixed_mbs (default dynamic)
+  --micro-batch-size N      padding / fixed_mbs size (default: best power of two)
+  --micro-batch-tokens N    token_based budget (default: best power of two x 1024)
+  --schedule S              auto|1f1b|interleaved_1f1b|wait_free_cyclic (default auto)
+  --recompute R             auto|none|selective|full (default auto)
+  --permutations N          micro-batch orders tried per schedule (default 4)
+  --tolerance X             relative thinning of DP caps (default 0.02)
+  --iters K                 plan the first K global batches (default: all)
+  --threads N               plan iterations on N threads (default 1)
+  --json                    one JSON object per iteration, then a summary object
+  --compare                 run every batching method on the same batches
+  --dump-plans DIR          write every rank's execution plan as JSON
+  --trace FILE              Chrome trace of the first iteration's simulated schedule
+  --zero1                   shard optimizer state over data-parallel ranks
+  --attention K             varlen|materialized: what attention costs (default: the model's, else varlen);
+                            materialized prices every pair of a row, as Megatron-LM with a mask
+  --seed N                  seed for orderings and permutations (default 1)
+)";
+}
+
+int RunPlanCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  const std::set<std::string> valued = {"lengths", "model", "stages", "dp", "layers-per-stage", "layer-to-device",
+                                        "max-seqlen", "global-batch-tokens", "mem-limit-mb", "cluster", "profile",
+                                        "device", "batching", "micro-batch-size", "micro-batch-tokens", "schedule",
+                                        "recompute", "permutations", "tolerance", "iters", "threads", "dump-plans",
+                                        "trace", "seed", "round", "attention"};
+  const std::set<std::string> switches = {"json", "compare", "zero1", "help"};
+  auto fail = [&err](const absl::Status& s) {
+    err << "dynapipe plan: " << s.message() << "\n";
+    return 2;
+  };
+  auto args = Args::Parse(argv, valued, switches);
+  if (!args.ok()) return fail(args.status());
+  if (args->Has("help")) {
+    out << PlanUsage();
+    return 0;
+  }
+  if (!args->Has("lengths")) return fail(absl::InvalidArgumentError("--lengths is required (see --help)"));
+  auto setup = SetupFromArgs(*args);
+  if (!setup.ok()) return fail(setup.status());
+  auto budget = args->Int("global-batch-tokens", 65536);
+  auto iters = args->Int("iters", -1);
+  auto threads = args->Int("threads", 1);
+  for (const auto* v : {&budget, &iters, &threads}) {
+    if (!v->ok()) return fail(v->status());
+  }
+  if (*budget < 1) return fail(absl::InvalidArgumentError("--global-batch-tokens: must be positive"));
+  if (*threads < 1 || *threads > 256) return fail(absl::InvalidArgumentError("--threads: must be in 1..256"));
+  auto raw = data::ReadLengthsFile(args->Str("lengths"));
+  if (!raw.ok()) return fail(raw.status());
+  const bool ed = setup->config.model.kind() == proto::ModelKind::t5;
+  std::vector<planner::Sample> samples;
+  samples.reserve(raw->size());
+  for (size_t i = 0; i < raw->size(); ++i) {
+    if (ed && (*raw)[i].target <= 0) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(args->Str("lengths"), ": sample ", i,
+                                                          " has no target length, which t5 needs")));
+    }
+    samples.push_back(planner::Truncate(static_cast<int64_t>(i), (*raw)[i], setup->config.max_seq_len, ed));
+  }
+  auto batches = planner::FormGlobalBatches(samples, *budget, ed);
+  if (*iters >= 0 && static_cast<size_t>(*iters) < batches.size()) batches.resize(*iters);
+  if (batches.empty()) return fail(absl::InvalidArgumentError("--iters: nothing to plan"));
+
+  auto planner = planner::Planner::Create(setup->config, setup->cost);
+  if (!planner.ok()) return fail(planner.status());
+
+  const bool json = args->Has("json"), compare = args->Has("compare");
+  std::vector<Batching> methods = {setup->config.batching};
+  if (compare) {
+    methods.clear();
+    for (int b = 0; b < planner::kNumBatchings; ++b) methods.push_back(static_cast<Batching>(b));
+  }
+  const bool dump = args->Has("dump-plans");
+  planner::PlanRequest request;
+  request.build_plans = true;
+  request.validate = true;
+  request.record = args->Has("trace");
+  ThreadPool pool(static_cast<int>(std::max<int64_t>(1, *threads)) - 1);
+  std::vector<MethodResult> results;
+  for (Batching method : methods) {
+    MethodResult r{method, std::vector<IterationPlan>(batches.size())};
+    std::vector<absl::Status> errors(batches.size());
+    auto plan_one = [&](int i) {
+      auto p = (*planner)->Plan(batches[i], i, method, request);
+      if (p.ok()) {
+        r.plans[i] = std::move(*p);
+      } else {
+        errors[i] = p.status();
+      }
+    };
+    if (*threads > 1) {
+      pool.ParallelFor(static_cast<int>(batches.size()), plan_one);
+    } else {
+      for (int i = 0; i < static_cast<int>(batches.size()); ++i) plan_one(i);
+    }
+    for (size_t i = 0; i < errors.size(); ++i) {
+      if (!errors[i].ok()) {
+        return fail(absl::Status(errors[i].code(), absl::StrCat(planner::BatchingName(method), ", iteration ", i, ": ",
+                                                                errors[i].message())));
+      }
+    }
+    for (size_t i = 0; i < batches.size(); ++i) {
+      r.tokens += r.plans[i].tokens;
+      r.predicted_ms += r.plans[i].predicted_ms;
+      if (!compare) out << (json ? IterationJson(r.plans[i], batches[i].size()) + "\n" : IterationText(r.plans[i], batches[i].size()));
+    }
+    results.push_back(std::move(r));
+  }
+
+  const MethodResult& main = results[0];
+  if (dump) {
+    const std::string dir = args->Str("dump-plans");
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return fail(absl::UnavailableError(absl::StrCat("--dump-plans: cannot create ", dir, ": ", ec.message())));
+    for (const auto& p : main.plans) {
+      for (const auto& plan : p.plans) {
+        const absl::Status s = WriteFileAtomic(absl::StrCat(dir, "/iter_", p.iteration, "_rank_", plan.rank(), ".json"),
+                                               ToJson(plan, /*pretty=*/true));
+        if (!s.ok()) return fail(s);
+      }
+    }
+  }
+  if (args->Has("trace")) {
+    std::string events;
+    const auto& p = main.plans[0];
+    for (size_t g = 0; g < p.sims.size(); ++g) {
+      const std::string e = planner::ChromeTrace(p.sims[g], absl::StrCat("dp", g), static_cast<int>(g) * 1000);
+      if (!e.empty()) absl::StrAppend(&events, events.empty() ? "" : ",\n", e);
+    }
+    const absl::Status s = WriteFileAtomic(args->Str("trace"), absl::StrCat("{\"traceEvents\":[\n", events, "\n]}\n"));
+    if (!s.ok()) return fail(s);
+  }
+
+  if (!compare) {
+    std::vector<double> plan_ms, pred, part, sched, instr, valid;
+    for (const auto& p : main.plans) {
+      plan_ms.push_back(p.timings.total_ms);
+      pred.push_back(p.predicted_ms);
+      part.push_back(p.timings.partition_ms);
+      sched.push_back(p.timings.schedule_ms);
+      instr.push_back(p.timings.instructions_ms);
+      valid.push_back(p.timings.validate_ms);
+    }
+    if (json) {
+      out << absl::StrFormat(
+          "{\"summary\":true,\"batching\":\"%s\",\"cost_model\":\"%s\",\"iterations\":%d,\"median_plan_ms\":%.3f,"
+          "\"p90_plan_ms\":%.3f,\"median_plan_ms_parts\":{\"partition\":%.3f,\"schedule\":%.3f,\"instructions\":%.3f,"
+          "\"validate\":%.3f},\"median_predicted_iteration_ms\":%.3f,\"tokens_per_s\":%.1f,\"padding_efficiency\":%.4f}\n",
+          planner::BatchingName(main.batching), setup->cost_description, main.plans.size(), Median(plan_ms),
+          Percentile(plan_ms, 0.9), Median(part), Median(sched), Median(instr), Median(valid), Median(pred),
+          main.tokens_per_s(), main.padding_efficiency());
+    } else {
+      out << absl::StrFormat(
+          "summary: %d iterations, %s, cost model %s\n  plan time median %.2f ms (p90 %.2f), predicted iteration "
+          "median %.2f ms, %.0f tokens/s, padding efficiency %.3f\n",
+          main.plans.size(), planner::BatchingName(main.batching), setup->cost_description, Median(plan_ms),
+          Percentile(plan_ms, 0.9), Median(pred), main.tokens_per_s(), main.padding_efficiency());
+    }
+    return 0;
+  }
+  double packing = 0;
+  for (const auto& r : results) {
+    if (r.batching == Batching::kPacking) packing = r.tokens_per_s();
+  }
+  if (!json) {
+    out << absl::StrFormat("%d iterations, cost model %s\n%-12s %14s %12s %12s %18s\n", batches.size(),
+                           setup->cost_description, "method", "tokens/s", "vs packing", "padding eff",
+                           "median iter ms");
+  }
+  for (const auto& r : results) {
+    std::vector<double> pred;
+    for (const auto& p : r.plans) pred.push_back(p.predicted_ms);
+    const double rel = packing > 0 ? r.tokens_per_s() / packing : 0;
+    if (json) {
+      out << absl::StrFormat(
+          "{\"method\":\"%s\",\"tokens_per_s\":%.1f,\"relative_to_packing\":%.4f,\"padding_efficiency\":%.4f,"
+          "\"median_predicted_iteration_ms\":%.3f}\n",
+          planner::BatchingName(r.batching), r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
+    } else {
+      out << absl::StrFormat("%-12s %14.0f %11.2fx %12.3f %18.2f\n", planner::BatchingName(r.batching),
+                             r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
+    }
+  }
+  return 0;
+}
+
+}  // namespace dynapipe::cli

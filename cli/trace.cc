@@ -1,0 +1,257 @@
+#include "cli/trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/struct.pb.h"
+#include "planner/plan/transfers.h"
+#include "src/common/proto_io.h"
+
+namespace dynapipe::cli {
+namespace {
+
+// Tracks of a rank.
+enum Track { kMeasuredCompute = 1, kMeasuredComm = 2, kPlannedCompute = 3, kPlannedComm = 4 };
+constexpr const char* kTrackNames[] = {"", "measured: compute", "measured: communication", "planned: compute",
+                                       "planned: communication"};
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// The instruction's name and whether it is communication.
+struct OpInfo {
+  std::string name;
+  bool comm = false;
+};
+
+OpInfo Describe(const proto::Instruction& ins) {
+  using I = proto::Instruction;
+  switch (ins.op_case()) {
+    case I::kLoadInput: return {"load input"};
+    case I::kForward: return {"forward"};
+    case I::kBackward: return {"backward"};
+    case I::kSendActivationStart: return {"send activation", true};
+    case I::kSendActivationFinish: return {"send activation (wait)", true};
+    case I::kRecvActivationStart: return {"receive activation", true};
+    case I::kRecvActivationFinish: return {"receive activation (wait)", true};
+    case I::kSendGradStart: return {"send gradient", true};
+    case I::kSendGradFinish: return {"send gradient (wait)", true};
+    case I::kRecvGradStart: return {"receive gradient", true};
+    case I::kRecvGradFinish: return {"receive gradient (wait)", true};
+    case I::kFreeBuffer: return {"free buffer"};
+    case I::kAllReduceGrads: return {"all-reduce gradients", true};
+    case I::kOptimizerStep: return {"optimizer step"};
+    case I::OP_NOT_SET: break;
+  }
+  return {"unknown"};
+}
+
+// Microseconds from milliseconds; 0 for what is not a time (NaN, negative).
+double Us(double ms) { return std::isfinite(ms) && ms > 0 ? ms * 1e3 : 0.0; }
+
+std::string Slice(const std::string& name, int pid, int tid, double start_ms, double end_ms, int index, int mb) {
+  const double ts = Us(start_ms), dur = std::max(1.0, Us(end_ms) - ts);
+  std::string args = absl::StrCat("{\"instruction\":", index);
+  if (mb >= 0) absl::StrAppend(&args, ",\"micro_batch\":", mb);
+  return absl::StrFormat(R"j({"ph":"X","name":%s,"cat":"%s","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":%s}})j",
+                         Quote(mb >= 0 ? absl::StrCat(name, " mb ", mb) : name),
+                         tid == kMeasuredCompute || tid == kPlannedCompute ? "compute" : "communication", pid, tid, ts,
+                         dur, args);
+}
+
+}  // namespace
+
+absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* json, TraceStats* stats) {
+  const int world = it.plans_size();
+  if (world == 0 || it.reports_size() != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trace: ", it.plans_size(), " plans and ", it.reports_size(), " reports"));
+  }
+  std::vector<std::string> events;
+  // Where each measured instruction ran: [rank][instruction] -> (start, end).
+  std::vector<std::map<int, std::pair<double, double>>> measured(world);
+  for (int r = 0; r < world; ++r) {
+    const proto::ExecutionPlan& plan = it.plans(r);
+    const proto::IterationReport& report = it.reports(r);
+    if (plan.rank() != r || report.rank() != r) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: entry ", r, " holds the plan of rank ", plan.rank(),
+                                                     " and the report of rank ", report.rank()));
+    }
+    events.push_back(absl::StrFormat(
+        R"j({"ph":"M","name":"process_name","pid":%d,"args":{"name":"rank %d (stage %d, group %d)"}})j", r, r,
+        plan.pp_rank(), plan.dp_rank()));
+    events.push_back(absl::StrFormat(R"j({"ph":"M","name":"process_sort_index","pid":%d,"args":{"sort_index":%d}})j", r,
+                                     r));
+    for (int t = kMeasuredCompute; t <= kPlannedComm; ++t) {
+      events.push_back(absl::StrFormat(R"j({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"%s"}})j", r,
+                                       t, kTrackNames[t]));
+    }
+    for (int i = 0; i < plan.instructions_size(); ++i) {
+      const proto::Instruction& ins = plan.instructions(i);
+      const OpInfo op = Describe(ins);
+      events.push_back(Slice(op.name, r, op.comm ? kPlannedComm : kPlannedCompute, ins.sim_start_ms(),
+                             ins.sim_end_ms(), i, ins.micro_batch()));
+    }
+    for (const proto::InstructionTiming& t : report.timings()) {
+      if (t.index() < 0 || t.index() >= plan.instructions_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("trace: rank ", r, " timed instruction ", t.index(),
+                                                       " of a plan with ", plan.instructions_size(),
+                                                       " instructions"));
+      }
+      const proto::Instruction& ins = plan.instructions(t.index());
+      const OpInfo op = Describe(ins);
+      events.push_back(Slice(op.name, r, op.comm ? kMeasuredComm : kMeasuredCompute, t.start_ms(), t.end_ms(),
+                             t.index(), ins.micro_batch()));
+      measured[r][t.index()] = {t.start_ms(), t.end_ms()};
+    }
+    const double end_us = std::max(1.0, Us(report.iteration_ms()));
+    for (double ts : {0.0, end_us}) {
+      events.push_back(absl::StrFormat(
+          R"j({"ph":"C","name":"peak memory (MB)","pid":%d,"ts":%.3f,"args":{"measured":%.3f,"planned":%.3f}})j", r, ts,
+          std::isfinite(report.peak_memory_mb()) ? report.peak_memory_mb() : 0.0,
+          std::isfinite(plan.predicted_peak_memory_mb()) ? plan.predicted_peak_memory_mb() : 0.0));
+    }
+  }
+  // Flows: the k-th measured send of a kind from a to b for a micro-batch
+  // meets the k-th receive (its wait) at b from a of that kind and
+  // micro-batch.
+  std::map<planner::TransferKey, std::vector<int>> sends, recvs;  // -> instruction indices, in plan order
+  for (int r = 0; r < world; ++r) {
+    const proto::ExecutionPlan& plan = it.plans(r);
+    for (int i = 0; i < plan.instructions_size(); ++i) {
+      const std::optional<planner::TransferOp> x = planner::TransferOf(plan.instructions(i), r);
+      if (x && x->step == planner::TransferStep::kSendStart) sends[x->key].push_back(i);
+      if (x && x->step == planner::TransferStep::kRecvFinish) recvs[x->key].push_back(i);
+    }
+  }
+  int flow = 0;
+  for (const auto& [key, from] : sends) {
+    const auto& [activation, a, b, mb] = key;
+    auto to = recvs.find(key);
+    if (to == recvs.end() || a < 0 || a >= world || b < 0 || b >= world) continue;
+    for (size_t k = 0; k < std::min(from.size(), to->second.size()); ++k) {
+      auto s = measured[a].find(from[k]);
+      auto f = measured[b].find(to->second[k]);
+      if (s == measured[a].end() || f == measured[b].end()) continue;  // not timed: no arrow
+      ++flow;
+      const std::string name = absl::StrCat(activation ? "activation" : "gradient", " mb ", mb);
+      // Each end sits inside its slice, which it binds to.
+      const double s_ts = Us(s->second.first) + 0.25;
+      const double f_ts = Us(f->second.first) + 0.25;
+      events.push_back(absl::StrFormat(
+          R"j({"ph":"s","id":%d,"name":%s,"cat":"transfer","pid":%d,"tid":%d,"ts":%.3f})j", flow, Quote(name), a,
+          kMeasuredComm, s_ts));
+      events.push_back(absl::StrFormat(
+          R"j({"ph":"f","bp":"e","id":%d,"name":%s,"cat":"transfer","pid":%d,"tid":%d,"ts":%.3f})j", flow, Quote(name),
+          b, kMeasuredComm, f_ts));
+    }
+  }
+  json->clear();
+  absl::StrAppend(json, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+  for (size_t i = 0; i < events.size(); ++i) absl::StrAppend(json, events[i], i + 1 < events.size() ? ",\n" : "\n");
+  absl::StrAppend(json, "]}\n");
+  if (stats != nullptr) *stats = {static_cast<int>(events.size()), flow};
+  return absl::OkStatus();
+}
+
+absl::Status CheckTrace(const std::string& json) {
+  google::protobuf::Struct root;
+  if (absl::Status s = ParseJsonProto(json, "trace", &root); !s.ok()) return s;
+  auto f = root.fields().find("traceEvents");
+  if (f == root.fields().end() || !f->second.has_list_value()) {
+    return absl::InvalidArgumentError("trace: no traceEvents array");
+  }
+  std::set<int> named_pids, used_pids;
+  std::set<std::pair<int, int>> named_threads, used_threads;
+  std::map<std::string, std::pair<int, int>> flows;  // id -> (starts, ends)
+  int index = 0;
+  for (const google::protobuf::Value& v : f->second.list_value().values()) {
+    const std::string where = absl::StrCat("trace event ", index++);
+    if (!v.has_struct_value()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+    const auto& e = v.struct_value().fields();
+    auto str = [&](const char* k) -> const google::protobuf::Value* {
+      auto it = e.find(k);
+      return it != e.end() && it->second.kind_case() == google::protobuf::Value::kStringValue ? &it->second : nullptr;
+    };
+    auto num = [&](const char* k) -> const google::protobuf::Value* {
+      auto it = e.find(k);
+      return it != e.end() && it->second.kind_case() == google::protobuf::Value::kNumberValue ? &it->second : nullptr;
+    };
+    const auto* ph = str("ph");
+    const auto* name = str("name");
+    const auto* pid = num("pid");
+    if (ph == nullptr || name == nullptr || pid == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": needs string ph and name and a numeric pid"));
+    }
+    const std::string& phase = ph->string_value();
+    const int p = static_cast<int>(pid->number_value());
+    const auto* tid = num("tid");
+    if (phase == "M") {
+      auto args = e.find("args");
+      const bool has_name = args != e.end() && args->second.has_struct_value() &&
+                            args->second.struct_value().fields().contains("name");
+      if (name->string_value() == "process_name" && has_name) named_pids.insert(p);
+      if (name->string_value() == "thread_name" && has_name && tid != nullptr) {
+        named_threads.insert({p, static_cast<int>(tid->number_value())});
+      }
+      continue;
+    }
+    const auto* ts = num("ts");
+    if (ts == nullptr || ts->number_value() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": bad ts"));
+    used_pids.insert(p);
+    if (phase == "C") {
+      auto args = e.find("args");
+      if (args == e.end() || !args->second.has_struct_value() || args->second.struct_value().fields().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": a counter needs values in args"));
+      }
+      for (const auto& [k, val] : args->second.struct_value().fields()) {
+        if (val.kind_case() != google::protobuf::Value::kNumberValue) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": counter value ", k, " is not a number"));
+        }
+      }
+      continue;
+    }
+    if (tid == nullptr) return absl::InvalidArgumentError(absl::StrCat(where, ": no tid"));
+    used_threads.insert({p, static_cast<int>(tid->number_value())});
+    if (phase == "X") {
+      const auto* dur = num("dur");
+      if (dur == nullptr || dur->number_value() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": bad dur"));
+    } else if (phase == "s" || phase == "f") {
+      const auto* id = num("id");
+      if (id == nullptr) return absl::InvalidArgumentError(absl::StrCat(where, ": a flow needs an id"));
+      auto& n = flows[absl::StrCat(id->number_value())];
+      ++(phase == "s" ? n.first : n.second);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unexpected phase ", phase));
+    }
+  }
+  for (const auto& [id, n] : flows) {
+    if (n.first != 1 || n.second != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trace: flow ", id, " has ", n.first, " start(s) and ", n.second, " end(s)"));
+    }
+  }
+  for (int p : used_pids) {
+    if (!named_pids.contains(p)) return absl::InvalidArgumentError(absl::StrCat("trace: process ", p, " has no name"));
+  }
+  for (const auto& [p, t] : used_threads) {
+    if (!named_threads.contains({p, t})) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: thread ", t, " of process ", p, " has no name"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dynapipe::cli

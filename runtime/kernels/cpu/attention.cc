@@ -1,0 +1,236 @@
+// Segment-masked causal attention on BLAS blocks (see ops.h).
+//
+// The tokens of a row split into spans that attend among themselves: with
+// the varlen kernel, each sample (a maximal run of one segment id) is a span
+// and padding belongs to none; with the materialized kernel, the whole row
+// is one span whose pairs across samples are computed and then masked. Per
+// span and head, queries go in blocks of kBlock rows; a block's scores
+// against every key up to its last query are one GEMM (S = scale Q K^T), the
+// causal softmax runs row by row in SIMD lanes, and the output is a second
+// GEMM (O = P V). Only the upper triangle inside a diagonal block is wasted
+// work. Probabilities are kept per span and head as an L x L matrix (row
+// stride L), so varlen keeps sum(L^2) per head instead of T^2 per row.
+//
+// Backward replays the same blocks: dP = dO V^T, the softmax backward
+// dS = P (dP - rowsum(P dP)) scale, then dQ += dS K, dK += dS^T Q and
+// dV += P^T dO, all GEMMs accumulating into dqkv.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "runtime/kernels/cpu/ops.h"
+#include "runtime/kernels/cpu/gemm.h"
+#include "runtime/kernels/cpu/vec_math.h"
+
+namespace dynapipe::runtime::cpu {
+namespace {
+
+constexpr int64_t kBlock = 64;
+
+struct Span {
+  int64_t row = 0, start = 0, len = 0;
+  bool masked = false;  // pairs across segments (and padding queries) are computed, then masked
+  int64_t probs = 0;    // offset of this span's NH x L x L probabilities
+};
+
+// Varlen spans are the maximal runs of one segment id >= 0. A row where an
+// id comes back after another (not produced by our batching, but allowed by
+// the contract) becomes one masked span, which the mask keeps exact.
+std::vector<Span> Spans(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH, AttentionKernel kernel) {
+  std::vector<Span> spans;
+  int64_t probs = 0;
+  auto add = [&](int64_t row, int64_t start, int64_t len, bool masked) {
+    spans.push_back(Span{row, start, len, masked, probs});
+    probs += NH * len * len;
+  };
+  std::vector<int32_t> seen;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* sg = seg + b * Tn;
+    const size_t first = spans.size();
+    const int64_t probs_before = probs;
+    bool whole_row = kernel == AttentionKernel::kMaterialized;
+    seen.clear();
+    for (int64_t t = 0; t < Tn && !whole_row;) {
+      int64_t e = t + 1;
+      while (e < Tn && sg[e] == sg[t]) ++e;
+      if (sg[t] >= 0) {
+        if (std::find(seen.begin(), seen.end(), sg[t]) != seen.end()) {
+          whole_row = true;
+          break;
+        }
+        seen.push_back(sg[t]);
+        add(b, t, e - t, false);
+      }
+      t = e;
+    }
+    if (whole_row) {
+      spans.resize(first);
+      probs = probs_before;
+      add(b, 0, Tn, true);
+    }
+  }
+  return spans;
+}
+
+// In place over a[0, n): a = softmax(a). Masked entries are -inf on entry;
+// at least one entry is finite.
+DP_SIMD_CLONES void SoftmaxRow(float* a, int64_t n) {
+  using namespace simd;
+  VF vmax = Splat(-__builtin_huge_valf());
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const VF v = Load(a + j);
+    vmax = SelectLess(vmax, v, v, vmax);
+  }
+  float mx = HorizontalMax(vmax);
+  for (int64_t k = j; k < n; ++k) mx = std::max(mx, a[k]);
+  VF vsum = Splat(0.0f);
+  j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const VF e = Exp(Load(a + j) - mx);
+    Store(a + j, e);
+    vsum += e;
+  }
+  float sum = HorizontalSum(vsum);
+  if (j < n) {
+    float buf[kLanes];
+    std::fill(buf, buf + kLanes, -__builtin_huge_valf());
+    std::copy(a + j, a + n, buf);
+    const VF e = Exp(Load(buf) - mx);  // padded lanes: exp(-inf) = 0
+    Store(buf, e);
+    std::copy(buf, buf + (n - j), a + j);
+    sum += HorizontalSum(e);
+  }
+  const float inv = 1.0f / sum;
+  Map(a, a, n, [inv](VF v) { return v * inv; });
+}
+void SoftmaxRow(double* a, int64_t n) {
+  const double mx = *std::max_element(a, a + n);
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (a[j] = std::exp(a[j] - mx));
+  const double inv = 1.0 / sum;
+  for (int64_t j = 0; j < n; ++j) a[j] *= inv;
+}
+
+// ds[0, n) = p * (dp - sum(p * dp)) * scale, in place over dp.
+DP_SIMD_CLONES void SoftmaxBackwardRow(const float* p, float* dp, int64_t n, float scale) {
+  using namespace simd;
+  VF vdot = Splat(0.0f);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) vdot += Load(p + j) * Load(dp + j);
+  float dot = HorizontalSum(vdot);
+  for (int64_t k = j; k < n; ++k) dot += p[k] * dp[k];
+  for (j = 0; j + kLanes <= n; j += kLanes) Store(dp + j, Load(p + j) * (Load(dp + j) - dot) * scale);
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - dot) * scale;
+}
+void SoftmaxBackwardRow(const double* p, double* dp, int64_t n, double scale) {
+  double dot = 0;
+  for (int64_t j = 0; j < n; ++j) dot += p[j] * dp[j];
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - dot) * scale;
+}
+
+// Query rows [q0, q1) of one span and head: scores from S (row stride L,
+// already scaled) to probabilities, keys [0, q1) of which [0, r] are causal.
+template <typename T>
+void BlockSoftmax(T* P, const Span& s, const int32_t* sg, int64_t q0, int64_t q1) {
+  const int64_t L = s.len;
+  for (int64_t r = q0; r < q1; ++r) {
+    T* a = P + r * L;
+    std::fill(a + r + 1, a + q1, T(0));  // future keys of this block
+    if (s.masked) {
+      const int32_t own = sg[s.start + r];
+      if (own < 0) {  // a padding query: computed above, then discarded
+        std::fill(a, a + r + 1, T(0));
+        continue;
+      }
+      for (int64_t j = 0; j <= r; ++j) {
+        if (sg[s.start + j] != own) a[j] = -INFINITY;
+      }
+    }
+    SoftmaxRow(a, r + 1);
+  }
+}
+
+}  // namespace
+
+int64_t AttentionProbsSize(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH, AttentionKernel kernel) {
+  const std::vector<Span> spans = Spans(seg, B, Tn, NH, kernel);
+  return spans.empty() ? 0 : spans.back().probs + NH * spans.back().len * spans.back().len;
+}
+
+template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                      AttentionKernel kernel) {
+  const int64_t hs = C / NH;
+  const T scale = T(1) / std::sqrt(T(hs));
+  // Tokens outside every span (varlen padding) output zeros.
+  for (int64_t t = 0; t < B * Tn; ++t) {
+    if (seg[t] < 0) std::fill(out + t * C, out + (t + 1) * C, T(0));
+  }
+  for (const Span& s : Spans(seg, B, Tn, NH, kernel)) {
+    const int32_t* sg = seg + s.row * Tn;
+    const int64_t L = s.len, tok0 = s.row * Tn + s.start;
+    for (int64_t h = 0; h < NH; ++h) {
+      T* P = att + s.probs + h * L * L;
+      const T* q = qkv + tok0 * 3 * C + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* o = out + tok0 * C + h * hs;
+      for (int64_t q0 = 0; q0 < L; q0 += kBlock) {
+        const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0;
+        Gemm(CblasNoTrans, CblasTrans, m, q1, hs, scale, q + q0 * 3 * C, 3 * C, k, 3 * C, T(0), P + q0 * L, L);
+        BlockSoftmax(P, s, sg, q0, q1);
+        Gemm(CblasNoTrans, CblasNoTrans, m, hs, q1, T(1), P + q0 * L, L, v, 3 * C, T(0), o + q0 * C, C);
+      }
+      if (s.masked) {  // padding queries: zero probabilities gave zero outputs; make them exact zeros
+        for (int64_t r = 0; r < L; ++r) {
+          if (sg[s.start + r] < 0) std::fill(o + r * C, o + r * C + hs, T(0));
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn,
+                       int64_t C, int64_t NH, AttentionKernel kernel) {
+  const int64_t hs = C / NH;
+  const T scale = T(1) / std::sqrt(T(hs));
+  std::vector<T> dp(static_cast<size_t>(kBlock * Tn));
+  for (const Span& s : Spans(seg, B, Tn, NH, kernel)) {
+    const int64_t L = s.len, tok0 = s.row * Tn + s.start;
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* P = att + s.probs + h * L * L;
+      const T* q = qkv + tok0 * 3 * C + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* dq = dqkv + tok0 * 3 * C + h * hs;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const T* dy = dout + tok0 * C + h * hs;
+      for (int64_t q0 = 0; q0 < L; q0 += kBlock) {
+        const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0;
+        T* d = dp.data();  // (m, q1)
+        Gemm(CblasNoTrans, CblasTrans, m, q1, hs, T(1), dy + q0 * C, C, v, 3 * C, T(0), d, q1);
+        for (int64_t r = q0; r < q1; ++r) {
+          SoftmaxBackwardRow(P + r * L, d + (r - q0) * q1, r + 1, scale);
+          std::fill(d + (r - q0) * q1 + r + 1, d + (r - q0 + 1) * q1, T(0));
+        }
+        Gemm(CblasNoTrans, CblasNoTrans, m, hs, q1, T(1), d, q1, k, 3 * C, T(1), dq + q0 * 3 * C, 3 * C);
+        Gemm(CblasTrans, CblasNoTrans, q1, hs, m, T(1), d, q1, q + q0 * 3 * C, 3 * C, T(1), dk, 3 * C);
+        Gemm(CblasTrans, CblasNoTrans, q1, hs, m, T(1), P + q0 * L, L, dy + q0 * C, C, T(1), dv, 3 * C);
+      }
+    }
+  }
+}
+
+#define DP_INSTANTIATE_ATTENTION(T)                                                                               \
+  template void AttentionForward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,         \
+                                    AttentionKernel);                                                             \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
+                                     int64_t, AttentionKernel);
+
+DP_INSTANTIATE_ATTENTION(float)
+DP_INSTANTIATE_ATTENTION(double)
+
+}  // namespace dynapipe::runtime::cpu

@@ -1,0 +1,72 @@
+#include "runtime/kernels/cuda/gelu.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/device/cuda_status.h"
+#include "runtime/kernels/cuda/device_util.cuh"
+
+namespace dynapipe::runtime::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// sqrt(2 / pi), as the CPU backend's std::sqrt(T(2) / T(M_PI)) rounded to fp32.
+constexpr float kGeluK = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+
+__global__ void GeluForwardKernel(bf16* out, const bf16* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = ToF32(inp[i]);
+    out[i] = ToBf16(0.5f * x * (1.0f + tanhf(kGeluK * (x + kGeluC * x * x * x))));
+  }
+}
+
+__device__ __forceinline__ float GeluGrad(float x) {
+  const float th = tanhf(kGeluK * (x + kGeluC * x * x * x));
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * x * x);
+}
+
+__global__ void GeluBackwardKernel(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dinp[i] = ToBf16(ToF32(dinp[i]) + GeluGrad(ToF32(inp[i])) * ToF32(dout[i]));
+  }
+}
+
+__global__ void GeluBackwardInPlaceKernel(bf16* d, const bf16* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    d[i] = ToBf16(GeluGrad(ToF32(inp[i])) * ToF32(d[i]));
+  }
+}
+
+}  // namespace
+
+absl::Status GeluForward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("GeluForward: n must be >= 0, got ", n));
+  if (n == 0) return absl::OkStatus();
+  if (out == nullptr || inp == nullptr) return absl::InvalidArgumentError("GeluForward: null device pointer");
+  GeluForwardKernel<<<GridFor(n), kThreads, 0, stream>>>(out, inp, n);
+  return CudaStatus(cudaGetLastError(), "GeluForward launch");
+}
+
+absl::Status GeluBackward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("GeluBackward: n must be >= 0, got ", n));
+  if (n == 0) return absl::OkStatus();
+  if (dinp == nullptr || inp == nullptr || dout == nullptr) {
+    return absl::InvalidArgumentError("GeluBackward: null device pointer");
+  }
+  GeluBackwardKernel<<<GridFor(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
+  return CudaStatus(cudaGetLastError(), "GeluBackward launch");
+}
+
+absl::Status GeluBackwardInPlace(bf16* d, const bf16* inp, int64_t n, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("GeluBackwardInPlace: n must be >= 0, got ", n));
+  if (n == 0) return absl::OkStatus();
+  if (d == nullptr || inp == nullptr) return absl::InvalidArgumentError("GeluBackwardInPlace: null device pointer");
+  GeluBackwardInPlaceKernel<<<GridFor(n), kThreads, 0, stream>>>(d, inp, n);
+  return CudaStatus(cudaGetLastError(), "GeluBackwardInPlace launch");
+}
+
+}  // namespace dynapipe::runtime::cuda
