@@ -36,9 +36,10 @@ check() {
     echo "$name failed $(echo "$out" | tail -1)" >> "$check_results"
   fi
 }
-echo "test: checking the layering (tools/check_layers.py) and code size (tools/code_size.py)"
+echo "test: checking the layering (tools/check_layers.py), code size (tools/code_size.sh) and the architecture picture"
 check layering python3 tools/check_layers.py --self-test
 check code_size bash tools/code_size.sh
+check architecture python3 tools/architecture.py --check
 
 if [ "${DYNAPIPE_FUZZ:-1}" != 0 ]; then
   echo "test: fuzzing the parsers (deploy/fuzz.sh)"

@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "planner/service/failures.h"
-#include "src/checkpoint/checkpoint.h"
+#include "planner/service/job_start.h"
 #include "src/common/checkpoint_layout.h"
 #include "src/common/file_util.h"
 #include "src/common/logging.h"
@@ -34,7 +34,11 @@ std::string CheckpointDir(const proto::JobSpec& spec) {
 }  // namespace
 
 PlannerService::PlannerService(store::PlanStore* store, ServiceOptions options)
-    : store_(store), options_(std::move(options)), store_pool_(options_.store_threads) {
+    : store_(store),
+      options_(std::move(options)),
+      runtimes_(store_, options_.data_root),
+      waiters_(options_.clock, options_.recheck),
+      store_pool_(options_.store_threads) {
   if (options_.owner.empty()) {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
@@ -50,35 +54,29 @@ PlannerService::~PlannerService() {
 
 void PlannerService::Start() {
   started_ = options_.clock->Now();
-  auto start = [this](void (PlannerService::*loop)()) {
+  auto start = [this](std::function<void()> loop) {
     {
       MutexLock lock(&threads_mu_);
       ++threads_running_;
     }
-    threads_.emplace_back([this, loop] {
-      (this->*loop)();
+    threads_.emplace_back([this, loop = std::move(loop)] {
+      loop();
       MutexLock lock(&threads_mu_);
       --threads_running_;
     });
   };
-  for (int i = 0; i < std::max(1, options_.planning_threads); ++i) start(&PlannerService::PlanningLoop);
-  start(&PlannerService::WaiterLoop);
-  start(&PlannerService::LivenessLoop);
+  for (int i = 0; i < std::max(1, options_.planning_threads); ++i) start([this] { PlanningLoop(); });
+  start([this] { waiters_.Run(); });
+  start([this] { LivenessLoop(); });
 }
 
 void PlannerService::Stop() {
-  {
-    MutexLock lock(&waiters_mu_);  // AddWaiter checks stopping_ under this lock
-    if (stopping_.exchange(true)) return;
-  }
+  if (stopping_.exchange(true)) return;
   {
     MutexLock lock(&work_mu_);
     ++work_epoch_;
   }
-  {
-    MutexLock lock(&waiters_mu_);
-    wake_all_ = true;
-  }
+  waiters_.Stop();
   {
     // Threads finish what they are doing (a plan's commit, a lease's
     // release) unless the store keeps them waiting: then their store calls
@@ -93,109 +91,18 @@ void PlannerService::Stop() {
   for (auto& t : threads_) t.join();
   threads_.clear();
   // Calls still waiting are answered now, not left hanging.
-  std::multimap<std::string, std::shared_ptr<Waiter>> left;
-  {
-    MutexLock lock(&waiters_mu_);
-    left.swap(waiters_);
-  }
-  for (auto& [key, w] : left) w->expire(absl::UnavailableError("planner shutting down; retry"));
+  waiters_.ExpireAll();
 }
 
 void PlannerService::OnEvent(const std::string& event) {
-  {
-    MutexLock lock(&waiters_mu_);
-    if (event == "reconnected") {
-      wake_all_ = true;
-    } else {
-      fired_.push_back(event);
-      std::vector<std::string> parts = absl::StrSplit(event, ' ');
-      if (parts.size() >= 2 && parts[0] != "job") fired_.push_back("job " + parts[1]);
-    }
-  }
+  waiters_.Notify(event);
   MutexLock lock(&work_mu_);
   ++work_epoch_;
 }
 
-absl::StatusOr<std::shared_ptr<const JobRuntime>> PlannerService::Runtime(const std::string& job) {
-  {
-    MutexLock lock(&runtimes_mu_);
-    if (auto it = runtimes_.find(job); it != runtimes_.end()) return it->second;
-  }
-  ASSIGN_OR_RETURN(const proto::JobStatus status, store_->GetJob(job));
-  ASSIGN_OR_RETURN(auto rt, BuildJobRuntime(status.spec(), job, options_.data_root));
-  MutexLock lock(&runtimes_mu_);
-  return runtimes_.emplace(job, std::move(rt)).first->second;
-}
-
-void PlannerService::ReleaseRuntimes() {
-  std::vector<std::string> loaded;
-  {
-    MutexLock lock(&runtimes_mu_);
-    for (const auto& [id, rt] : runtimes_) loaded.push_back(id);
-  }
-  for (const std::string& id : loaded) {
-    auto s = store_->GetJob(id);
-    const bool ended = s.ok() ? store::IsTerminal(s->state()) : s.status().code() == absl::StatusCode::kNotFound;
-    if (!ended) continue;
-    // A plan being made keeps its own reference until it is stored.
-    MutexLock lock(&runtimes_mu_);
-    runtimes_.erase(id);
-  }
-}
 
 // ---- JobService ----
 
-absl::StatusOr<PlannerService::StartPoint> PlannerService::StartOf(const proto::JobSpec& spec) {
-  StartPoint start;
-  const std::string& dir = spec.checkpoint().dir();
-  if (dir.empty()) return start;
-  const int world = spec.parallelism().pp() * spec.parallelism().dp();
-  ASSIGN_OR_RETURN(const std::string on_disk, Annotate(ConfinedPath(options_.data_root, dir), "checkpoint.dir"));
-  // Any shard at all: something a run from iteration 0 would overwrite.
-  ASSIGN_OR_RETURN(const checkpoint_layout::ShardMap shards, checkpoint_layout::ShardsOnDisk(on_disk));
-  if (!spec.checkpoint().resume()) {
-    if (shards.empty()) return start;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir: ", dir, " already holds checkpoints (iteration ", shards.rbegin()->first,
-        "); set checkpoint.resume to continue from them, or choose an empty directory"));
-  }
-  // Resuming: after the latest checkpoint every rank completed, as the ranks'
-  // reports recorded it, else as the shards on disk show it (a new or
-  // flushed Redis).
-  ASSIGN_OR_RETURN(int64_t latest, store_->LatestCheckpoint(dir));
-  start.source = "recorded in the store";
-  if (latest < 0) {
-    latest = checkpoint_layout::LatestComplete(shards, world);
-    start.source = "found on disk";
-  }
-  if (latest < 0 && !shards.empty()) {
-    // No complete checkpoint, but shards: debris of this very job (a run that
-    // died while writing its first checkpoint) is started over; anything
-    // else would be overwritten, so it is refused.
-    const uint64_t fingerprint = checkpoint::JobFingerprint(spec);
-    for (const auto& [iteration, ranks] : shards) {
-      for (const int rank : ranks) {
-        const absl::StatusOr<checkpoint::ShardInfo> info =
-            checkpoint::ReadShardInfo(on_disk, iteration, rank);
-        if (!info.ok() || info->job_fingerprint != fingerprint || info->world != world) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "checkpoint.resume: ", dir, " holds shards but no checkpoint with all ", world, " ranks' shards, and ",
-              checkpoint_layout::ShardPath(dir, iteration, rank),
-              info.ok() ? " belongs to another job layout" : absl::StrCat(" cannot be read (", info.status().message(), ")"),
-              "; starting over would overwrite them (remove them or choose another checkpoint.dir)"));
-        }
-      }
-    }
-    start.source = "found on disk: only an incomplete checkpoint of this job, started over";
-  }
-  start.iteration = latest + 1;
-  if (start.iteration >= spec.iterations()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint.resume: the latest complete checkpoint in ", dir,
-                                                   " is iteration ", latest, ", which leaves none of the job's ",
-                                                   spec.iterations(), " iterations to run"));
-  }
-  return start;
-}
 
 
 absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::SubmitJobRequest& req) {
@@ -203,7 +110,7 @@ absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::Sub
   // and what is stored has every default written out.
   ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::NormalizeJobSpec(req.spec()));
   RETURN_IF_ERROR(BuildJobRuntime(spec, "validation", options_.data_root).status());
-  ASSIGN_OR_RETURN(const StartPoint start, StartOf(spec));
+  ASSIGN_OR_RETURN(const StartPoint start, StartOf(spec, options_.data_root, *store_));
   ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start.iteration, NowMs()));
   {
     // The next idle executor's heartbeat places it, whenever the last pass was.
@@ -390,75 +297,6 @@ absl::StatusOr<proto::CancelJobResponse> PlannerService::Cancel(const proto::Can
   return proto::CancelJobResponse();
 }
 
-// ---- Waiters ----
-
-void PlannerService::AddWaiter(Waiter w) {
-  auto ptr = std::make_shared<Waiter>(std::move(w));
-  {
-    MutexLock lock(&waiters_mu_);
-    if (!stopping_) {
-      // Checked once right away: the event may have fired between the
-      // caller's own check and this registration.
-      fired_.push_back(ptr->key);
-      waiters_.emplace(ptr->key, ptr);
-      return;
-    }
-  }
-  // Stopping: nobody would ever answer this call.
-  ptr->expire(absl::UnavailableError("planner shutting down; retry"));
-}
-
-void PlannerService::WaiterLoop() {
-  absl::Time next_sweep = options_.clock->Now() + options_.recheck;
-  while (!stopping_) {
-    std::vector<std::shared_ptr<Waiter>> check;
-    bool sweep;
-    {
-      MutexLock lock(&waiters_mu_);
-      options_.clock->AwaitWithDeadline(
-          &waiters_mu_, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !fired_.empty() || wake_all_ || stopping_; },
-          next_sweep);
-      const absl::Time now = options_.clock->Now();
-      sweep = wake_all_ || now >= next_sweep;
-      if (sweep) {
-        next_sweep = now + options_.recheck;
-        wake_all_ = false;
-        for (auto& [k, w] : waiters_) check.push_back(w);
-      } else {
-        for (const std::string& e : fired_) {
-          auto range = waiters_.equal_range(e);
-          for (auto it = range.first; it != range.second; ++it) check.push_back(it->second);
-        }
-      }
-      fired_.clear();
-    }
-    if (stopping_) break;
-    std::sort(check.begin(), check.end());
-    check.erase(std::unique(check.begin(), check.end()), check.end());
-    std::vector<std::shared_ptr<Waiter>> finished;
-    const absl::Time now = options_.clock->Now();
-    for (auto& w : check) {
-      if (w->check()) {
-        finished.push_back(w);
-      } else if (now >= w->deadline) {
-        w->expire(absl::DeadlineExceededError("deadline"));
-        finished.push_back(w);
-      }
-    }
-    if (finished.empty()) continue;
-    MutexLock lock(&waiters_mu_);
-    for (auto& w : finished) {
-      auto range = waiters_.equal_range(w->key);
-      for (auto it = range.first; it != range.second; ++it) {
-        if (it->second == w) {
-          waiters_.erase(it);
-          break;
-        }
-      }
-    }
-  }
-}
-
 // ---- PlanService ----
 
 void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time deadline, FetchDone done) {
@@ -508,7 +346,7 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
     return done(lost);
   }
   auto shared_done = std::make_shared<FetchDone>(std::move(done));
-  Waiter w;
+  PlanWait w;
   w.key = absl::StrCat("plan ", req.job_id(), " ", req.iteration());
   w.deadline = deadline;
   w.check = [this, req, shared_done, record]() {
@@ -533,7 +371,7 @@ void PlannerService::FetchPlan(const proto::FetchPlanRequest& req, absl::Time de
     record(r);
     (*shared_done)(std::move(r));
   };
-  AddWaiter(std::move(w));
+  waiters_.Add(std::move(w));
 }
 
 absl::Status PlannerService::ReportIteration(const proto::IterationReport& report) {
@@ -602,11 +440,7 @@ absl::Status PlannerService::ReportIteration(const proto::IterationReport& repor
 }
 
 void PlannerService::RefitFrom(const proto::IterationReport& report, int world) {
-  std::shared_ptr<const JobRuntime> rt;
-  {
-    MutexLock lock(&runtimes_mu_);
-    if (auto it = runtimes_.find(report.job_id()); it != runtimes_.end()) rt = it->second;
-  }
+  const std::shared_ptr<const JobRuntime> rt = runtimes_.Loaded(report.job_id());
   // The refit lives with the job's planner: a process that has not loaded
   // the job (does not plan it) skips the report.
   if (!rt || !rt->refit) return;
@@ -668,7 +502,7 @@ bool PlannerService::ClaimWork(std::string* job, int64_t* iteration, std::shared
         (void)store_->ReleaseLease(id, i, options_.owner);
         continue;
       }
-      auto runtime = Runtime(id);
+      auto runtime = runtimes_.Get(id);
       if (!runtime.ok()) {
         (void)store_->ReleaseLease(id, i, options_.owner);
         const auto code = runtime.status().code();

@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "planner/service/job_runtime.h"
+#include "planner/service/job_runtimes.h"
 #include "planner/service/last_known.h"
+#include "planner/service/plan_waiters.h"
 #include "proto/services.pb.h"
 #include "src/common/answer_within.h"
 #include "src/common/clock.h"
@@ -152,25 +153,6 @@ class PlannerService {
   const std::string& owner() const { return options_.owner; }
 
  private:
-  // A pending wait: `check` returns true once it has completed the call.
-  struct Waiter {
-    std::string key;  // event that may satisfy it ("plan J I", "bootstrap J K", "job J")
-    absl::Time deadline;
-    std::function<bool()> check;
-    std::function<void(absl::Status)> expire;  // DEADLINE_EXCEEDED, or UNAVAILABLE at shutdown
-  };
-
-  // Where a submitted job starts: 0, or after the latest complete checkpoint
-  // when resuming. Refuses what would overwrite checkpoints on disk.
-  struct StartPoint {
-    int64_t iteration = 0;
-    const char* source = "";
-  };
-  absl::StatusOr<StartPoint> StartOf(const proto::JobSpec& spec);
-  absl::StatusOr<std::shared_ptr<const JobRuntime>> Runtime(const std::string& job);
-  // Drops the runtimes of jobs that ended (their planner and batches are the
-  // bulk of a job's memory here); Runtime() rebuilds one if ever needed again.
-  void ReleaseRuntimes();
   // Sets last_loss and last_iteration_ms from the latest stored report.
   void FillLastIteration(proto::JobStatus* s);
   // Every job in the store, filled (FillLastIteration) and remembered in
@@ -191,8 +173,6 @@ class PlannerService {
   };
   Snapshot StatusSnapshot();
   void OnEvent(const std::string& event);
-  void AddWaiter(Waiter w);
-  void WaiterLoop();
   void PlanningLoop();
   // Claims the next iteration some active job needs; false if none.
   bool ClaimWork(std::string* job, int64_t* iteration, std::shared_ptr<const JobRuntime>* rt);
@@ -236,13 +216,8 @@ class PlannerService {
   http::Metrics metrics_;
   Mutex metrics_text_mu_;  // serialises MetricsText
 
-  Mutex runtimes_mu_;
-  std::map<std::string, std::shared_ptr<const JobRuntime>> runtimes_ ABSL_GUARDED_BY(runtimes_mu_);
-
-  Mutex waiters_mu_;
-  std::multimap<std::string, std::shared_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
-  std::vector<std::string> fired_ ABSL_GUARDED_BY(waiters_mu_);  // events not yet processed
-  bool wake_all_ ABSL_GUARDED_BY(waiters_mu_) = false;
+  JobRuntimes runtimes_;
+  PlanWaiters waiters_;
 
   // Liveness thread only: when the store last had trouble or this process
   // was stalled (an executor's heartbeat may have failed or gone unrecorded

@@ -394,7 +394,7 @@ void PlannerService::LivenessLoop() {
     }
     last_pass = pass;
     CheckLiveness();
-    ReleaseRuntimes();
+    runtimes_.ReleaseEnded();
     for (absl::Duration slept; slept < period && !stopping_; slept += absl::Milliseconds(50)) {
       absl::SleepFor(absl::Milliseconds(50));
     }
@@ -415,7 +415,7 @@ void PlannerService::BootstrapGet(const proto::BootstrapGetRequest& req, absl::T
   auto v = store_->GetBootstrap(req.job_id(), req.key());
   if (v.ok() || v.status().code() != absl::StatusCode::kNotFound) return done(std::move(v));
   auto shared = std::make_shared<std::function<void(absl::StatusOr<std::string>)>>(std::move(done));
-  Waiter w;
+  PlanWait w;
   w.key = absl::StrCat("bootstrap ", req.job_id(), " ", req.key());
   w.deadline = deadline;
   w.check = [this, req, shared]() {
@@ -430,7 +430,7 @@ void PlannerService::BootstrapGet(const proto::BootstrapGetRequest& req, absl::T
                                                              " not set before the deadline"))
                   : why);
   };
-  AddWaiter(std::move(w));
+  waiters_.Add(std::move(w));
 }
 
 // ---- Watch ----
@@ -462,12 +462,12 @@ void PlannerService::Watch(const std::string& job, std::function<bool(const prot
     return false;
   };
   if (send()) return;
-  Waiter w;
+  PlanWait w;
   w.key = "job " + job;
   w.deadline = absl::InfiniteFuture();
   w.check = send;
   w.expire = [finish](absl::Status why) { finish(why); };
-  AddWaiter(std::move(w));
+  waiters_.Add(std::move(w));
 }
 
 }  // namespace dynapipe::planner::service

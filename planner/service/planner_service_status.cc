@@ -43,11 +43,7 @@ std::string PlannerService::HealthProblem() const {
 }
 
 std::string PlannerService::RefitJson(const std::string& job) {
-  std::shared_ptr<const JobRuntime> rt;
-  {
-    MutexLock lock(&runtimes_mu_);
-    if (auto it = runtimes_.find(job); it != runtimes_.end()) rt = it->second;
-  }
+  const std::shared_ptr<const JobRuntime> rt = runtimes_.Loaded(job);
   if (!rt || !rt->refit) return "";
   const RefitStatus st = rt->refit->Status();
   std::vector<std::string> recent;
@@ -180,11 +176,7 @@ void PlannerService::JobMetrics(const proto::JobStatus& s) {
   if (tokens_per_s <= 0) return;
   metrics_.Set("dynapipe_job_tokens_per_second", tokens_per_s,
                "Real (non-padding) tokens per second over a job's last 20 completed iterations", job);
-  std::shared_ptr<const JobRuntime> rt;
-  {
-    MutexLock lock(&runtimes_mu_);
-    if (auto r = runtimes_.find(id); r != runtimes_.end()) rt = r->second;
-  }
+  const std::shared_ptr<const JobRuntime> rt = runtimes_.Loaded(id);
   const double peak = s.spec().cluster().device().peak_tflops() * 1e12 * pp * dp;
   if (rt && peak > 0) {
     metrics_.Set("dynapipe_job_model_flops_utilization", tokens_per_s * FlopsPerToken(rt->planner->model()) / peak,
@@ -215,11 +207,8 @@ std::string PlannerService::MetricsText() {
   metrics_.Set("dynapipe_jobs_running", running, "Jobs in state running");
   metrics_.Set("dynapipe_plans_ahead_min", std::max<int64_t>(0, min_ahead),
                "Smallest number of stored plans ahead of training over active jobs");
-  {
-    MutexLock lock(&runtimes_mu_);
-    metrics_.Set("dynapipe_jobs_loaded", static_cast<double>(runtimes_.size()),
-                 "Jobs whose planner and global batches this process holds in memory");
-  }
+  metrics_.Set("dynapipe_jobs_loaded", static_cast<double>(runtimes_.size()),
+               "Jobs whose planner and global batches this process holds in memory");
   metrics_.SetTotal("dynapipe_redis_errors_total", static_cast<double>(store_->errors()),
                     "Failed Redis commands since start");
   metrics_.Set("dynapipe_redis_healthy", store_->healthy() ? 1 : 0, "1 when the last Redis command succeeded");
