@@ -18,6 +18,7 @@
 #include "planner/service/job_runtimes.h"
 #include "planner/service/last_known.h"
 #include "planner/service/plan_waiters.h"
+#include "planner/service/planning_scheduler.h"
 #include "proto/services.pb.h"
 #include "src/common/answer_within.h"
 #include "src/common/clock.h"
@@ -173,17 +174,10 @@ class PlannerService {
   };
   Snapshot StatusSnapshot();
   void OnEvent(const std::string& event);
-  void PlanningLoop();
-  // Claims the next iteration some active job needs; false if none.
-  bool ClaimWork(std::string* job, int64_t* iteration, std::shared_ptr<const JobRuntime>* rt);
-  void PlanOne(const std::string& job, int64_t iteration, const JobRuntime& rt);
   // Fails the job once its ranks' failure reports (store_->Failures) name a
   // cause (`final`: the grace period is over, decide now).
   absl::Status JudgeJobFailures(const std::string& job, const std::vector<proto::IterationReport>& failures,
                                 int world, bool final);
-  // Feeds a report to the job's cost refit (when on and loaded here) and
-  // updates its gauges.
-  void RefitFrom(const proto::IterationReport& report, int world);
   // The job's "refit" member of /status (with its leading comma), or "".
   std::string RefitJson(const std::string& job);
   // Sets the per-job series of an active job (progress, loss, tokens/s, MFU,
@@ -218,6 +212,7 @@ class PlannerService {
 
   JobRuntimes runtimes_;
   PlanWaiters waiters_;
+  PlanningScheduler scheduler_;
 
   // Liveness thread only: when the store last had trouble or this process
   // was stalled (an executor's heartbeat may have failed or gone unrecorded
@@ -245,8 +240,6 @@ class PlannerService {
   // a pass that left one waiting, cleared by a pass that found none.
   std::atomic<bool> jobs_may_wait_{true};
 
-  Mutex work_mu_;
-  uint64_t work_epoch_ ABSL_GUARDED_BY(work_mu_) = 0;  // bumped on events: planners re-scan
 
   absl::Time started_;
   std::atomic<bool> stopping_{false};
