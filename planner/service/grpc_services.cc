@@ -250,7 +250,7 @@ grpc::ServerUnaryReactor* PlanServiceImpl::ReportIteration(grpc::CallbackServerC
                                                            proto::ReportIterationResponse*) {
   return Unary(s_, ctx, token_, [this, ctx, req]() {
     return AsExecutor(
-        ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeReport(c, *req); },
+        ctx, [&](const rpc::ExecutorCredential& c) { return s_->executors().AuthorizeReport(c, *req); },
         [&] { return s_->ReportIteration(*req); });
   });
 }
@@ -258,7 +258,7 @@ grpc::ServerUnaryReactor* PlanServiceImpl::ReportIteration(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Register(grpc::CallbackServerContext* ctx,
                                                          const proto::RegisterExecutorRequest* req,
                                                          proto::RegisterExecutorResponse* resp) {
-  return UnaryResult(s_, ctx, token_, resp, [this, req] { return s_->Register(*req); });
+  return UnaryResult(s_, ctx, token_, resp, [this, req] { return s_->executors().Register(*req); });
 }
 
 grpc::ServerUnaryReactor* ExecutorRegistryImpl::Heartbeat(grpc::CallbackServerContext* ctx,
@@ -266,8 +266,8 @@ grpc::ServerUnaryReactor* ExecutorRegistryImpl::Heartbeat(grpc::CallbackServerCo
                                                           proto::HeartbeatResponse* resp) {
   return UnaryResult(s_, ctx, token_, resp, [this, ctx, req] {
     return AsExecutor(
-        ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeHeartbeat(c, *req); },
-        [&] { return s_->Heartbeat(*req); });
+        ctx, [&](const rpc::ExecutorCredential& c) { return s_->executors().AuthorizeHeartbeat(c, *req); },
+        [&] { return s_->executors().Heartbeat(*req); });
   });
 }
 
@@ -281,7 +281,7 @@ grpc::ServerUnaryReactor* BootstrapImpl::Set(grpc::CallbackServerContext* ctx, c
                                              proto::BootstrapSetResponse*) {
   return Unary(s_, ctx, token_, [this, ctx, req]() {
     return AsExecutor(
-        ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeJobMember(c, req->job_id()); },
+        ctx, [&](const rpc::ExecutorCredential& c) { return s_->executors().AuthorizeJobMember(c, req->job_id()); },
         [&] { return s_->BootstrapSet(*req); });
   });
 }
@@ -296,7 +296,7 @@ grpc::ServerUnaryReactor* BootstrapImpl::Get(grpc::CallbackServerContext* ctx, c
   const absl::Time deadline = Deadline(*ctx);
   if (!s_->Offload([this, ctx, req, resp, reactor, deadline] {
         if (const absl::Status allowed = AsExecutor(
-                ctx, [&](const rpc::ExecutorCredential& c) { return s_->AuthorizeJobMember(c, req->job_id()); },
+                ctx, [&](const rpc::ExecutorCredential& c) { return s_->executors().AuthorizeJobMember(c, req->job_id()); },
                 [] { return absl::OkStatus(); });
             !allowed.ok()) {
           reactor->Finish(rpc::ToGrpc(allowed));

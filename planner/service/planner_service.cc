@@ -37,6 +37,8 @@ PlannerService::PlannerService(store::PlanStore* store, ServiceOptions options)
       waiters_(options_.clock, options_.recheck),
       scheduler_(store_, &runtimes_, &metrics_,
                  {options_.owner, options_.lease_ttl, options_.plan_ttl, options_.recheck, options_.clock}),
+      registry_(store_, &last_known_, [this] { return JobsInOrder(); },
+                {options_.heartbeat_interval, options_.heartbeat_timeout, options_.lost_executor_ttl, options_.clock}),
       store_pool_(options_.store_threads) {
   if (options_.owner.empty()) {
     char host[256] = {};
@@ -107,12 +109,7 @@ absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::Sub
   RETURN_IF_ERROR(BuildJobRuntime(spec, "validation", options_.data_root).status());
   ASSIGN_OR_RETURN(const StartPoint start, StartOf(spec, options_.data_root, *store_));
   ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start.iteration, NowMs()));
-  {
-    // The next idle executor's heartbeat places it, whenever the last pass was.
-    MutexLock lock(&schedule_mu_);
-    jobs_may_wait_ = true;
-    last_eager_schedule_ = absl::InfinitePast();
-  }
+  registry_.JobSubmitted();
   spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, spec.name(), spec.iterations(),
                spec.parallelism().pp(), spec.parallelism().dp());
   if (spec.checkpoint().resume()) {
@@ -233,7 +230,7 @@ void PlannerService::ExecutorsWithin(std::function<void(absl::StatusOr<proto::Li
   AnswerWithin<proto::ListExecutorsResponse>(
       WithinOptions(),
       [this]() -> absl::StatusOr<proto::ListExecutorsResponse> {
-        ASSIGN_OR_RETURN(std::vector<proto::ExecutorRecord> records, Executors());
+        ASSIGN_OR_RETURN(std::vector<proto::ExecutorRecord> records, registry_.Executors());
         proto::ListExecutorsResponse resp;
         for (auto& r : records) *resp.add_executors() = std::move(r);
         return resp;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/service/executor_registry.h"
 #include "planner/service/job_runtimes.h"
 #include "planner/service/last_known.h"
 #include "planner/service/plan_waiters.h"
@@ -112,25 +113,8 @@ class PlannerService {
   // (the checkpoint is complete once every rank's is).
   absl::Status ReportIteration(const proto::IterationReport& report);
 
-  // ExecutorRegistry. Register returns the executor's id and secret
-  // (src/rpc/executor_credential.h); its record keeps only the secret's hash.
-  absl::StatusOr<proto::RegisterExecutorResponse> Register(const proto::RegisterExecutorRequest& req);
-  absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
-  // Every record, without the secrets' hashes.
-  absl::StatusOr<std::vector<proto::ExecutorRecord>> Executors();
-
-  // Executor identity, checked by the gRPC layer before the executor-side
-  // calls above run (they trust their caller). The caller's record:
-  // UNAUTHENTICATED without a credential or with a wrong secret, NOT_FOUND
-  // if the id is not registered (the executor then registers again).
-  absl::StatusOr<proto::ExecutorRecord> AuthenticateExecutor(const rpc::ExecutorCredential& caller);
-  // Heartbeat only for the caller's own id (else PERMISSION_DENIED).
-  absl::Status AuthorizeHeartbeat(const rpc::ExecutorCredential& caller, const proto::HeartbeatRequest& req);
-  // ReportIteration (progress, failures, checkpoint shards) only from the
-  // executor holding the report's job and rank (else PERMISSION_DENIED).
-  absl::Status AuthorizeReport(const rpc::ExecutorCredential& caller, const proto::IterationReport& report);
-  // Bootstrap Set/Get only by an executor assigned to `job` (else PERMISSION_DENIED).
-  absl::Status AuthorizeJobMember(const rpc::ExecutorCredential& caller, const std::string& job);
+  // ExecutorRegistry: registration, identity, heartbeats, placement.
+  ExecutorRegistry& executors() { return registry_; }
 
   // Bootstrap. Get waits for the key like FetchPlan.
   absl::Status BootstrapSet(const proto::BootstrapSetRequest& req);
@@ -187,22 +171,8 @@ class PlannerService {
   void RecordHistory(const proto::JobStatus& job, int64_t iteration);
   void LivenessLoop();
   void CheckLiveness();
-  // Gives an idle executor the rank it holds a seat for, placing pending
-  // jobs first if it has none.
-  absl::Status MaybeAssign(proto::ExecutorRecord* rec);
-  // Places pending jobs on idle executors, whole gangs only (gang_placement.h);
-  // a job that must wait gets the reason as its error.
-  // `eager`: called from a heartbeat (see jobs_may_wait_).
-  absl::Status ScheduleGangs(bool eager);
   // Every job, in submission order (jobs that cannot be read are skipped).
   absl::StatusOr<std::vector<proto::JobStatus>> JobsInOrder();
-  // The pass itself, on jobs and executor records already read (a null
-  // `records` is read only if some job waits).
-  absl::Status PlaceWaitingJobs(const std::vector<proto::JobStatus>& jobs,
-                                const std::vector<proto::ExecutorRecord>* records)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(schedule_mu_);
-  // Moves a pending job to running once every rank is held; true if it did.
-  absl::StatusOr<bool> MaybeStartJob(const std::string& job, int world);
   int64_t NowMs() const { return absl::ToUnixMillis(options_.clock->Now()); }
 
   store::PlanStore* store_;
@@ -233,13 +203,6 @@ class PlannerService {
   std::string store_id_ ABSL_GUARDED_BY(store_id_mu_);
   int64_t store_losses_ ABSL_GUARDED_BY(store_id_mu_) = 0;
 
-  Mutex schedule_mu_;  // one ScheduleGangs pass at a time
-  static constexpr absl::Duration kEagerScheduleInterval = absl::Milliseconds(100);
-  absl::Time last_eager_schedule_ ABSL_GUARDED_BY(schedule_mu_) = absl::InfinitePast();
-  // Whether a pending job may be waiting for executors: set by Submit and by
-  // a pass that left one waiting, cleared by a pass that found none.
-  std::atomic<bool> jobs_may_wait_{true};
-
 
   absl::Time started_;
   std::atomic<bool> stopping_{false};
@@ -248,6 +211,7 @@ class PlannerService {
   int threads_running_ ABSL_GUARDED_BY(threads_mu_) = 0;  // of threads_, not yet returned
 
   LastKnown last_known_;
+  ExecutorRegistry registry_;
   // Declared last: destroyed first (queued calls run, then the workers join;
   // pending deadlines fire) while everything they use still exists.
   TimerThread timers_;

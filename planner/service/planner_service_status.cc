@@ -69,7 +69,7 @@ PlannerService::Snapshot PlannerService::StatusSnapshot() {
       [this]() -> absl::StatusOr<Snapshot> {
         Snapshot s;
         ASSIGN_OR_RETURN(s.jobs, ReadJobs());
-        ASSIGN_OR_RETURN(s.executors, Executors());
+        ASSIGN_OR_RETURN(s.executors, registry_.Executors());
         return s;
       },
       [this](const absl::Status&) -> absl::StatusOr<Snapshot> {

@@ -130,7 +130,7 @@ TEST_CASE("A job submitted with resume starts after the latest complete checkpoi
     proto::RegisterExecutorRequest reg;
     reg.set_node("n");
     reg.set_device_index(d);
-    auto r = svc.Register(reg);
+    auto r = svc.executors().Register(reg);
     REQUIRE(r.ok());
     executors.push_back(r->executor_id());
   }
@@ -140,7 +140,7 @@ TEST_CASE("A job submitted with resume starts after the latest complete checkpoi
     for (const std::string& id : executors) {
       proto::HeartbeatRequest hb;
       hb.set_executor_id(id);
-      auto beat = svc.Heartbeat(hb);
+      auto beat = svc.executors().Heartbeat(hb);
       REQUIRE(beat.ok());
       if (round == 0) continue;
       CHECK(beat->assignment().job_id() == *second);
@@ -434,7 +434,7 @@ std::vector<proto::Assignment> Beat(PlannerService& svc, const std::vector<std::
   for (const std::string& id : ids) {
     proto::HeartbeatRequest hb;
     hb.set_executor_id(id);
-    auto beat = svc.Heartbeat(hb);
+    auto beat = svc.executors().Heartbeat(hb);
     REQUIRE(beat.ok());
     out.push_back(beat->assignment());
   }
@@ -450,7 +450,7 @@ void TakeRanks(PlannerService& svc, int n) {
     proto::RegisterExecutorRequest reg;
     reg.set_node("n");
     reg.set_device_index(d);
-    auto r = svc.Register(reg);
+    auto r = svc.executors().Register(reg);
     REQUIRE(r.ok());
     ids.push_back(r->executor_id());
   }
@@ -501,7 +501,7 @@ TEST_CASE("Gangs go to executors that checked in recently, not to records of exe
     proto::RegisterExecutorRequest reg;
     reg.set_node("n");
     reg.set_device_index(device);
-    auto r = svc.Register(reg);
+    auto r = svc.executors().Register(reg);
     REQUIRE(r.ok());
     return r->executor_id();
   };
@@ -533,11 +533,11 @@ TEST_CASE("A running job whose progress stalls past the progress timeout fails, 
   std::atomic<bool> done{false};
   std::thread beats([&] {
     while (!done) {
-      const auto records = svc.Executors();
+      const auto records = svc.executors().Executors();
       for (size_t i = 0; records.ok() && i < records->size(); ++i) {
         proto::HeartbeatRequest hb;
         hb.set_executor_id((*records)[i].executor_id());
-        (void)svc.Heartbeat(hb);
+        (void)svc.executors().Heartbeat(hb);
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
@@ -614,7 +614,7 @@ TEST_CASE("Records of executors lost for longer than the TTL are dropped; live o
     proto::RegisterExecutorRequest reg;
     reg.set_node("n");
     reg.set_device_index(d);
-    auto r = svc.Register(reg);
+    auto r = svc.executors().Register(reg);
     REQUIRE(r.ok());
     ids.push_back(r->executor_id());
   }
@@ -622,12 +622,12 @@ TEST_CASE("Records of executors lost for longer than the TTL are dropped; live o
   auto beat = [&](const std::string& id) {
     proto::HeartbeatRequest hb;
     hb.set_executor_id(id);
-    return svc.Heartbeat(hb).status();
+    return svc.executors().Heartbeat(hb).status();
   };
   auto wait_until = [&](const std::function<bool(const std::vector<proto::ExecutorRecord>&)>& done) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     while (absl::Now() < deadline) {
-      auto recs = svc.Executors();
+      auto recs = svc.executors().Executors();
       if (recs.ok() && done(*recs)) return true;
       absl::SleepFor(absl::Milliseconds(20));
     }
