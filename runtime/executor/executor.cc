@@ -1,6 +1,8 @@
 #include "runtime/executor/executor.h"
 
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -236,6 +238,58 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
   }
 }
 
+// What a running job's iterations work with (RunJobSteps owns all of it).
+struct Executor::RunningJob {
+  const proto::Assignment& assignment;
+  const proto::JobSpec& spec;
+  const std::string& ckpt_dir;
+  Worker& worker;
+  Checkpointer& checkpointer;
+};
+
+namespace {
+
+// The checkpoint shard of the rank `a` assigns, as its first plan places it.
+checkpoint::ShardInfo ShardInfoOf(const proto::Assignment& a, const proto::ExecutionPlan& first,
+                                  const proto::JobSpec& spec) {
+  checkpoint::ShardInfo info;
+  info.rank = a.rank();
+  info.pp_rank = first.pp_rank();
+  info.dp_rank = first.dp_rank();
+  info.world = a.world_size();
+  info.job_fingerprint = checkpoint::JobFingerprint(spec);
+  return info;
+}
+
+// This rank's report of one iteration (the result's timings move into it).
+proto::IterationReport IterationReportOf(const proto::Assignment& a, int64_t iteration,
+                                         const proto::ExecutionPlan& plan, IterationResult& result) {
+  const std::string& job = a.job_id();
+  proto::IterationReport r;
+  r.set_job_id(job);
+  r.set_iteration(iteration);
+  r.set_rank(a.rank());
+  r.set_iteration_ms(result.iteration_ms);
+  r.set_predicted_iteration_ms(plan.predicted_iteration_ms());
+  r.set_peak_memory_mb(result.peak_memory_mb);
+  r.set_peak_reserved_mb(result.peak_reserved_mb);
+  r.set_memory_fragmentation(result.memory_fragmentation);
+  r.set_loss(result.loss);
+  r.set_lr(result.lr);
+  r.set_grad_norm(result.grad_norm);
+  r.set_tokens(result.tokens);
+  for (auto& t : result.timings) *r.add_timings() = std::move(t);
+  if (r.ByteSizeLong() > rpc::kMaxPlannerRequestBytes / 2) {
+    // The timings are feedback only; the report itself must get through.
+    spdlog::warn("job {} iteration {}: {} instruction timings exceed the report size limit: not sent", job,
+                 iteration, r.timings_size());
+    r.clear_timings();
+  }
+  return r;
+}
+
+}  // namespace
+
 absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
   const std::string& job = a.job_id();
   int64_t iteration = a.start_iteration();
@@ -245,46 +299,13 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
     ReportFailure(a, iteration, s);
     return s;
   };
-  if (auto s = backend_->BindThread(); !s.ok()) return fail(s);
-  auto status = client_->Get(job);
-  if (!status.ok()) return fail(status.status());
-  auto normalized = spec::NormalizeJobSpec(status->spec());
-  if (!normalized.ok()) return fail(normalized.status());
-  const proto::JobSpec& spec = *normalized;
-  {
-    MutexLock l(&mu_);
-    running_job_iterations_ = spec.iterations();
-  }
-  // Paths stay under --data_root here too, whatever the planner let through.
-  auto dataset_path = ConfinedPath(options_.data_root, spec.dataset().path());
-  if (!dataset_path.ok()) return fail(Annotate(dataset_path.status(), "dataset.path"));
-  std::string ckpt_dir;
-  if (!spec.checkpoint().dir().empty()) {
-    auto dir = ConfinedPath(options_.data_root, spec.checkpoint().dir());
-    if (!dir.ok()) return fail(Annotate(dir.status(), "checkpoint.dir"));
-    ckpt_dir = *dir;
-  }
-  // Links inside the directory lead nowhere else.
-  if (auto s = data::CheckDatasetConfined(options_.data_root, *dataset_path); !s.ok()) {
-    return fail(Annotate(s, "dataset.path"));
-  }
-  auto dataset = data::Dataset::Open(*dataset_path);
-  if (!dataset.ok()) return fail(Annotate(dataset.status(), "dataset"));
+  absl::StatusOr<JobInputs> inputs = LoadJob(a);
+  if (!inputs.ok()) return fail(inputs.status());
+  const proto::JobSpec& spec = inputs->spec;
 
   BootstrapStore store(client_.get(), job);
-  ConnectOptions co;
-  co.rank = a.rank();
-  co.size = a.world_size();
-  co.job_prefix = "comm/";
-  co.listen_address = options_.listen_address;
-  co.connect_timeout = options_.connect_timeout;
-  auto comm = backend_->Connect(co, &store);
-  if (!comm.ok()) return fail(Annotate(comm.status(), "connecting to the job's ranks"));
-  {
-    MutexLock l(&mu_);
-    comm_ = comm->get();
-    if (stop_job_) (*comm)->Abort();
-  }
+  auto comm = ConnectJob(a, &store);
+  if (!comm.ok()) return fail(comm.status());
   // The heartbeat thread may abort the communicator until it is unpublished,
   // which happens before it is destroyed, whatever way this function ends.
   struct Unpublish {
@@ -307,37 +328,25 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
   auto first = plans.Next(iteration);
   if (!first.ok()) return fail(Annotate(first.status(), absl::StrCat("plan of iteration ", iteration)));
   const std::vector<int32_t> layers(first->layers().begin(), first->layers().end());
-  WorkerOptions wo;
-  wo.comm_timeout = options_.comm_timeout;
-  wo.stopped = [this] {
-    MutexLock l(&mu_);
-    return stop_job_;
-  };
-  auto worker = Worker::Create(spec, layers, a.rank(), first->pp_size(), first->dp_size(), comm->get(),
-                               dataset->get(), backend_.get(), wo);
+  auto worker = CreateWorker(a, spec, *first, layers, comm->get(), inputs->dataset.get());
   if (!worker.ok()) return fail(worker.status());
 
-  checkpoint::ShardInfo info;
-  info.rank = a.rank();
-  info.pp_rank = first->pp_rank();
-  info.dp_rank = first->dp_rank();
-  info.world = a.world_size();
-  info.job_fingerprint = checkpoint::JobFingerprint(spec);
   // A shard being written when the executor shuts down gets a grace to
   // finish (a checkpoint missing one rank's shard cannot be resumed from);
   // past it, it is discarded (the previous checkpoint stays the latest
   // complete one) instead of holding up the exit.
-  Checkpointer checkpointer(ckpt_dir, info, [this] {
+  Checkpointer checkpointer(inputs->ckpt_dir, ShardInfoOf(a, *first, spec), [this] {
     const int64_t since = stopping_since_ns_.load();
     return since != 0 && absl::Now() - absl::FromUnixNanos(since) > kCheckpointShutdownGrace;
   });
   if (first_iteration > 0) {
     // Resume: the planner started this job after the latest complete checkpoint.
     if (auto s = checkpointer.Restore(first_iteration - 1, **worker); !s.ok()) return fail(Annotate(s, "resuming"));
-    spdlog::info("job {}: resumed from the checkpoint of iteration {} in {}", job, first_iteration - 1, ckpt_dir);
+    spdlog::info("job {}: resumed from the checkpoint of iteration {} in {}", job, first_iteration - 1,
+                 inputs->ckpt_dir);
   }
 
-  const int64_t interval = spec.checkpoint().interval();
+  const RunningJob running{a, spec, inputs->ckpt_dir, **worker, checkpointer};
   for (; iteration < spec.iterations(); ++iteration) {
     absl::StatusOr<proto::ExecutionPlan> plan = iteration == first_iteration ? std::move(first) : plans.Next(iteration);
     if (!plan.ok()) return fail(Annotate(plan.status(), absl::StrCat("plan of iteration ", iteration)));
@@ -346,56 +355,106 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
     }
     auto result = (*worker)->RunIteration(*plan);
     if (!result.ok()) return fail(result.status());
-    proto::IterationReport r;
-    r.set_job_id(job);
-    r.set_iteration(iteration);
-    r.set_rank(a.rank());
-    r.set_iteration_ms(result->iteration_ms);
-    r.set_predicted_iteration_ms(plan->predicted_iteration_ms());
-    r.set_peak_memory_mb(result->peak_memory_mb);
-    r.set_peak_reserved_mb(result->peak_reserved_mb);
-    r.set_memory_fragmentation(result->memory_fragmentation);
-    r.set_loss(result->loss);
-    r.set_lr(result->lr);
-    r.set_grad_norm(result->grad_norm);
-    r.set_tokens(result->tokens);
-    for (auto& t : result->timings) *r.add_timings() = std::move(t);
-    if (r.ByteSizeLong() > rpc::kMaxPlannerRequestBytes / 2) {
-      // The timings are feedback only; the report itself must get through.
-      spdlog::warn("job {} iteration {}: {} instruction timings exceed the report size limit: not sent", job,
-                   iteration, r.timings_size());
-      r.clear_timings();
-    }
-    const bool last = iteration + 1 == spec.iterations();
-    const bool save = interval > 0 && !ckpt_dir.empty() && ((iteration + 1) % interval == 0 || last);
-    if (save && last) {
-      // The job ends with this report: the shard must be on disk before it.
-      absl::Status s = checkpointer.Begin(iteration, **worker);
-      if (s.ok()) s = checkpointer.Wait();
-      if (!s.ok()) return fail(Annotate(s, "checkpoint"));
-      r.set_checkpoint_written(true);
-    }
-    if (auto s = client_->ReportIteration(r); !s.ok()) {
-      // The job may have ended meanwhile; otherwise this is worth stopping for.
-      return fail(Annotate(s, absl::StrCat("reporting iteration ", iteration)));
-    }
-    if (save && !last) {
-      // The shard is written while the next iterations train; the writer
-      // reports it (the same report, marked) once it is on disk, so the
-      // planner never counts a shard that is not there.
-      r.set_checkpoint_written(true);
-      auto report_written = [this, r] {
-        if (auto s = client_->ReportIteration(r); !s.ok()) {
-          spdlog::warn("job {}: reporting the checkpoint of iteration {}: {}", r.job_id(), r.iteration(), s.message());
-        }
-      };
-      if (auto s = checkpointer.Begin(iteration, **worker, report_written); !s.ok()) {
-        return fail(Annotate(s, "checkpoint"));
-      }
-    }
-    RecordIteration(job, iteration, spec.iterations(), a, *result, plan->predicted_iteration_ms(), save);
+    if (auto s = CompleteIteration(running, iteration, *plan, *result); !s.ok()) return fail(s);
   }
   if (auto s = checkpointer.Wait(); !s.ok()) return fail(Annotate(s, "checkpoint"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Executor::JobInputs> Executor::LoadJob(const proto::Assignment& a) {
+  if (auto s = backend_->BindThread(); !s.ok()) return s;
+  auto status = client_->Get(a.job_id());
+  if (!status.ok()) return status.status();
+  auto normalized = spec::NormalizeJobSpec(status->spec());
+  if (!normalized.ok()) return normalized.status();
+  JobInputs in;
+  in.spec = std::move(*normalized);
+  {
+    MutexLock l(&mu_);
+    running_job_iterations_ = in.spec.iterations();
+  }
+  // Paths stay under --data_root here too, whatever the planner let through.
+  auto dataset_path = ConfinedPath(options_.data_root, in.spec.dataset().path());
+  if (!dataset_path.ok()) return Annotate(dataset_path.status(), "dataset.path");
+  if (!in.spec.checkpoint().dir().empty()) {
+    auto dir = ConfinedPath(options_.data_root, in.spec.checkpoint().dir());
+    if (!dir.ok()) return Annotate(dir.status(), "checkpoint.dir");
+    in.ckpt_dir = *dir;
+  }
+  // Links inside the directory lead nowhere else.
+  if (auto s = data::CheckDatasetConfined(options_.data_root, *dataset_path); !s.ok()) {
+    return Annotate(s, "dataset.path");
+  }
+  auto dataset = data::Dataset::Open(*dataset_path);
+  if (!dataset.ok()) return Annotate(dataset.status(), "dataset");
+  in.dataset = std::move(*dataset);
+  return in;
+}
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> Executor::ConnectJob(const proto::Assignment& a,
+                                                                         comm::KeyValueStore* store) {
+  ConnectOptions co;
+  co.rank = a.rank();
+  co.size = a.world_size();
+  co.job_prefix = "comm/";
+  co.listen_address = options_.listen_address;
+  co.connect_timeout = options_.connect_timeout;
+  auto comm = backend_->Connect(co, store);
+  if (!comm.ok()) return Annotate(comm.status(), "connecting to the job's ranks");
+  MutexLock l(&mu_);
+  comm_ = comm->get();
+  if (stop_job_) (*comm)->Abort();
+  return comm;
+}
+
+absl::StatusOr<std::unique_ptr<Worker>> Executor::CreateWorker(const proto::Assignment& a,
+                                                               const proto::JobSpec& spec,
+                                                               const proto::ExecutionPlan& first,
+                                                               std::span<const int32_t> layers,
+                                                               comm::Communicator* comm,
+                                                               const data::Dataset* dataset) {
+  WorkerOptions wo;
+  wo.comm_timeout = options_.comm_timeout;
+  wo.stopped = [this] {
+    MutexLock l(&mu_);
+    return stop_job_;
+  };
+  return Worker::Create(spec, layers, a.rank(), first.pp_size(), first.dp_size(), comm, dataset, backend_.get(), wo);
+}
+
+absl::Status Executor::CompleteIteration(const RunningJob& job, int64_t iteration, const proto::ExecutionPlan& plan,
+                                         IterationResult& result) {
+  const proto::Assignment& a = job.assignment;
+  proto::IterationReport r = IterationReportOf(a, iteration, plan, result);
+  const int64_t interval = job.spec.checkpoint().interval();
+  const bool last = iteration + 1 == job.spec.iterations();
+  const bool save = interval > 0 && !job.ckpt_dir.empty() && ((iteration + 1) % interval == 0 || last);
+  if (save && last) {
+    // The job ends with this report: the shard must be on disk before it.
+    absl::Status s = job.checkpointer.Begin(iteration, job.worker);
+    if (s.ok()) s = job.checkpointer.Wait();
+    if (!s.ok()) return Annotate(s, "checkpoint");
+    r.set_checkpoint_written(true);
+  }
+  if (auto s = client_->ReportIteration(r); !s.ok()) {
+    // The job may have ended meanwhile; otherwise this is worth stopping for.
+    return Annotate(s, absl::StrCat("reporting iteration ", iteration));
+  }
+  if (save && !last) {
+    // The shard is written while the next iterations train; the writer
+    // reports it (the same report, marked) once it is on disk, so the
+    // planner never counts a shard that is not there.
+    r.set_checkpoint_written(true);
+    auto report_written = [this, r] {
+      if (auto s = client_->ReportIteration(r); !s.ok()) {
+        spdlog::warn("job {}: reporting the checkpoint of iteration {}: {}", r.job_id(), r.iteration(), s.message());
+      }
+    };
+    if (auto s = job.checkpointer.Begin(iteration, job.worker, report_written); !s.ok()) {
+      return Annotate(s, "checkpoint");
+    }
+  }
+  RecordIteration(a.job_id(), iteration, job.spec.iterations(), a, result, plan.predicted_iteration_ms(), save);
   return absl::OkStatus();
 }
 

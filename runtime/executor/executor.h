@@ -12,6 +12,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -20,6 +21,7 @@
 #include "proto/services.pb.h"
 #include "runtime/backend/backend.h"
 #include "runtime/comm/comm.h"
+#include "src/data/dataset.h"
 #include "runtime/executor/worker.h"
 #include "src/common/mutex.h"
 #include "src/http/metrics.h"
@@ -68,6 +70,32 @@ class Executor {
   // the job, reported, instead of the process.
   absl::Status RunJob(const proto::Assignment& a);
   absl::Status RunJobSteps(const proto::Assignment& a);
+  // RunJobSteps' phases. Each returns what fails the job; RunJobSteps
+  // reports it.
+  struct JobInputs {
+    proto::JobSpec spec;                     // normalised
+    std::string ckpt_dir;                    // under --data_root; empty: no checkpoints
+    std::unique_ptr<data::Dataset> dataset;  // opened under --data_root
+  };
+  struct RunningJob;
+  // Binds the backend to this thread and resolves the job's spec, dataset
+  // and checkpoint directory.
+  absl::StatusOr<JobInputs> LoadJob(const proto::Assignment& a);
+  // Connects to the job's ranks and publishes the communicator to
+  // AbortJob (aborted at once if the job was stopped meanwhile); the caller
+  // unpublishes it before it is destroyed.
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> ConnectJob(const proto::Assignment& a,
+                                                                 comm::KeyValueStore* store);
+  // The rank's worker for the layers of its first plan.
+  absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const proto::Assignment& a, const proto::JobSpec& spec,
+                                                       const proto::ExecutionPlan& first,
+                                                       std::span<const int32_t> layers, comm::Communicator* comm,
+                                                       const data::Dataset* dataset);
+  // After an iteration ran: its report to the planner and its checkpoint
+  // when one is due (on disk before the report on the job's last iteration,
+  // written behind it otherwise), then its metrics.
+  absl::Status CompleteIteration(const RunningJob& job, int64_t iteration, const proto::ExecutionPlan& plan,
+                                 IterationResult& result);
   // Reports `s` as this rank's failure of `iteration` (unless the job already
   // ended elsewhere), so the planner fails the job and the other ranks stop.
   void ReportFailure(const proto::Assignment& a, int64_t iteration, const absl::Status& s);

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "runtime/executor/executor_server.h"
@@ -57,57 +59,43 @@ ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, log_file, "", "also log to this file");
 
 namespace {
+
+namespace rt = dynapipe::runtime;
+
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
-}  // namespace
 
-int main(int argc, char** argv) {
-  // A write to a peer that went away (a socket a failed job's peer closed)
-  // is an error the caller sees, not the end of this daemon.
-  std::signal(SIGPIPE, SIG_IGN);
-  dynapipe::ParseFlags(argc, argv, "dynapipe-executor",
-                       "dynapipe-executor: one per device; registers with the planner, takes ranks of "
-                       "jobs, trains and reports.\n"
-                       "example: dynapipe-executor --planner 10.0.0.5:50051 --device 0 --backend cuda "
-                       "--token-file /etc/dynapipe/executor-0.token");
-  namespace rt = dynapipe::runtime;
-  const std::string name = "executor-" + std::to_string(absl::GetFlag(FLAGS_device));
-  if (auto s = dynapipe::InitLogging({name, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_file)}); !s.ok()) {
-    std::fprintf(stderr, "dynapipe-executor: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  auto fatal = [](const absl::Status& s) {
-    spdlog::critical("{}", s.message());
-    return 2;
-  };
-  rt::executor::ExecutorServerOptions o;
-  auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
-  if (!token.ok()) return fatal(dynapipe::Annotate(token.status(), "--token-file"));
-  auto backend = rt::ParseBackendKind(absl::GetFlag(FLAGS_backend));
-  if (!backend.ok()) return fatal(backend.status());
-  auto comm = rt::ParseCommKind(absl::GetFlag(FLAGS_comm));
-  if (!comm.ok()) return fatal(comm.status());
-  o.executor.planner.address = absl::GetFlag(FLAGS_planner);
-  o.executor.planner.token = *token;
-  o.executor.planner.tls.ca = absl::GetFlag(FLAGS_tls_ca);
-  if (absl::GetFlag(FLAGS_planner_grace_s) < 1) return fatal(absl::InvalidArgumentError("--planner-grace-s: must be at least 1"));
-  o.executor.planner.timeout = absl::Seconds(absl::GetFlag(FLAGS_planner_grace_s));
-  o.executor.device = absl::GetFlag(FLAGS_device);
-  o.executor.node = absl::GetFlag(FLAGS_node);
-  if (o.executor.node.empty()) {
+// The node name: --node, else this machine's host name.
+std::string NodeName() {
+  std::string node = absl::GetFlag(FLAGS_node);
+  if (node.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
-    o.executor.node = host;
+    node = host;
   }
-  o.executor.data_root = absl::GetFlag(FLAGS_data_root);
-  o.executor.listen_address = absl::GetFlag(FLAGS_listen_address);
-  if (o.executor.listen_address == "auto") {
-    auto local = dynapipe::rpc::LocalAddressToward(o.executor.planner.address);
-    if (!local.ok()) return fatal(dynapipe::Annotate(local.status(), "--listen-address=auto"));
-    o.executor.listen_address = *local;  // logged at registration
+  return node;
+}
+
+// The executor's part of the options (planner, identity, addresses, timeouts).
+absl::Status ExecutorOptionsFromFlags(const std::string& token, rt::executor::ExecutorOptions& e) {
+  e.planner.address = absl::GetFlag(FLAGS_planner);
+  e.planner.token = token;
+  e.planner.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  if (absl::GetFlag(FLAGS_planner_grace_s) < 1) {
+    return absl::InvalidArgumentError("--planner-grace-s: must be at least 1");
   }
-  o.executor.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
-  if (o.executor.comm_timeout < o.executor.planner.timeout) {
+  e.planner.timeout = absl::Seconds(absl::GetFlag(FLAGS_planner_grace_s));
+  e.device = absl::GetFlag(FLAGS_device);
+  e.node = NodeName();
+  e.data_root = absl::GetFlag(FLAGS_data_root);
+  e.listen_address = absl::GetFlag(FLAGS_listen_address);
+  if (e.listen_address == "auto") {
+    auto local = dynapipe::rpc::LocalAddressToward(e.planner.address);
+    if (!local.ok()) return dynapipe::Annotate(local.status(), "--listen-address=auto");
+    e.listen_address = *local;  // logged at registration
+  }
+  e.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  if (e.comm_timeout < e.planner.timeout) {
     // Ranks fetch their plans separately: while one waits out a planner
     // outage for its next plan, its peers wait in a transfer or collective.
     spdlog::warn("--comm-timeout-s {} is shorter than --planner-grace-s {}: a planner outage longer than {} s fails "
@@ -115,7 +103,20 @@ int main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_comm_timeout_s), absl::GetFlag(FLAGS_planner_grace_s),
                  absl::GetFlag(FLAGS_comm_timeout_s));
   }
-  o.executor.prefetch = absl::GetFlag(FLAGS_prefetch);
+  e.prefetch = absl::GetFlag(FLAGS_prefetch);
+  return absl::OkStatus();
+}
+
+// Every option of the server from the flags, checked.
+absl::StatusOr<rt::executor::ExecutorServerOptions> OptionsFromFlags() {
+  rt::executor::ExecutorServerOptions o;
+  auto token = dynapipe::rpc::ReadToken(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) return dynapipe::Annotate(token.status(), "--token-file");
+  auto backend = rt::ParseBackendKind(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return backend.status();
+  auto comm = rt::ParseCommKind(absl::GetFlag(FLAGS_comm));
+  if (!comm.ok()) return comm.status();
+  RETURN_IF_ERROR(ExecutorOptionsFromFlags(*token, o.executor));
   o.backend.kind = *backend;
   o.backend.device = o.executor.device;
   o.backend.comm = *comm;
@@ -126,27 +127,35 @@ int main(int argc, char** argv) {
   if (const std::string port = absl::GetFlag(FLAGS_http_port); port == "auto") {
     o.http_port = dynapipe::rpc::ExecutorStatusPort(o.executor.device);
   } else if (!absl::SimpleAtoi(port, &o.http_port) || o.http_port < -1 || o.http_port > 65535) {
-    return fatal(absl::InvalidArgumentError(
+    return absl::InvalidArgumentError(
         absl::StrCat("--http-port: expected auto, a port number, 0 (any free port) or -1 (none), got \"",
-                     absl::CHexEscape(port), "\"")));
+                     absl::CHexEscape(port), "\""));
   }
   o.port_file = absl::GetFlag(FLAGS_port_file);
-  // Without a token, talk to and serve only this machine unless told
-  // --insecure: the planner's calls, peers' pipeline and gradient traffic
-  // (Gloo), the status endpoint.
+  return o;
+}
+
+// Without a token, talk to and serve only this machine unless told
+// --insecure: the planner's calls, peers' pipeline and gradient traffic
+// (Gloo), the status endpoint.
+absl::Status CheckExposure(const rt::executor::ExecutorServerOptions& o) {
   std::vector<dynapipe::rpc::Exposure> exposures;
   for (const std::string& planner : dynapipe::rpc::SplitAddressList(o.executor.planner.address)) {
     exposures.push_back({"--planner", planner});
   }
   exposures.push_back({"--listen-address", o.executor.listen_address});
   if (o.http_port >= 0) exposures.push_back({"--http-host", o.http_host});
-  if (auto s = dynapipe::rpc::RequireTokenOffLoopback(!token->empty(), absl::GetFlag(FLAGS_insecure), exposures);
-      !s.ok()) {
-    return fatal(s);
-  }
+  return dynapipe::rpc::RequireTokenOffLoopback(!o.executor.planner.token.empty(), absl::GetFlag(FLAGS_insecure),
+                                                exposures);
+}
 
+// Runs the server until a signal or its own end; the process's exit code.
+int Serve(const rt::executor::ExecutorServerOptions& o) {
   auto server = rt::executor::ExecutorServer::Start(o);
-  if (!server.ok()) return fatal(server.status());
+  if (!server.ok()) {
+    spdlog::critical("{}", server.status().message());
+    return 2;
+  }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   while (!g_stop && !(*server)->done()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -158,4 +167,29 @@ int main(int argc, char** argv) {
   }
   spdlog::info("stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A write to a peer that went away (a socket a failed job's peer closed)
+  // is an error the caller sees, not the end of this daemon.
+  std::signal(SIGPIPE, SIG_IGN);
+  dynapipe::ParseFlags(argc, argv, "dynapipe-executor",
+                       "dynapipe-executor: one per device; registers with the planner, takes ranks of "
+                       "jobs, trains and reports.\n"
+                       "example: dynapipe-executor --planner 10.0.0.5:50051 --device 0 --backend cuda "
+                       "--token-file /etc/dynapipe/executor-0.token");
+  const std::string name = "executor-" + std::to_string(absl::GetFlag(FLAGS_device));
+  if (auto s = dynapipe::InitLogging({name, absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_file)}); !s.ok()) {
+    std::fprintf(stderr, "dynapipe-executor: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<rt::executor::ExecutorServerOptions> o = OptionsFromFlags();
+  const absl::Status s = o.ok() ? CheckExposure(*o) : o.status();
+  if (!s.ok()) {
+    spdlog::critical("{}", s.message());
+    return 2;
+  }
+  return Serve(*o);
 }

@@ -183,79 +183,19 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const proto::JobSpec& spe
 }
 
 absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan& plan) {
-  if (plan.rank() != rank_) {
-    return absl::InvalidArgumentError(absl::StrCat("plan for rank ", plan.rank(), " given to rank ", rank_));
-  }
-  if (plan.global_loss_tokens() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("iteration ", plan.iteration(), ": plan has no loss tokens"));
-  }
   Iter it;
-  it.iteration = plan.iteration();
-  it.start = Clock::now();
-  it.loss_scale = 1.0f / static_cast<float>(plan.global_loss_tokens());
-  if (plan.num_buffer_slots() < 0 || plan.num_buffer_slots() > plan::kMaxBufferSlots) {
-    return absl::InvalidArgumentError(absl::StrCat("iteration ", plan.iteration(), ": plan asks for ",
-                                                   plan.num_buffer_slots(), " buffer slots"));
-  }
-  it.slots.resize(static_cast<size_t>(plan.num_buffer_slots()));
-  for (int i = 0; i < plan.instructions_size(); ++i) {
-    if (plan.instructions(i).has_backward()) it.last_backward[plan.instructions(i).chunk()] = i;
-  }
-  if (dp_ > 1) {
-    std::vector<float*> grads;
-    for (const auto& c : chunks_) grads.push_back(c->grads());
-    it.reducer = std::make_unique<GradReducer>(
-        comm_, dp_group_, sharded() ? GradReducer::Mode::kReduceScatter : GradReducer::Mode::kAllReduce,
-        std::move(grads), &buckets_, &regions_, options_.comm_timeout);
-  }
+  RETURN_IF_ERROR(BeginIteration(plan, &it));
   BufferPool& pool = backend_->pool();
   pool.ResetPeak();
   std::unique_ptr<InstructionTimer> timer = backend_->NewTimer();
-  auto fail = [&](const absl::Status& s, int i) {
-    // Peers blocked on us must fail fast rather than wait out their deadline.
-    comm_->Abort();
-    if (i >= plan.instructions_size()) {
-      return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " end of plan"));
-    }
-    return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " instruction ", i, " (",
-                                    OpName(plan.instructions(i)), ")"));
-  };
-  // Runs of transfer starts are issued as one group: NCCL launches them
-  // together (an exchange with one peer cannot deadlock, and they overlap
-  // the compute that follows); a no-op for Gloo.
-  auto is_start = [&](int i) {
-    if (i < 0 || i >= plan.instructions_size()) return false;
-    const auto op = plan.instructions(i).op_case();
-    return op == proto::Instruction::kSendActivationStart || op == proto::Instruction::kSendGradStart ||
-           op == proto::Instruction::kRecvActivationStart || op == proto::Instruction::kRecvGradStart;
-  };
-  for (int i = 0; i < plan.instructions_size(); ++i) {
-    const bool group_start = is_start(i) && !is_start(i - 1), group_end = is_start(i) && !is_start(i + 1);
-    if (options_.stopped && options_.stopped()) return fail(absl::CancelledError("stopped"), i);
-    absl::Status s = timer->Begin(i);
-    if (s.ok() && group_start) s = comm_->GroupStart();
-    if (s.ok()) s = Execute(plan, i, &it);
-    if (s.ok() && group_end) s = comm_->GroupEnd();
-    if (s.ok()) s = timer->End(i);
-    if (!s.ok()) return fail(s, i);
-  }
+  RETURN_IF_ERROR(RunInstructions(plan, &it, *timer));
   // Plan bugs and a device that does not finish fail the iteration like any
   // instruction: the communicator is aborted, so peers do not wait out their
   // deadlines for transfers this rank dropped.
   const int last = plan.instructions_size();  // "end of plan"
-  for (auto& [slot, req] : it.pending) {
-    return fail(absl::InternalError(absl::StrCat("transfer on slot ", slot, " never finished (plan bug)")), last);
-  }
-  if (it.reducer != nullptr) {
-    return fail(absl::InternalError("gradients never reduced: no all_reduce_grads (plan bug)"), last);
-  }
-  for (const auto& c : chunks_) {
-    if (c->in_flight() != 0) {
-      return fail(absl::InternalError("micro-batches forwarded but never backwarded (plan bug)"), last);
-    }
-  }
+  if (absl::Status s = CheckPlanDrained(it); !s.ok()) return FailIteration(plan, s, last);
   absl::StatusOr<std::vector<proto::InstructionTiming>> timings = timer->Finish();  // waits for the device's work
-  if (!timings.ok()) return fail(timings.status(), last);
+  if (!timings.ok()) return FailIteration(plan, timings.status(), last);
   it.result.timings = std::move(*timings);
   for (const auto& [mb, batch] : it.batches) it.result.tokens += batch.real_tokens;
   it.slots.clear();
@@ -269,155 +209,242 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   return std::move(it.result);
 }
 
+absl::Status Worker::BeginIteration(const proto::ExecutionPlan& plan, Iter* it) {
+  if (plan.rank() != rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("plan for rank ", plan.rank(), " given to rank ", rank_));
+  }
+  if (plan.global_loss_tokens() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration ", plan.iteration(), ": plan has no loss tokens"));
+  }
+  it->iteration = plan.iteration();
+  it->start = Clock::now();
+  it->loss_scale = 1.0f / static_cast<float>(plan.global_loss_tokens());
+  if (plan.num_buffer_slots() < 0 || plan.num_buffer_slots() > plan::kMaxBufferSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration ", plan.iteration(), ": plan asks for ",
+                                                   plan.num_buffer_slots(), " buffer slots"));
+  }
+  it->slots.resize(static_cast<size_t>(plan.num_buffer_slots()));
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    if (plan.instructions(i).has_backward()) it->last_backward[plan.instructions(i).chunk()] = i;
+  }
+  if (dp_ > 1) {
+    std::vector<float*> grads;
+    for (const auto& c : chunks_) grads.push_back(c->grads());
+    it->reducer = std::make_unique<GradReducer>(
+        comm_, dp_group_, sharded() ? GradReducer::Mode::kReduceScatter : GradReducer::Mode::kAllReduce,
+        std::move(grads), &buckets_, &regions_, options_.comm_timeout);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::RunInstructions(const proto::ExecutionPlan& plan, Iter* it, InstructionTimer& timer) {
+  // Runs of transfer starts are issued as one group: NCCL launches them
+  // together (an exchange with one peer cannot deadlock, and they overlap
+  // the compute that follows); a no-op for Gloo.
+  auto is_start = [&](int i) {
+    if (i < 0 || i >= plan.instructions_size()) return false;
+    const auto op = plan.instructions(i).op_case();
+    return op == proto::Instruction::kSendActivationStart || op == proto::Instruction::kSendGradStart ||
+           op == proto::Instruction::kRecvActivationStart || op == proto::Instruction::kRecvGradStart;
+  };
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    const bool group_start = is_start(i) && !is_start(i - 1), group_end = is_start(i) && !is_start(i + 1);
+    if (options_.stopped && options_.stopped()) return FailIteration(plan, absl::CancelledError("stopped"), i);
+    absl::Status s = timer.Begin(i);
+    if (s.ok() && group_start) s = comm_->GroupStart();
+    if (s.ok()) s = Execute(plan, i, it);
+    if (s.ok() && group_end) s = comm_->GroupEnd();
+    if (s.ok()) s = timer.End(i);
+    if (!s.ok()) return FailIteration(plan, s, i);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::CheckPlanDrained(const Iter& it) const {
+  for (const auto& [slot, req] : it.pending) {
+    return absl::InternalError(absl::StrCat("transfer on slot ", slot, " never finished (plan bug)"));
+  }
+  if (it.reducer != nullptr) return absl::InternalError("gradients never reduced: no all_reduce_grads (plan bug)");
+  for (const auto& c : chunks_) {
+    if (c->in_flight() != 0) return absl::InternalError("micro-batches forwarded but never backwarded (plan bug)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::FailIteration(const proto::ExecutionPlan& plan, const absl::Status& s, int i) {
+  // Peers blocked on us must fail fast rather than wait out their deadline.
+  comm_->Abort();
+  if (i >= plan.instructions_size()) {
+    return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " end of plan"));
+  }
+  return Annotate(s, absl::StrCat("rank ", rank_, " iteration ", plan.iteration(), " instruction ", i, " (",
+                                  OpName(plan.instructions(i)), ")"));
+}
+
 absl::Status Worker::Execute(const proto::ExecutionPlan& plan, int index, Iter* it) {
   const proto::Instruction& ins = plan.instructions(index);
-  BufferPool& pool = backend_->pool();
-  const model::DType dtype = backend_->activation_dtype();
-  auto chunk = [&]() -> absl::StatusOr<model::Stage*> {
-    if (ins.chunk() < 0 || ins.chunk() >= static_cast<int>(chunks_.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", ins.chunk(), " is not on this rank"));
-    }
-    return chunks_[ins.chunk()].get();
-  };
-  auto batch = [&]() -> absl::StatusOr<const model::TokenBatch*> {
-    const int mb = ins.micro_batch();
-    if (mb < 0 || mb >= plan.micro_batches_size()) return absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb));
-    auto found = it->batches.find(mb);
-    if (found == it->batches.end()) {
-      ASSIGN_OR_RETURN(model::TokenBatch b,
-                       model::BuildTokenBatch(plan.micro_batches(mb), *dataset_, spec_.model().max_positions()));
-      found = it->batches.emplace(mb, std::move(b)).first;
-    }
-    return &found->second;
-  };
-  auto slot = [&](int id, size_t min_bytes) -> absl::StatusOr<Buffer*> {
-    if (id < 0 || id >= static_cast<int>(it->slots.size())) return absl::InvalidArgumentError(absl::StrCat("slot ", id));
-    Buffer* b = &it->slots[id];
-    if (b->bytes() < min_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", id, " holds ", b->bytes(), " bytes, needs ", min_bytes));
-    }
-    return b;
-  };
-  auto fresh = [&](int id, size_t bytes) -> absl::StatusOr<Buffer*> {
-    if (id < 0 || id >= static_cast<int>(it->slots.size())) return absl::InvalidArgumentError(absl::StrCat("slot ", id));
-    if (!it->slots[id].empty() || it->pending.contains(id)) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", id, " is still in use"));
-    }
-    ASSIGN_OR_RETURN(it->slots[id], pool.Get(bytes, backend_->stream()));
-    return &it->slots[id];
-  };
-  auto wait = [&](int id) -> absl::Status {
-    auto p = it->pending.find(id);
-    if (p == it->pending.end()) return absl::InvalidArgumentError(absl::StrCat("no transfer pending on slot ", id));
-    std::unique_ptr<comm::Request> req = std::move(p->second);
-    it->pending.erase(p);
-    return req->Wait(Deadline());
-  };
-  auto start = [&](const proto::CommOp& op, bool send) -> absl::Status {
-    if (op.buffer_ids_size() != 1) return absl::InvalidArgumentError("transfer: expected one buffer");
-    ASSIGN_OR_RETURN(const size_t bytes, TransferBytes(op, dtype));
-    const int id = op.buffer_ids(0);
-    const int peer = op.peer();
-    if (send) {
-      ASSIGN_OR_RETURN(Buffer * b, slot(id, bytes));
-      const uint64_t tag = Tag(it->iteration, kPipeline, rank_, peer, it->sent[peer]++);
-      ASSIGN_OR_RETURN(auto req, comm_->Send(peer, tag, b->data(), bytes));
-      it->pending[id] = std::move(req);
-    } else {
-      ASSIGN_OR_RETURN(Buffer * b, fresh(id, bytes));
-      const uint64_t tag = Tag(it->iteration, kPipeline, peer, rank_, it->received[peer]++);
-      ASSIGN_OR_RETURN(auto req, comm_->Recv(peer, tag, b->data(), bytes));
-      it->pending[id] = std::move(req);
-    }
-    return absl::OkStatus();
-  };
-
   switch (ins.op_case()) {
     case proto::Instruction::kLoadInput: {
       // Token tensors live beside the slots (every stage reads the dataset
       // itself); the slot only marks the input as loaded.
-      RETURN_IF_ERROR(batch().status());
+      RETURN_IF_ERROR(BatchOf(plan, ins, it).status());
       return absl::OkStatus();
     }
-    case proto::Instruction::kForward: {
-      ASSIGN_OR_RETURN(model::Stage * st, chunk());
-      ASSIGN_OR_RETURN(const model::TokenBatch* b, batch());
-      const size_t hidden_bytes = st->HiddenBytes(*b);
-      const void* in = nullptr;
-      if (!st->options().first) {
-        if (ins.forward().input_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one input");
-        ASSIGN_OR_RETURN(Buffer * src, slot(ins.forward().input_buffers(0), hidden_bytes));
-        in = src->data();
-      }
-      void* out = nullptr;
-      if (!st->options().last) {
-        if (ins.forward().output_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one output");
-        ASSIGN_OR_RETURN(Buffer * dst, fresh(ins.forward().output_buffers(0), hidden_bytes));
-        out = dst->data();
-      }
-      // The loss stays with the stage (on a device) until the iteration's end.
-      return st->Forward(ins.micro_batch(), *b, in, out, it->loss_scale, ToRecompute(ins.forward().recompute()));
-    }
-    case proto::Instruction::kBackward: {
-      ASSIGN_OR_RETURN(model::Stage * st, chunk());
-      ASSIGN_OR_RETURN(const model::TokenBatch* b, batch());
-      const size_t hidden_bytes = st->HiddenBytes(*b);
-      const void* dout = nullptr;
-      if (!st->options().last) {
-        if (ins.backward().grad_input_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient in");
-        ASSIGN_OR_RETURN(Buffer * src, slot(ins.backward().grad_input_buffers(0), hidden_bytes));
-        dout = src->data();
-      }
-      void* din = nullptr;
-      if (!st->options().first) {
-        if (ins.backward().grad_output_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient out");
-        ASSIGN_OR_RETURN(Buffer * dst, fresh(ins.backward().grad_output_buffers(0), hidden_bytes));
-        din = dst->data();
-      }
-      // The chunk's last backward: its gradients' reduction starts bucket by bucket.
-      model::Stage::GradsReady ready;
-      if (it->reducer != nullptr && comm_->overlaps_collectives() && it->last_backward[ins.chunk()] == index) {
-        ready = [reducer = it->reducer.get(), chunk = ins.chunk()](size_t offset, size_t size) {
-          return reducer->Ready(chunk, offset, size);
-        };
-      }
-      return st->Backward(ins.micro_batch(), dout, din, ready);
-    }
-    case proto::Instruction::kSendActivationStart: return start(ins.send_activation_start(), true);
-    case proto::Instruction::kSendGradStart: return start(ins.send_grad_start(), true);
-    case proto::Instruction::kRecvActivationStart: return start(ins.recv_activation_start(), false);
-    case proto::Instruction::kRecvGradStart: return start(ins.recv_grad_start(), false);
-    case proto::Instruction::kSendActivationFinish: return wait(ins.send_activation_finish().buffer_ids(0));
-    case proto::Instruction::kSendGradFinish: return wait(ins.send_grad_finish().buffer_ids(0));
-    case proto::Instruction::kRecvActivationFinish: return wait(ins.recv_activation_finish().buffer_ids(0));
-    case proto::Instruction::kRecvGradFinish: return wait(ins.recv_grad_finish().buffer_ids(0));
-    case proto::Instruction::kFreeBuffer: {
-      for (int id : ins.free_buffer().buffer_ids()) {
-        if (id < 0 || id >= static_cast<int>(it->slots.size())) return absl::InvalidArgumentError(absl::StrCat("slot ", id));
-        if (it->pending.contains(id)) RETURN_IF_ERROR(wait(id));  // never free memory a transfer still uses
-        it->slots[id].Release();
-      }
-      return absl::OkStatus();
-    }
-    case proto::Instruction::kAllReduceGrads: {
-      const auto& peers = ins.all_reduce_grads().dp_peers();
-      std::vector<int> group(peers.begin(), peers.end());
-      std::sort(group.begin(), group.end());
-      if (group != dp_group_ && !(group.size() <= 1 && dp_ == 1)) {
-        return absl::InvalidArgumentError(absl::StrCat("all-reduce over {", absl::StrJoin(group, ","),
-                                                       "}, but this rank's data-parallel group is {",
-                                                       absl::StrJoin(dp_group_, ","), "}"));
-      }
-      if (it->reducer == nullptr) return absl::OkStatus();
-      RETURN_IF_ERROR(it->reducer->Finish());
-      it->result.buckets_started_early = it->reducer->started_early();
-      it->reducer.reset();
-      return absl::OkStatus();
-    }
+    case proto::Instruction::kForward: return RunForward(plan, ins, it);
+    case proto::Instruction::kBackward: return RunBackward(plan, index, it);
+    case proto::Instruction::kSendActivationStart: return StartTransfer(ins.send_activation_start(), true, it);
+    case proto::Instruction::kSendGradStart: return StartTransfer(ins.send_grad_start(), true, it);
+    case proto::Instruction::kRecvActivationStart: return StartTransfer(ins.recv_activation_start(), false, it);
+    case proto::Instruction::kRecvGradStart: return StartTransfer(ins.recv_grad_start(), false, it);
+    case proto::Instruction::kSendActivationFinish:
+      return FinishTransfer(ins.send_activation_finish().buffer_ids(0), it);
+    case proto::Instruction::kSendGradFinish: return FinishTransfer(ins.send_grad_finish().buffer_ids(0), it);
+    case proto::Instruction::kRecvActivationFinish:
+      return FinishTransfer(ins.recv_activation_finish().buffer_ids(0), it);
+    case proto::Instruction::kRecvGradFinish: return FinishTransfer(ins.recv_grad_finish().buffer_ids(0), it);
+    case proto::Instruction::kFreeBuffer: return FreeBuffers(ins, it);
+    case proto::Instruction::kAllReduceGrads: return AllReduceGrads(ins, it);
     case proto::Instruction::kOptimizerStep: return OptimizerStep(plan, it);
     case proto::Instruction::OP_NOT_SET: break;
   }
   return absl::InvalidArgumentError("instruction without an operation");
+}
+
+absl::StatusOr<model::Stage*> Worker::ChunkOf(const proto::Instruction& ins) {
+  if (ins.chunk() < 0 || ins.chunk() >= static_cast<int>(chunks_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", ins.chunk(), " is not on this rank"));
+  }
+  return chunks_[ins.chunk()].get();
+}
+
+absl::StatusOr<const model::TokenBatch*> Worker::BatchOf(const proto::ExecutionPlan& plan,
+                                                         const proto::Instruction& ins, Iter* it) {
+  const int mb = ins.micro_batch();
+  if (mb < 0 || mb >= plan.micro_batches_size()) return absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb));
+  auto found = it->batches.find(mb);
+  if (found == it->batches.end()) {
+    ASSIGN_OR_RETURN(model::TokenBatch b,
+                     model::BuildTokenBatch(plan.micro_batches(mb), *dataset_, spec_.model().max_positions()));
+    found = it->batches.emplace(mb, std::move(b)).first;
+  }
+  return &found->second;
+}
+
+absl::StatusOr<Buffer*> Worker::Slot(int id, size_t min_bytes, Iter* it) {
+  if (id < 0 || id >= static_cast<int>(it->slots.size())) return absl::InvalidArgumentError(absl::StrCat("slot ", id));
+  Buffer* b = &it->slots[id];
+  if (b->bytes() < min_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", id, " holds ", b->bytes(), " bytes, needs ", min_bytes));
+  }
+  return b;
+}
+
+absl::StatusOr<Buffer*> Worker::FreshSlot(int id, size_t bytes, Iter* it) {
+  if (id < 0 || id >= static_cast<int>(it->slots.size())) return absl::InvalidArgumentError(absl::StrCat("slot ", id));
+  if (!it->slots[id].empty() || it->pending.contains(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", id, " is still in use"));
+  }
+  ASSIGN_OR_RETURN(it->slots[id], backend_->pool().Get(bytes, backend_->stream()));
+  return &it->slots[id];
+}
+
+absl::Status Worker::FinishTransfer(int id, Iter* it) {
+  auto p = it->pending.find(id);
+  if (p == it->pending.end()) return absl::InvalidArgumentError(absl::StrCat("no transfer pending on slot ", id));
+  std::unique_ptr<comm::Request> req = std::move(p->second);
+  it->pending.erase(p);
+  return req->Wait(Deadline());
+}
+
+absl::Status Worker::StartTransfer(const proto::CommOp& op, bool send, Iter* it) {
+  if (op.buffer_ids_size() != 1) return absl::InvalidArgumentError("transfer: expected one buffer");
+  ASSIGN_OR_RETURN(const size_t bytes, TransferBytes(op, backend_->activation_dtype()));
+  const int id = op.buffer_ids(0);
+  const int peer = op.peer();
+  if (send) {
+    ASSIGN_OR_RETURN(Buffer * b, Slot(id, bytes, it));
+    const uint64_t tag = Tag(it->iteration, kPipeline, rank_, peer, it->sent[peer]++);
+    ASSIGN_OR_RETURN(auto req, comm_->Send(peer, tag, b->data(), bytes));
+    it->pending[id] = std::move(req);
+  } else {
+    ASSIGN_OR_RETURN(Buffer * b, FreshSlot(id, bytes, it));
+    const uint64_t tag = Tag(it->iteration, kPipeline, peer, rank_, it->received[peer]++);
+    ASSIGN_OR_RETURN(auto req, comm_->Recv(peer, tag, b->data(), bytes));
+    it->pending[id] = std::move(req);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::RunForward(const proto::ExecutionPlan& plan, const proto::Instruction& ins, Iter* it) {
+  ASSIGN_OR_RETURN(model::Stage * st, ChunkOf(ins));
+  ASSIGN_OR_RETURN(const model::TokenBatch* b, BatchOf(plan, ins, it));
+  const size_t hidden_bytes = st->HiddenBytes(*b);
+  const void* in = nullptr;
+  if (!st->options().first) {
+    if (ins.forward().input_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one input");
+    ASSIGN_OR_RETURN(Buffer * src, Slot(ins.forward().input_buffers(0), hidden_bytes, it));
+    in = src->data();
+  }
+  void* out = nullptr;
+  if (!st->options().last) {
+    if (ins.forward().output_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one output");
+    ASSIGN_OR_RETURN(Buffer * dst, FreshSlot(ins.forward().output_buffers(0), hidden_bytes, it));
+    out = dst->data();
+  }
+  // The loss stays with the stage (on a device) until the iteration's end.
+  return st->Forward(ins.micro_batch(), *b, in, out, it->loss_scale, ToRecompute(ins.forward().recompute()));
+}
+
+absl::Status Worker::RunBackward(const proto::ExecutionPlan& plan, int index, Iter* it) {
+  const proto::Instruction& ins = plan.instructions(index);
+  ASSIGN_OR_RETURN(model::Stage * st, ChunkOf(ins));
+  ASSIGN_OR_RETURN(const model::TokenBatch* b, BatchOf(plan, ins, it));
+  const size_t hidden_bytes = st->HiddenBytes(*b);
+  const void* dout = nullptr;
+  if (!st->options().last) {
+    if (ins.backward().grad_input_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient in");
+    ASSIGN_OR_RETURN(Buffer * src, Slot(ins.backward().grad_input_buffers(0), hidden_bytes, it));
+    dout = src->data();
+  }
+  void* din = nullptr;
+  if (!st->options().first) {
+    if (ins.backward().grad_output_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient out");
+    ASSIGN_OR_RETURN(Buffer * dst, FreshSlot(ins.backward().grad_output_buffers(0), hidden_bytes, it));
+    din = dst->data();
+  }
+  // The chunk's last backward: its gradients' reduction starts bucket by bucket.
+  model::Stage::GradsReady ready;
+  if (it->reducer != nullptr && comm_->overlaps_collectives() && it->last_backward[ins.chunk()] == index) {
+    ready = [reducer = it->reducer.get(), chunk = ins.chunk()](size_t offset, size_t size) {
+      return reducer->Ready(chunk, offset, size);
+    };
+  }
+  return st->Backward(ins.micro_batch(), dout, din, ready);
+}
+
+absl::Status Worker::FreeBuffers(const proto::Instruction& ins, Iter* it) {
+  for (int id : ins.free_buffer().buffer_ids()) {
+    if (id < 0 || id >= static_cast<int>(it->slots.size())) return absl::InvalidArgumentError(absl::StrCat("slot ", id));
+    if (it->pending.contains(id)) RETURN_IF_ERROR(FinishTransfer(id, it));  // never free memory a transfer still uses
+    it->slots[id].Release();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::AllReduceGrads(const proto::Instruction& ins, Iter* it) {
+  const auto& peers = ins.all_reduce_grads().dp_peers();
+  std::vector<int> group(peers.begin(), peers.end());
+  std::sort(group.begin(), group.end());
+  if (group != dp_group_ && !(group.size() <= 1 && dp_ == 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("all-reduce over {", absl::StrJoin(group, ","),
+                                                   "}, but this rank's data-parallel group is {",
+                                                   absl::StrJoin(dp_group_, ","), "}"));
+  }
+  if (it->reducer == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(it->reducer->Finish());
+  it->result.buckets_started_early = it->reducer->started_early();
+  it->reducer.reset();
+  return absl::OkStatus();
 }
 
 absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan) {

@@ -80,7 +80,31 @@ class Worker {
   Worker(const proto::JobSpec& spec, int rank, int pp, int dp, comm::Communicator* comm, const data::Dataset* ds,
          Backend* backend, WorkerOptions o);
   struct Iter;  // per-iteration interpreter state
+  // RunIteration's phases: checks the plan and sets up `it`; runs every
+  // instruction; checks nothing is left in flight at the plan's end.
+  absl::Status BeginIteration(const proto::ExecutionPlan& plan, Iter* it);
+  absl::Status RunInstructions(const proto::ExecutionPlan& plan, Iter* it, InstructionTimer& timer);
+  absl::Status CheckPlanDrained(const Iter& it) const;
+  // Aborts the communicator (peers fail fast) and names rank, iteration and
+  // instruction `i` (or the end of the plan) in `s`.
+  absl::Status FailIteration(const proto::ExecutionPlan& plan, const absl::Status& s, int i);
+  // Runs instruction `index`, through one handler per kind below.
   absl::Status Execute(const proto::ExecutionPlan& plan, int index, Iter* it);
+  absl::Status RunForward(const proto::ExecutionPlan& plan, const proto::Instruction& ins, Iter* it);
+  absl::Status RunBackward(const proto::ExecutionPlan& plan, int index, Iter* it);
+  absl::Status StartTransfer(const proto::CommOp& op, bool send, Iter* it);
+  // Waits for the transfer pending on slot `id`.
+  absl::Status FinishTransfer(int id, Iter* it);
+  absl::Status FreeBuffers(const proto::Instruction& ins, Iter* it);
+  absl::Status AllReduceGrads(const proto::Instruction& ins, Iter* it);
+  // The instruction's chunk, and its micro-batch's tokens (built on first use).
+  absl::StatusOr<model::Stage*> ChunkOf(const proto::Instruction& ins);
+  absl::StatusOr<const model::TokenBatch*> BatchOf(const proto::ExecutionPlan& plan, const proto::Instruction& ins,
+                                                   Iter* it);
+  // Slot `id` holding at least `min_bytes`; FreshSlot: an empty slot, given
+  // `bytes` from the pool.
+  absl::StatusOr<Buffer*> Slot(int id, size_t min_bytes, Iter* it);
+  absl::StatusOr<Buffer*> FreshSlot(int id, size_t bytes, Iter* it);
   absl::Status OptimizerStep(const proto::ExecutionPlan& plan, Iter* it);
   // Sums the two copies of a tied embedding's gradient (first and last
   // stage); under ZeRO-1 only the part this rank owns.

@@ -380,8 +380,26 @@ absl::Status GptStage::Backward(int mb, const void* dhidden_out_v, void* dhidden
   return absl::OkStatus();
 }
 
+namespace {
+
+// Tells `ready` (if any) that the gradients of [offset, offset + size) are final.
+absl::Status Report(const Stage::GradsReady& ready, size_t offset, size_t size) {
+  return ready ? ready(offset, size) : absl::OkStatus();
+}
+
+void Zero(Buffer& b) { std::memset(b.data(), 0, b.bytes()); }
+
+}  // namespace
+
+// Gradient scratch of a layer's backward, shared by every layer of the stage.
+struct GptStage::LayerGrads {
+  Buffer dF1, dF2;  // (N, F)
+  Buffer dln;       // (N, C)
+  Buffer datty;     // (N, C)
+  Buffer dqkv;      // (N, 3C)
+};
+
 absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dhidden_in, const GradsReady& ready) {
-  auto report = [&](size_t offset, size_t size) { return ready ? ready(offset, size) : absl::OkStatus(); };
   const StageOptions& o = options();
   auto it = stash_.find(mb);
   if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " was not forwarded"));
@@ -389,96 +407,102 @@ absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dh
   if (!o.first && dhidden_in == nullptr) return absl::InvalidArgumentError("input gradient: missing");
   std::unique_ptr<Stash> s = std::move(it->second);
   stash_.erase(it);
-  const int64_t B = s->rows, T = s->seq, N = B * T, C = config().hidden, F = config().ffn, V = config().vocab,
-                NH = config().heads;
-  auto zero = [](Buffer& b) { std::memset(b.data(), 0, b.bytes()); };
+  const int64_t B = s->rows, T = s->seq, N = B * T, C = config().hidden, F = config().ffn, V = config().vocab;
 
   // Gradient of the residual stream, accumulated layer by layer downwards.
   ASSIGN_OR_RETURN(Buffer dres, Get(N * C));
   if (o.last) {
-    zero(dres);
-    const int64_t M = static_cast<int64_t>(s->scored.size());
-    if (M > 0) {
-      ASSIGN_OR_RETURN(Buffer dlogits, Get(M * V));
-      zero(dlogits);
-      cpu::CrossEntropyBackward(dlogits.as<float>(), s->probs.as<float>(), s->targets.data(), s->loss_scale, M, V);
-      s->probs.Release();
-      ASSIGN_OR_RETURN(Buffer dlnf, Get(M * C));
-      ASSIGN_OR_RETURN(Buffer dxs, Get(M * C));
-      zero(dlnf);
-      zero(dxs);
-      cpu::MatmulBackward(dlnf.as<float>(), G(layout_.head()), static_cast<float*>(nullptr),
-                          dlogits.as<const float>(), s->lnf.as<const float>(), P(layout_.head()), M, C, V);
-      cpu::LayerNormBackward(dxs.as<float>(), G(layout_.lnf_w()), G(layout_.lnf_b()), dlnf.as<const float>(),
-                             s->xs.as<const float>(), P(layout_.lnf_w()), s->lnf_mean.as<const float>(),
-                             s->lnf_rstd.as<const float>(), M, C);
-      for (int64_t r = 0; r < M; ++r) {
-        std::memcpy(dres.as<float>() + s->scored[r] * C, dxs.as<float>() + r * C, C * sizeof(float));
-      }
-    }
+    Zero(dres);
+    RETURN_IF_ERROR(HeadBackward(*s, dres.as<float>()));
     // The head's parameters are final: the final LayerNorm and an untied head
     // (the end of the layout), and a tied embedding unless the embedding
     // backward of this same stage still adds to it.
-    RETURN_IF_ERROR(report(layout_.lnf_w(), layout_.num_params() - layout_.lnf_w()));
-    if (config().tie_embeddings && !o.first) RETURN_IF_ERROR(report(layout_.wte(), static_cast<size_t>(V) * C));
+    RETURN_IF_ERROR(Report(ready, layout_.lnf_w(), layout_.num_params() - layout_.lnf_w()));
+    if (config().tie_embeddings && !o.first) RETURN_IF_ERROR(Report(ready, layout_.wte(), static_cast<size_t>(V) * C));
   } else {
     std::memcpy(dres.data(), dhidden_out, N * C * sizeof(float));
   }
-  ASSIGN_OR_RETURN(Buffer dF1, Get(N * F));
-  ASSIGN_OR_RETURN(Buffer dF2, Get(N * F));
-  ASSIGN_OR_RETURN(Buffer dln, Get(N * C));
-  ASSIGN_OR_RETURN(Buffer datty, Get(N * C));
-  ASSIGN_OR_RETURN(Buffer dqkv, Get(N * 3 * C));
+  LayerGrads g;
+  ASSIGN_OR_RETURN(g.dF1, Get(N * F));
+  ASSIGN_OR_RETURN(g.dF2, Get(N * F));
+  ASSIGN_OR_RETURN(g.dln, Get(N * C));
+  ASSIGN_OR_RETURN(g.datty, Get(N * C));
+  ASSIGN_OR_RETURN(g.dqkv, Get(N * 3 * C));
   float* dr = dres.as<float>();
   const auto& layers = layout_.layers();
   for (size_t i = layers.size(); i-- > 0;) {
     const GptLayout::Layer& l = layers[i];
-    LayerActs& a = s->layers[i];
-    if (a.ln1.empty()) {
-      RETURN_IF_ERROR(LayerForward(l, a, s->segments.data(), B, T, nullptr));  // kFull: the whole layer again
-    } else if (a.att.empty()) {
-      // kSelective: the attention probabilities again (its output is stashed).
-      ASSIGN_OR_RETURN(a.att, Get(cpu::AttentionProbsSize(s->segments.data(), B, T, NH,
-                                                           CpuKernel(config().attention))));
-      ASSIGN_OR_RETURN(Buffer atty, Get(N * C));
-      cpu::AttentionForward(atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), s->segments.data(), B, T, C, NH,
-                            CpuKernel(config().attention));
-    }
-    // MLP branch.
-    zero(dF1);
-    cpu::MatmulBackward(dF1.as<float>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const float>(), P(l.mproj_w), N,
-                        F, C);
-    zero(dF2);
-    cpu::GeluBackward(dF2.as<float>(), a.fc.as<const float>(), dF1.as<const float>(), N * F);
-    zero(dln);
-    cpu::MatmulBackward(dln.as<float>(), G(l.fc_w), G(l.fc_b), dF2.as<const float>(), a.ln2.as<const float>(),
-                        P(l.fc_w), N, C, F);
-    cpu::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), dln.as<const float>(), a.x2.as<const float>(), P(l.ln2_w),
-                           a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(), N, C);
-    // Attention branch.
-    zero(datty);
-    cpu::MatmulBackward(datty.as<float>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const float>(), P(l.proj_w), N, C,
-                        C);
-    zero(dqkv);
-    cpu::AttentionBackward(dqkv.as<float>(), datty.as<const float>(), a.qkv.as<const float>(), a.att.as<const float>(),
-                           s->segments.data(), B, T, C, NH, CpuKernel(config().attention));
-    zero(dln);
-    cpu::MatmulBackward(dln.as<float>(), G(l.qkv_w), G(l.qkv_b), dqkv.as<const float>(), a.ln1.as<const float>(),
-                        P(l.qkv_w), N, C, 3 * C);
-    cpu::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), dln.as<const float>(), a.x.as<const float>(), P(l.ln1_w),
-                           a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N, C);
-    a = LayerActs{};  // release this layer's activations early
+    RETURN_IF_ERROR(LayerBackward(l, s->layers[i], *s, dr, g));
+    s->layers[i] = LayerActs{};  // release this layer's activations early
     const size_t end = i + 1 < layers.size() ? layers[i + 1].ln1_w : (o.last ? layout_.lnf_w() : layout_.num_params());
-    RETURN_IF_ERROR(report(l.ln1_w, end - l.ln1_w));
+    RETURN_IF_ERROR(Report(ready, l.ln1_w, end - l.ln1_w));
   }
   if (o.first) {
     cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dr, s->tokens.data(), s->positions.data(), N, C);
-    RETURN_IF_ERROR(report(layout_.wte(), layout_.wpe() - layout_.wte()));
+    RETURN_IF_ERROR(Report(ready, layout_.wte(), layout_.wpe() - layout_.wte()));
     const size_t after = layers.empty() ? (o.last ? layout_.lnf_w() : layout_.num_params()) : layers[0].ln1_w;
-    RETURN_IF_ERROR(report(layout_.wpe(), after - layout_.wpe()));
+    RETURN_IF_ERROR(Report(ready, layout_.wpe(), after - layout_.wpe()));
   } else {
     std::memcpy(dhidden_in, dr, N * C * sizeof(float));
   }
+  return absl::OkStatus();
+}
+
+absl::Status GptStage::HeadBackward(Stash& s, float* dres) {
+  const int64_t C = config().hidden, V = config().vocab, M = static_cast<int64_t>(s.scored.size());
+  if (M == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Buffer dlogits, Get(M * V));
+  Zero(dlogits);
+  cpu::CrossEntropyBackward(dlogits.as<float>(), s.probs.as<float>(), s.targets.data(), s.loss_scale, M, V);
+  s.probs.Release();
+  ASSIGN_OR_RETURN(Buffer dlnf, Get(M * C));
+  ASSIGN_OR_RETURN(Buffer dxs, Get(M * C));
+  Zero(dlnf);
+  Zero(dxs);
+  cpu::MatmulBackward(dlnf.as<float>(), G(layout_.head()), static_cast<float*>(nullptr), dlogits.as<const float>(),
+                      s.lnf.as<const float>(), P(layout_.head()), M, C, V);
+  cpu::LayerNormBackward(dxs.as<float>(), G(layout_.lnf_w()), G(layout_.lnf_b()), dlnf.as<const float>(),
+                         s.xs.as<const float>(), P(layout_.lnf_w()), s.lnf_mean.as<const float>(),
+                         s.lnf_rstd.as<const float>(), M, C);
+  for (int64_t r = 0; r < M; ++r) std::memcpy(dres + s.scored[r] * C, dxs.as<float>() + r * C, C * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status GptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, float* dr,
+                                     LayerGrads& g) {
+  const int64_t B = s.rows, T = s.seq, N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
+  if (a.ln1.empty()) {
+    RETURN_IF_ERROR(LayerForward(l, a, s.segments.data(), B, T, nullptr));  // kFull: the whole layer again
+  } else if (a.att.empty()) {
+    // kSelective: the attention probabilities again (its output is stashed).
+    ASSIGN_OR_RETURN(a.att, Get(cpu::AttentionProbsSize(s.segments.data(), B, T, NH, CpuKernel(config().attention))));
+    ASSIGN_OR_RETURN(Buffer atty, Get(N * C));
+    cpu::AttentionForward(atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), s.segments.data(), B, T, C, NH,
+                          CpuKernel(config().attention));
+  }
+  // MLP branch.
+  Zero(g.dF1);
+  cpu::MatmulBackward(g.dF1.as<float>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const float>(), P(l.mproj_w), N, F,
+                      C);
+  Zero(g.dF2);
+  cpu::GeluBackward(g.dF2.as<float>(), a.fc.as<const float>(), g.dF1.as<const float>(), N * F);
+  Zero(g.dln);
+  cpu::MatmulBackward(g.dln.as<float>(), G(l.fc_w), G(l.fc_b), g.dF2.as<const float>(), a.ln2.as<const float>(),
+                      P(l.fc_w), N, C, F);
+  cpu::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), g.dln.as<const float>(), a.x2.as<const float>(), P(l.ln2_w),
+                         a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(), N, C);
+  // Attention branch.
+  Zero(g.datty);
+  cpu::MatmulBackward(g.datty.as<float>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const float>(), P(l.proj_w), N, C,
+                      C);
+  Zero(g.dqkv);
+  cpu::AttentionBackward(g.dqkv.as<float>(), g.datty.as<const float>(), a.qkv.as<const float>(),
+                         a.att.as<const float>(), s.segments.data(), B, T, C, NH, CpuKernel(config().attention));
+  Zero(g.dln);
+  cpu::MatmulBackward(g.dln.as<float>(), G(l.qkv_w), G(l.qkv_b), g.dqkv.as<const float>(), a.ln1.as<const float>(),
+                      P(l.qkv_w), N, C, 3 * C);
+  cpu::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), g.dln.as<const float>(), a.x.as<const float>(), P(l.ln1_w),
+                         a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N, C);
   return absl::OkStatus();
 }
 

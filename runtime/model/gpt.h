@@ -90,6 +90,13 @@ class GptStage final : public Stage {
   absl::StatusOr<double> ForwardDense(int mb, const TokenBatch& batch, const float* hidden_in, float* hidden_out,
                                       float loss_scale, Recompute recompute);
   absl::Status BackwardDense(int mb, const float* dhidden_out, float* dhidden_in, const GradsReady& ready);
+  // BackwardDense's phases. The last stage's head (loss, final LayerNorm)
+  // into the scored rows of `dres` (N, C); then one layer's backward, which
+  // adds into the residual gradient `dr` (N, C), recomputing what forward
+  // dropped first.
+  struct LayerGrads;
+  absl::Status HeadBackward(Stash& s, float* dres);
+  absl::Status LayerBackward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, float* dr, LayerGrads& g);
   // Fills every activation of layer `l` from a.x; writes the layer's output
   // (N, C) to `out` unless it is null (recomputation needs no output).
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B, int64_t T,

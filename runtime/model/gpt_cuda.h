@@ -186,10 +186,29 @@ class CudaGptStage final : public Stage {
                                                     const bf16* hidden_in,  // (B, T, C) or null
                                                     bf16* hidden_out,       // (B, T, C) or null
                                                     Recompute recompute);
-  // Fills every activation of layer `l` from a.x; writes the layer's output
-  // to `out` unless it is null (recomputation needs no output).
+  // RunForward's phases: the token-level int32 inputs to the device (and the
+  // last stage's scored rows and targets); every layer from `x` (the stage
+  // input, left holding the last layer's output unless that went to
+  // hidden_out); the last stage's final LayerNorm of the scored rows of `x`.
+  absl::Status UploadTokens(const TokenBatch& batch, Stash& s);
+  absl::Status LayersForward(Stash& s, Buffer& x,
+                             bf16* hidden_out,  // (B, T, C) or null
+                             Recompute recompute);
+  absl::Status FinalNormForward(Stash& s, const Buffer& x);  // x: (B, T, C)
+  // Backward's phases: the last stage's head (logits recomputed, loss,
+  // final LayerNorm) into the scored rows of `dres`; every layer, top down,
+  // adding into the residual gradient `dr` and releasing each layer's
+  // activations; one layer (recomputed first under kFull).
+  struct LayerGrads;
+  absl::Status HeadBackward(const Stash& s, bf16* dres);  // dres: (B, T, C)
+  absl::Status LayersBackward(Stash& s, bf16* dr);         // dr: (B, T, C)
+  absl::Status LayerBackward(const GptLayout::Layer& l, LayerActs& a, const Stash& s,
+                             bf16* dr,  // (B, T, C)
+                             LayerGrads& g);
   // Parameters in the owned runs (ZeRO-1).
   size_t OwnedTotal() const;
+  // Fills every activation of layer `l` from a.x; writes the layer's output
+  // to `out` unless it is null (recomputation needs no output).
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s,
                             bf16* out);  // (B, T, C) or null
   // The layer's attention, forward and backward, through cuDNN where the

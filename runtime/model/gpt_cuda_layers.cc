@@ -39,6 +39,14 @@ absl::Status CopyD2D(void* dst, const void* src, size_t bytes, cudaStream_t stre
 
 }  // namespace
 
+// Gradient scratch of a layer's backward, shared by every layer of the stage.
+struct CudaGptStage::LayerGrads {
+  Buffer dF;     // (N, F) bf16
+  Buffer dln;    // (N, C) bf16
+  Buffer datty;  // (N, C) bf16
+  Buffer dqkv;   // (N, 3C) bf16
+};
+
 absl::Status CudaGptStage::PrepareCudnnBatch(const TokenBatch& batch, Stash& s) {
   std::string why;
   if (kernels_.cudnn_attention == nullptr) {
@@ -149,7 +157,25 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
   auto s = std::make_unique<Stash>();
   s->rows = B;
   s->seq = T;
+  RETURN_IF_ERROR(UploadTokens(batch, *s));
+  RETURN_IF_ERROR(PrepareCudnnBatch(batch, *s));
 
+  ASSIGN_OR_RETURN(Buffer x, GetBf16(N * C));
+  if (o.first) {
+    RETURN_IF_ERROR(cuda::EmbeddingForward(x.as<bf16>(), s->tokens, s->positions, W(layout_.wte()),
+                                           W(layout_.wpe()), N, C, st));
+  } else {
+    // Copied, as on the CPU: the plan may reuse the input's slot afterwards.
+    RETURN_IF_ERROR(CopyD2D(x.data(), hidden_in, static_cast<size_t>(N * C) * kBf16, st));
+  }
+  RETURN_IF_ERROR(LayersForward(*s, x, hidden_out, recompute));
+  if (o.last) RETURN_IF_ERROR(FinalNormForward(*s, x));
+  return s;
+}
+
+absl::Status CudaGptStage::UploadTokens(const TokenBatch& batch, Stash& s) {
+  const StageOptions& o = options();
+  const int64_t N = batch.rows * batch.seq;
   // Token-level int32 inputs, one upload from pageable memory (a first
   // version: pinned staging would make it truly asynchronous). CUDA stages a
   // pageable host -> device copy before cudaMemcpyAsync returns; the source
@@ -165,7 +191,7 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
     }
   }
   const int64_t M = static_cast<int64_t>(scored.size());
-  s->scored_count = M;
+  s.scored_count = M;
   const int64_t o_pos = AlignInts(N), o_seg = o_pos + AlignInts(N), o_scored = o_seg + AlignInts(N),
                 o_targets = o_scored + AlignInts(M), total = o_targets + AlignInts(M);
   std::vector<int32_t> ints(static_cast<size_t>(total), 0);
@@ -174,30 +200,27 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
   std::copy(batch.segments.begin(), batch.segments.end(), ints.begin() + o_seg);
   std::copy(scored.begin(), scored.end(), ints.begin() + o_scored);
   std::copy(targets.begin(), targets.end(), ints.begin() + o_targets);
-  ASSIGN_OR_RETURN(s->ints, Get(ints.size() * sizeof(int32_t)));
+  ASSIGN_OR_RETURN(s.ints, Get(ints.size() * sizeof(int32_t)));
   CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(s->ints.data(), ints.data(), ints.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  s->host_ints = std::move(ints);
-  const int32_t* dints = s->ints.as<const int32_t>();
-  s->tokens = dints;
-  s->positions = dints + o_pos;
-  s->segments = dints + o_seg;
-  s->scored = dints + o_scored;
-  s->targets = dints + o_targets;
-  RETURN_IF_ERROR(PrepareCudnnBatch(batch, *s));
+      cudaMemcpyAsync(s.ints.data(), ints.data(), ints.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  s.host_ints = std::move(ints);
+  const int32_t* dints = s.ints.as<const int32_t>();
+  s.tokens = dints;
+  s.positions = dints + o_pos;
+  s.segments = dints + o_seg;
+  s.scored = dints + o_scored;
+  s.targets = dints + o_targets;
+  return absl::OkStatus();
+}
 
-  ASSIGN_OR_RETURN(Buffer x, GetBf16(N * C));
-  if (o.first) {
-    RETURN_IF_ERROR(cuda::EmbeddingForward(x.as<bf16>(), s->tokens, s->positions, W(layout_.wte()),
-                                           W(layout_.wpe()), N, C, st));
-  } else {
-    // Copied, as on the CPU: the plan may reuse the input's slot afterwards.
-    RETURN_IF_ERROR(CopyD2D(x.data(), hidden_in, static_cast<size_t>(N * C) * kBf16, st));
-  }
+absl::Status CudaGptStage::LayersForward(Stash& s, Buffer& x, bf16* hidden_out, Recompute recompute) {
+  const StageOptions& o = options();
+  const int64_t N = s.rows * s.seq, C = config().hidden;
+  cudaStream_t st = stream_;
   const std::vector<GptLayout::Layer>& layers = layout_.layers();
-  s->layers.resize(layers.size());
+  s.layers.resize(layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
-    LayerActs& a = s->layers[i];
+    LayerActs& a = s.layers[i];
     a.x = std::move(x);
     // The last layer of a stage that is not the last writes the stage output.
     const bool to_output = i + 1 == layers.size() && !o.last;
@@ -209,7 +232,7 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
       ASSIGN_OR_RETURN(next, GetBf16(N * C));
       out = next.as<bf16>();
     }
-    RETURN_IF_ERROR(LayerForward(layers[i], a, *s, out));
+    RETURN_IF_ERROR(LayerForward(layers[i], a, s, out));
     // kSelective keeps everything: the attention's stash is its lse already.
     if (recompute == Recompute::kFull) {
       Buffer keep = std::move(a.x);
@@ -221,18 +244,20 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
   if (layers.empty() && !o.last) {
     RETURN_IF_ERROR(CopyD2D(hidden_out, x.data(), static_cast<size_t>(N * C) * kBf16, st));
   }
+  return absl::OkStatus();
+}
 
-  if (o.last && M > 0) {
-    ASSIGN_OR_RETURN(s->xs, GetBf16(M * C));
-    RETURN_IF_ERROR(cuda::GatherRows(s->xs.as<bf16>(), x.as<const bf16>(), s->scored, M, C, st));
-    ASSIGN_OR_RETURN(s->lnf, GetBf16(M * C));
-    ASSIGN_OR_RETURN(s->lnf_mean, GetF32(M));
-    ASSIGN_OR_RETURN(s->lnf_rstd, GetF32(M));
-    RETURN_IF_ERROR(cuda::LayerNormForward(s->lnf.as<bf16>(), s->lnf_mean.as<float>(), s->lnf_rstd.as<float>(),
-                                           s->xs.as<const bf16>(), W(layout_.lnf_w()), W(layout_.lnf_b()), M, C,
-                                           st));
-  }
-  return s;
+absl::Status CudaGptStage::FinalNormForward(Stash& s, const Buffer& x) {
+  const int64_t M = s.scored_count, C = config().hidden;
+  if (M == 0) return absl::OkStatus();
+  cudaStream_t st = stream_;
+  ASSIGN_OR_RETURN(s.xs, GetBf16(M * C));
+  RETURN_IF_ERROR(cuda::GatherRows(s.xs.as<bf16>(), x.as<const bf16>(), s.scored, M, C, st));
+  ASSIGN_OR_RETURN(s.lnf, GetBf16(M * C));
+  ASSIGN_OR_RETURN(s.lnf_mean, GetF32(M));
+  ASSIGN_OR_RETURN(s.lnf_rstd, GetF32(M));
+  return cuda::LayerNormForward(s.lnf.as<bf16>(), s.lnf_mean.as<float>(), s.lnf_rstd.as<float>(),
+                                s.xs.as<const bf16>(), W(layout_.lnf_w()), W(layout_.lnf_b()), M, C, st);
 }
 
 absl::Status CudaGptStage::Loss(const Stash& s) {
@@ -308,82 +333,18 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
   if (!o.first && dhidden_in == nullptr) return absl::InvalidArgumentError("input gradient: missing");
   std::unique_ptr<Stash> s = std::move(it->second);
   stash_.erase(it);
-  const int64_t B = s->rows, T = s->seq, N = B * T, C = config().hidden, F = config().ffn, V = config().vocab,
-                M = s->scored_count;
+  const int64_t N = s->rows * s->seq, C = config().hidden;
   cudaStream_t st = stream_;
-  const size_t head = layout_.head(), lnf_w = layout_.lnf_w(), lnf_b = layout_.lnf_b();
 
   // Gradient of the residual stream (bf16), accumulated layer by layer downwards.
   ASSIGN_OR_RETURN(Buffer dres, GetBf16(N * C));
   if (o.last) {
     RETURN_IF_ERROR(Zero(dres, st));
-    if (M > 0) {
-      // Recompute the logits from the stashed final LayerNorm output (one
-      // (M, C) x (C, V) product) rather than keep (M, V) per micro-batch in
-      // flight; the fused kernel then adds the gradient into zeroed dlogits.
-      ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
-      ASSIGN_OR_RETURN(Buffer dlogits, GetBf16(M * V));
-      ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
-      ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
-      RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), s->lnf.as<const bf16>(), W(head), nullptr, M, C, V, st));
-      RETURN_IF_ERROR(Zero(dlogits, st));
-      RETURN_IF_ERROR(Zero(loss_sum, st));
-      RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), dlogits.as<bf16>(),
-                                                logits.as<const bf16>(), s->targets, s->loss_scale, M, V, st));
-      logits.Release();
-      ASSIGN_OR_RETURN(Buffer dlnf, GetBf16(M * C));
-      ASSIGN_OR_RETURN(Buffer dxs, GetBf16(M * C));
-      RETURN_IF_ERROR(Zero(dlnf, st));
-      RETURN_IF_ERROR(matmul_->Backward(dlnf.as<bf16>(), G(head), nullptr, dlogits.as<const bf16>(),
-                                        s->lnf.as<const bf16>(), W(head), M, C, V, st));
-      dlogits.Release();
-      RETURN_IF_ERROR(Zero(dxs, st));
-      RETURN_IF_ERROR(cuda::LayerNormBackward(dxs.as<bf16>(), G(lnf_w), G(lnf_b), dlnf.as<const bf16>(),
-                                              s->xs.as<const bf16>(), W(lnf_w), s->lnf_mean.as<const float>(),
-                                              s->lnf_rstd.as<const float>(), M, C, st));
-      RETURN_IF_ERROR(cuda::ScatterAddRows(dres.as<bf16>(), dxs.as<const bf16>(), s->scored, M, C, st));
-    }
+    RETURN_IF_ERROR(HeadBackward(*s, dres.as<bf16>()));
   } else {
     RETURN_IF_ERROR(CopyD2D(dres.data(), dhidden_out, static_cast<size_t>(N * C) * kBf16, st));
   }
-  const std::vector<GptLayout::Layer>& layers = layout_.layers();
-  if (!layers.empty()) {
-    ASSIGN_OR_RETURN(Buffer dF, GetBf16(N * F));
-    ASSIGN_OR_RETURN(Buffer dln, GetBf16(N * C));
-    ASSIGN_OR_RETURN(Buffer datty, GetBf16(N * C));
-    ASSIGN_OR_RETURN(Buffer dqkv, GetBf16(N * 3 * C));
-    bf16* dr = dres.as<bf16>();
-    for (size_t i = layers.size(); i-- > 0;) {
-      const GptLayout::Layer& l = layers[i];
-      LayerActs& a = s->layers[i];
-      // kFull: the whole layer again from its input (the same kernels on the
-      // same values, so the same activations), without its output product.
-      if (a.ln1.empty()) RETURN_IF_ERROR(LayerForward(l, a, *s, nullptr));
-      // MLP branch: the GELU's gradient in the mproj product's epilogue.
-      RETURN_IF_ERROR(matmul_->BackwardThroughGelu(dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr,
-                                                   a.gelu.as<const bf16>(), W(l.mproj_w), a.fc.as<const bf16>(), N,
-                                                   F, C, st));
-      RETURN_IF_ERROR(Zero(dln, st));
-      RETURN_IF_ERROR(matmul_->Backward(dln.as<bf16>(), G(l.fc_w), G(l.fc_b), dF.as<const bf16>(),
-                                        a.ln2.as<const bf16>(), W(l.fc_w), N, C, F, st));
-      RETURN_IF_ERROR(cuda::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), dln.as<const bf16>(), a.x2.as<const bf16>(),
-                                              W(l.ln2_w), a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(),
-                                              N, C, st));
-      // Attention branch.
-      RETURN_IF_ERROR(Zero(datty, st));
-      RETURN_IF_ERROR(matmul_->Backward(datty.as<bf16>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const bf16>(),
-                                        W(l.proj_w), N, C, C, st));
-      RETURN_IF_ERROR(Zero(dqkv, st));
-      RETURN_IF_ERROR(AttentionBackward(dqkv.as<bf16>(), datty.as<const bf16>(), a, *s));
-      RETURN_IF_ERROR(Zero(dln, st));
-      RETURN_IF_ERROR(matmul_->Backward(dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), dqkv.as<const bf16>(),
-                                        a.ln1.as<const bf16>(), W(l.qkv_w), N, C, 3 * C, st));
-      RETURN_IF_ERROR(cuda::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), dln.as<const bf16>(), a.x.as<const bf16>(),
-                                              W(l.ln1_w), a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(),
-                                              N, C, st));
-      a = LayerActs{};  // back to the pool early (stream-ordered reuse)
-    }
-  }
+  RETURN_IF_ERROR(LayersBackward(*s, dres.as<bf16>()));
   if (o.first) {
     RETURN_IF_ERROR(cuda::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dres.as<const bf16>(), s->tokens,
                                             s->positions, N, C, st));
@@ -392,6 +353,83 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
   }
   if (ready) RETURN_IF_ERROR(ready(0, layout_.num_params()));
   return absl::OkStatus();
+}
+
+absl::Status CudaGptStage::HeadBackward(const Stash& s, bf16* dres) {
+  const int64_t C = config().hidden, V = config().vocab, M = s.scored_count;
+  if (M == 0) return absl::OkStatus();
+  cudaStream_t st = stream_;
+  const size_t head = layout_.head(), lnf_w = layout_.lnf_w(), lnf_b = layout_.lnf_b();
+  // Recompute the logits from the stashed final LayerNorm output (one
+  // (M, C) x (C, V) product) rather than keep (M, V) per micro-batch in
+  // flight; the fused kernel then adds the gradient into zeroed dlogits.
+  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
+  ASSIGN_OR_RETURN(Buffer dlogits, GetBf16(M * V));
+  ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
+  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
+  RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(head), nullptr, M, C, V, st));
+  RETURN_IF_ERROR(Zero(dlogits, st));
+  RETURN_IF_ERROR(Zero(loss_sum, st));
+  RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), dlogits.as<bf16>(),
+                                            logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st));
+  logits.Release();
+  ASSIGN_OR_RETURN(Buffer dlnf, GetBf16(M * C));
+  ASSIGN_OR_RETURN(Buffer dxs, GetBf16(M * C));
+  RETURN_IF_ERROR(Zero(dlnf, st));
+  RETURN_IF_ERROR(matmul_->Backward(dlnf.as<bf16>(), G(head), nullptr, dlogits.as<const bf16>(),
+                                    s.lnf.as<const bf16>(), W(head), M, C, V, st));
+  dlogits.Release();
+  RETURN_IF_ERROR(Zero(dxs, st));
+  RETURN_IF_ERROR(cuda::LayerNormBackward(dxs.as<bf16>(), G(lnf_w), G(lnf_b), dlnf.as<const bf16>(),
+                                          s.xs.as<const bf16>(), W(lnf_w), s.lnf_mean.as<const float>(),
+                                          s.lnf_rstd.as<const float>(), M, C, st));
+  return cuda::ScatterAddRows(dres, dxs.as<const bf16>(), s.scored, M, C, st);
+}
+
+absl::Status CudaGptStage::LayersBackward(Stash& s, bf16* dr) {
+  const std::vector<GptLayout::Layer>& layers = layout_.layers();
+  if (layers.empty()) return absl::OkStatus();
+  const int64_t N = s.rows * s.seq, C = config().hidden, F = config().ffn;
+  LayerGrads g;
+  ASSIGN_OR_RETURN(g.dF, GetBf16(N * F));
+  ASSIGN_OR_RETURN(g.dln, GetBf16(N * C));
+  ASSIGN_OR_RETURN(g.datty, GetBf16(N * C));
+  ASSIGN_OR_RETURN(g.dqkv, GetBf16(N * 3 * C));
+  for (size_t i = layers.size(); i-- > 0;) {
+    RETURN_IF_ERROR(LayerBackward(layers[i], s.layers[i], s, dr, g));
+    s.layers[i] = LayerActs{};  // back to the pool early (stream-ordered reuse)
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaGptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, bf16* dr,
+                                         LayerGrads& g) {
+  const int64_t N = s.rows * s.seq, C = config().hidden, F = config().ffn;
+  cudaStream_t st = stream_;
+  // kFull: the whole layer again from its input (the same kernels on the
+  // same values, so the same activations), without its output product.
+  if (a.ln1.empty()) RETURN_IF_ERROR(LayerForward(l, a, s, nullptr));
+  // MLP branch: the GELU's gradient in the mproj product's epilogue.
+  RETURN_IF_ERROR(matmul_->BackwardThroughGelu(g.dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr,
+                                               a.gelu.as<const bf16>(), W(l.mproj_w), a.fc.as<const bf16>(), N, F, C,
+                                               st));
+  RETURN_IF_ERROR(Zero(g.dln, st));
+  RETURN_IF_ERROR(matmul_->Backward(g.dln.as<bf16>(), G(l.fc_w), G(l.fc_b), g.dF.as<const bf16>(),
+                                    a.ln2.as<const bf16>(), W(l.fc_w), N, C, F, st));
+  RETURN_IF_ERROR(cuda::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), g.dln.as<const bf16>(), a.x2.as<const bf16>(),
+                                          W(l.ln2_w), a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(), N,
+                                          C, st));
+  // Attention branch.
+  RETURN_IF_ERROR(Zero(g.datty, st));
+  RETURN_IF_ERROR(matmul_->Backward(g.datty.as<bf16>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const bf16>(),
+                                    W(l.proj_w), N, C, C, st));
+  RETURN_IF_ERROR(Zero(g.dqkv, st));
+  RETURN_IF_ERROR(AttentionBackward(g.dqkv.as<bf16>(), g.datty.as<const bf16>(), a, s));
+  RETURN_IF_ERROR(Zero(g.dln, st));
+  RETURN_IF_ERROR(matmul_->Backward(g.dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), g.dqkv.as<const bf16>(),
+                                    a.ln1.as<const bf16>(), W(l.qkv_w), N, C, 3 * C, st));
+  return cuda::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), g.dln.as<const bf16>(), a.x.as<const bf16>(),
+                                 W(l.ln1_w), a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N, C, st);
 }
 
 }  // namespace dynapipe::runtime::model
