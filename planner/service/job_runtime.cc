@@ -13,70 +13,69 @@
 
 namespace dynapipe::planner::service {
 
-absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::JobSpec& raw_spec,
-                                                                 const std::string& job_id,
-                                                                 const std::string& data_root) {
-  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::NormalizeJobSpec(raw_spec));
-  ASSIGN_OR_RETURN(PlannerConfig config, PlannerConfigFromJob(spec));
-  config.job_id = job_id;
-  // Every path a job names stays under data_root.
-  if (!spec.checkpoint().dir().empty()) {
-    RETURN_IF_ERROR(Annotate(ConfinedPath(data_root, spec.checkpoint().dir()).status(), "checkpoint.dir"));
-  }
-  std::shared_ptr<const LayerCostModel> cost;
-  if (!spec.cost_profile_path().empty()) {
-    ASSIGN_OR_RETURN(const std::string path,
-                     Annotate(ConfinedPath(data_root, spec.cost_profile_path()), "cost_profile_path"));
-    proto::CostProfile profile;
-    RETURN_IF_ERROR(Annotate(LoadProtoFileQuietly(path, &profile), "cost_profile_path"));
-    const auto& m = spec.model();
-    if (profile.hidden() != m.hidden() || (profile.heads() > 0 && profile.heads() != m.heads()) ||
-        (profile.ffn() > 0 && profile.ffn() != m.ffn())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cost_profile_path: ", spec.cost_profile_path(), " profiles hidden ", profile.hidden(), ", heads ",
-          profile.heads(), ", ffn ", profile.ffn(), "; the model has hidden ", m.hidden(), ", heads ", m.heads(),
-          ", ffn ", m.ffn()));
-    }
-    auto model = ProfileCostModel::Create(profile, m.dtype() == proto::DType::fp32 ? 4 : 2);
-    if (!model.ok()) return Annotate(model.status(), absl::StrCat("cost_profile_path: ", spec.cost_profile_path()));
-    cost = std::move(*model);
-    if (profile.has_measured()) {
-      // What the job measured when it was profiled: in full under the same
-      // layout, else the terms that do not depend on it.
-      const proto::MeasuredTerms& t = profile.measured();
-      const bool same_layout = t.pp() == spec.parallelism().pp() && t.dp() == spec.parallelism().dp();
-      cost = std::make_shared<RefitCostModel>(std::move(cost), FromProto(t, same_layout));
-    }
-  } else {
+namespace {
+
+// The job's cost model: its measured profile (with the terms it measured,
+// when it has them), else the analytic model of its device.
+absl::StatusOr<std::shared_ptr<const LayerCostModel>> LoadCostModel(const proto::JobSpec& spec,
+                                                                    const std::string& data_root) {
+  if (spec.cost_profile_path().empty()) {
     ASSIGN_OR_RETURN(auto model, AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {}));
-    cost = std::move(model);
+    return std::shared_ptr<const LayerCostModel>(std::move(model));
   }
-  auto runtime = std::make_shared<JobRuntime>();
-  runtime->spec = spec;
-  ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));
-  if (spec.cost_refit().mode() == proto::CostRefitSpec::on) {
-    runtime->refit = std::make_shared<JobRefit>(runtime->planner, spec.cost_refit());
+  ASSIGN_OR_RETURN(const std::string path,
+                   Annotate(ConfinedPath(data_root, spec.cost_profile_path()), "cost_profile_path"));
+  proto::CostProfile profile;
+  RETURN_IF_ERROR(Annotate(LoadProtoFileQuietly(path, &profile), "cost_profile_path"));
+  const auto& m = spec.model();
+  if (profile.hidden() != m.hidden() || (profile.heads() > 0 && profile.heads() != m.heads()) ||
+      (profile.ffn() > 0 && profile.ffn() != m.ffn())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cost_profile_path: ", spec.cost_profile_path(), " profiles hidden ", profile.hidden(), ", heads ",
+        profile.heads(), ", ffn ", profile.ffn(), "; the model has hidden ", m.hidden(), ", heads ", m.heads(),
+        ", ffn ", m.ffn()));
   }
+  auto model = ProfileCostModel::Create(profile, m.dtype() == proto::DType::fp32 ? 4 : 2);
+  if (!model.ok()) return Annotate(model.status(), absl::StrCat("cost_profile_path: ", spec.cost_profile_path()));
+  std::shared_ptr<const LayerCostModel> cost = std::move(*model);
+  if (profile.has_measured()) {
+    // What the job measured when it was profiled: in full under the same
+    // layout, else the terms that do not depend on it.
+    const proto::MeasuredTerms& t = profile.measured();
+    const bool same_layout = t.pp() == spec.parallelism().pp() && t.dp() == spec.parallelism().dp();
+    cost = std::make_shared<RefitCostModel>(std::move(cost), FromProto(t, same_layout));
+  }
+  return cost;
+}
+
+// The samples' lengths, from an indexed dataset (whose token ids the model's
+// vocabulary must cover) or a lengths file.
+absl::StatusOr<std::vector<data::RawLength>> ReadSampleLengths(const proto::JobSpec& spec,
+                                                               const std::string& data_root) {
   ASSIGN_OR_RETURN(const std::string dataset_path,
                    Annotate(ConfinedPath(data_root, spec.dataset().path()), "dataset.path"));
-  std::vector<data::RawLength> raw;
-  if (spec.dataset().format() == proto::DatasetSpec::indexed) {
-    // The files inside the directory too: each may be a link leading out.
-    RETURN_IF_ERROR(Annotate(data::CheckDatasetConfined(data_root, dataset_path), "dataset.path"));
-    auto dataset = data::Dataset::Open(dataset_path);
-    if (!dataset.ok()) return Annotate(dataset.status(), "dataset.path");
-    // Caught here, not at the first forward pass of every executor.
-    if ((*dataset)->info().vocab() > static_cast<uint32_t>(spec.model().vocab())) {
-      return absl::InvalidArgumentError(absl::StrCat("model.vocab: ", spec.model().vocab(), " is smaller than the ",
-                                                     (*dataset)->info().vocab(), " token ids of dataset ",
-                                                     spec.dataset().path()));
-    }
-    raw = (*dataset)->Lengths();
-  } else {
+  if (spec.dataset().format() != proto::DatasetSpec::indexed) {
     auto lengths = data::ReadLengths(dataset_path, /*indexed=*/false);
     if (!lengths.ok()) return Annotate(lengths.status(), "dataset.path");
-    raw = std::move(*lengths);
+    return std::move(*lengths);
   }
+  // The files inside the directory too: each may be a link leading out.
+  RETURN_IF_ERROR(Annotate(data::CheckDatasetConfined(data_root, dataset_path), "dataset.path"));
+  auto dataset = data::Dataset::Open(dataset_path);
+  if (!dataset.ok()) return Annotate(dataset.status(), "dataset.path");
+  // Caught here, not at the first forward pass of every executor.
+  if ((*dataset)->info().vocab() > static_cast<uint32_t>(spec.model().vocab())) {
+    return absl::InvalidArgumentError(absl::StrCat("model.vocab: ", spec.model().vocab(), " is smaller than the ",
+                                                   (*dataset)->info().vocab(), " token ids of dataset ",
+                                                   spec.dataset().path()));
+  }
+  return (*dataset)->Lengths();
+}
+
+// The global batches of batching.global_batch_tokens each, checked against
+// the planner's bound on samples per batch and the data-parallel width.
+absl::StatusOr<std::vector<std::vector<Sample>>> GlobalBatches(const proto::JobSpec& spec, const PlannerConfig& config,
+                                                              const std::vector<data::RawLength>& raw) {
   const bool ed = spec.model().kind() == proto::ModelKind::t5;
   std::vector<Sample> samples;
   samples.reserve(raw.size());
@@ -90,8 +89,8 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
                                                    samples.size(), " samples, truncated to max_seq_len ",
                                                    config.max_seq_len, ")"));
   }
-  runtime->batches = FormGlobalBatches(samples, batch_tokens, ed);
-  for (const auto& b : runtime->batches) {
+  std::vector<std::vector<Sample>> batches = FormGlobalBatches(samples, batch_tokens, ed);
+  for (const auto& b : batches) {
     if (static_cast<int64_t>(b.size()) > spec::kMaxSamplesPerGlobalBatch) {
       return absl::InvalidArgumentError(absl::StrCat(
           "batching.global_batch_tokens: ", batch_tokens, " tokens make global batches of ", b.size(),
@@ -104,6 +103,30 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::J
                                                      " samples cannot feed ", config.dp, " data-parallel groups"));
     }
   }
+  return batches;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::JobSpec& raw_spec,
+                                                                 const std::string& job_id,
+                                                                 const std::string& data_root) {
+  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::NormalizeJobSpec(raw_spec));
+  ASSIGN_OR_RETURN(PlannerConfig config, PlannerConfigFromJob(spec));
+  config.job_id = job_id;
+  // Every path a job names stays under data_root.
+  if (!spec.checkpoint().dir().empty()) {
+    RETURN_IF_ERROR(Annotate(ConfinedPath(data_root, spec.checkpoint().dir()).status(), "checkpoint.dir"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const LayerCostModel> cost, LoadCostModel(spec, data_root));
+  auto runtime = std::make_shared<JobRuntime>();
+  runtime->spec = spec;
+  ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));
+  if (spec.cost_refit().mode() == proto::CostRefitSpec::on) {
+    runtime->refit = std::make_shared<JobRefit>(runtime->planner, spec.cost_refit());
+  }
+  ASSIGN_OR_RETURN(const std::vector<data::RawLength> raw, ReadSampleLengths(spec, data_root));
+  ASSIGN_OR_RETURN(runtime->batches, GlobalBatches(spec, config, raw));
   return std::shared_ptr<const JobRuntime>(std::move(runtime));
 }
 
