@@ -30,6 +30,40 @@ absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m) {
   return absl::InvalidArgumentError("batching.method: unknown value");
 }
 
+// Recomputation levels to try, least recomputation first.
+std::vector<Recompute> LevelsOf(proto::RecomputeLevel::Value recompute) {
+  switch (recompute) {
+    case proto::RecomputeLevel::none: return {Recompute::kNone};
+    case proto::RecomputeLevel::selective: return {Recompute::kSelective};
+    case proto::RecomputeLevel::full: return {Recompute::kFull};
+    default: return {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  }
+}
+
+SearchOptions SearchOptionsOf(const PlannerConfig& config, uint64_t seed) {
+  SearchOptions search;
+  search.permutations = config.permutations;
+  search.seed = seed;
+  for (int k = 0; k < kNumScheduleKinds; ++k) search.try_kind[k] = config.policy == proto::ScheduleSpec::auto_;
+  if (config.policy == proto::ScheduleSpec::one_f_one_b) search.try_kind[0] = true;
+  if (config.policy == proto::ScheduleSpec::interleaved_1f1b) search.try_kind[1] = true;
+  if (config.policy == proto::ScheduleSpec::wait_free_cyclic) search.try_kind[2] = true;
+  return search;
+}
+
+// INTERNAL when the generated plans fail ValidatePlans against the samples.
+absl::Status ValidateGenerated(std::span<const Sample> samples, IterationPlan& best) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> ids;
+  ids.reserve(samples.size());
+  for (const Sample& s : samples) ids.push_back(s.id);
+  const absl::Status v = ValidatePlans(best.plans, ids);
+  best.timings.validate_ms = MsSince(t0);
+  if (!v.ok()) return absl::InternalError(absl::StrCat("generated plan failed validation: ", v.message()));
+  return absl::OkStatus();
+}
+
+
 }  // namespace
 
 absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& spec) {
@@ -195,169 +229,181 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
   return Plan(samples, iteration, config_.batching, request);
 }
 
-absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int64_t iteration, Batching batching,
-                                            const PlanRequest& request) const {
-  const auto t_start = std::chrono::steady_clock::now();
-  if (samples.empty()) return absl::InvalidArgumentError(absl::StrCat("iteration ", iteration, ": no samples"));
-  const int D = config_.dp, S = config_.pp;
-  if (static_cast<int>(samples.size()) < D) {
-    return absl::InvalidArgumentError(absl::StrCat("iteration ", iteration, ": ", samples.size(),
-                                                   " samples for ", D, " data-parallel groups"));
-  }
-  const uint64_t seed = config_.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(iteration);
-  std::vector<Recompute> levels;
-  switch (config_.recompute) {
-    case proto::RecomputeLevel::none: levels = {Recompute::kNone}; break;
-    case proto::RecomputeLevel::selective: levels = {Recompute::kSelective}; break;
-    case proto::RecomputeLevel::full: levels = {Recompute::kFull}; break;
-    default: levels = {Recompute::kNone, Recompute::kSelective, Recompute::kFull}; break;
-  }
-  SearchOptions search;
-  search.permutations = config_.permutations;
-  search.seed = seed;
-  for (int k = 0; k < kNumScheduleKinds; ++k) search.try_kind[k] = config_.policy == proto::ScheduleSpec::auto_;
-  if (config_.policy == proto::ScheduleSpec::one_f_one_b) search.try_kind[0] = true;
-  if (config_.policy == proto::ScheduleSpec::interleaved_1f1b) search.try_kind[1] = true;
-  if (config_.policy == proto::ScheduleSpec::wait_free_cyclic) search.try_kind[2] = true;
-
+// The schedule search's state across recomputation levels and candidate
+// splits: the best plan so far, its schedules and what the search cost.
+struct Planner::Search {
+  Batching batching = Batching::kDynamic;
+  SearchOptions options;
   IterationPlan best;
-  best.predicted_ms = std::numeric_limits<double>::infinity();
   std::vector<GroupSchedule> best_groups;
   std::vector<PipelineTimes> best_times;
   absl::Status last_error = absl::OkStatus();
   double partition_ms = 0, schedule_ms = 0;
   int simulations = 0;
-  bool prune_deeper_levels = false;
-  const double iteration_overhead_ms = model_->cost_model().Overheads().iteration_ms;
-  for (Recompute r : levels) {
-    // Dominance prune: more recomputation only adds backward work and saves
-    // memory. Once a level's split was not limited by memory and none of its
-    // simulated schedules exceeded memory, deeper levels cannot be faster.
-    if (prune_deeper_levels) break;
-    ++best.recompute_levels_tried;
-    auto t0 = std::chrono::steady_clock::now();
-    bool memory_bound = true;
-    auto candidates = Candidates(samples, batching, r, seed, &memory_bound);
-    partition_ms += MsSince(t0);
-    if (!candidates.ok()) {
-      last_error = candidates.status();
-      continue;
-    }
-    t0 = std::chrono::steady_clock::now();
-    int memory_rejections = 0;
-    bool all_found = true;
-    for (std::vector<MicroBatch>& mbs : *candidates) {
-      const auto split = SplitGroups(mbs, r);
-      std::vector<GroupSchedule> found(D);
-      std::vector<PipelineTimes> times(D);
-      std::vector<std::vector<MicroBatch>> group_mbs(D);
-      double slowest = 0;
-      bool ok = true;
-      for (int g = 0; g < D && ok; ++g) {
-        for (int i : split[g]) group_mbs[g].push_back(mbs[i]);
-        auto gt = GroupTimes(group_mbs[g], *costs_, r, comm_, g);
-        if (!gt.ok()) {
-          last_error = gt.status();
-          ok = false;
-          break;
-        }
-        times[g] = std::move(*gt);
-        found[g] = SearchSchedule(times[g], config_.memory_limit_mb, search);
-        simulations += found[g].simulations;
-        memory_rejections += found[g].memory_rejections;
-        ok = found[g].found;
-        slowest = std::max(slowest, found[g].makespan_ms);
-      }
-      if (!ok) {
-        all_found = false;
-        if (last_error.ok()) {
-          last_error = absl::FailedPreconditionError(absl::StrCat(
-              BatchingName(batching), " with ", RecomputeName(r), " recomputation: no schedule fits in ",
-              static_cast<int64_t>(config_.memory_limit_mb), " MB per device"));
-        }
-        continue;
-      }
-      // A measured per-iteration term (all-reduce, optimizer step and the
-      // rest) replaces the modelled all-reduce.
-      double allreduce = std::max(0.0, iteration_overhead_ms);
-      for (int d = 0; d < S && D > 1 && iteration_overhead_ms < 0; ++d) {
-        std::vector<int> ranks;
-        for (int g = 0; g < D; ++g) ranks.push_back(g * S + d);
-        allreduce = std::max(allreduce, comm_.AllReduceMs(ranks, model_->GradientMb(d)));
-      }
-      if (slowest + allreduce < best.predicted_ms) {
-        best.predicted_ms = slowest + allreduce;
-        best.allreduce_ms = allreduce;
-        best.recompute = r;
-        best.groups.assign(D, {});
-        for (int g = 0; g < D; ++g) {
-          for (int i : found[g].order) best.groups[g].push_back(group_mbs[g][i]);
-        }
-        best_groups = std::move(found);
-        best_times = std::move(times);
-      }
-    }
-    schedule_ms += MsSince(t0);
-    prune_deeper_levels = !memory_bound && memory_rejections == 0 && all_found;
-  }
-  if (best_groups.empty()) {
-    return last_error.ok() ? absl::FailedPreconditionError("no feasible plan") : last_error;
-  }
-  best.iteration = iteration;
-  best.batching = batching;
-  best.simulations = simulations;
-  const bool ed = model_->encoder_decoder();
-  for (const Sample& s : samples) best.tokens += s.input + (ed ? s.target : 0);
-  std::vector<MicroBatch> all;
-  for (const auto& g : best.groups) all.insert(all.end(), g.begin(), g.end());
-  best.padding_efficiency = PaddingEfficiency(samples, all, ed);
+};
 
+bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recompute r, Search& s) const {
+  ++s.best.recompute_levels_tried;
   auto t0 = std::chrono::steady_clock::now();
+  bool memory_bound = true;
+  auto candidates = Candidates(samples, s.batching, r, seed, &memory_bound);
+  s.partition_ms += MsSince(t0);
+  if (!candidates.ok()) {
+    s.last_error = candidates.status();
+    return false;
+  }
+  t0 = std::chrono::steady_clock::now();
+  int memory_rejections = 0;
+  bool all_found = true;
+  for (const std::vector<MicroBatch>& mbs : *candidates) {
+    if (!SearchCandidate(mbs, r, s, &memory_rejections)) all_found = false;
+  }
+  s.schedule_ms += MsSince(t0);
+  return !memory_bound && memory_rejections == 0 && all_found;
+}
+
+bool Planner::SearchCandidate(const std::vector<MicroBatch>& mbs, Recompute r, Search& s,
+                              int* memory_rejections) const {
+  const int D = config_.dp;
+  const auto split = SplitGroups(mbs, r);
+  std::vector<GroupSchedule> found(D);
+  std::vector<PipelineTimes> times(D);
+  std::vector<std::vector<MicroBatch>> group_mbs(D);
+  double slowest = 0;
+  bool ok = true;
+  for (int g = 0; g < D && ok; ++g) {
+    for (int i : split[g]) group_mbs[g].push_back(mbs[i]);
+    auto gt = GroupTimes(group_mbs[g], *costs_, r, comm_, g);
+    if (!gt.ok()) {
+      s.last_error = gt.status();
+      ok = false;
+      break;
+    }
+    times[g] = std::move(*gt);
+    found[g] = SearchSchedule(times[g], config_.memory_limit_mb, s.options);
+    s.simulations += found[g].simulations;
+    *memory_rejections += found[g].memory_rejections;
+    ok = found[g].found;
+    slowest = std::max(slowest, found[g].makespan_ms);
+  }
+  if (!ok) {
+    if (s.last_error.ok()) {
+      s.last_error = absl::FailedPreconditionError(absl::StrCat(
+          BatchingName(s.batching), " with ", RecomputeName(r), " recomputation: no schedule fits in ",
+          static_cast<int64_t>(config_.memory_limit_mb), " MB per device"));
+    }
+    return false;
+  }
+  const double allreduce = AllReduceMs();
+  if (slowest + allreduce < s.best.predicted_ms) {
+    s.best.predicted_ms = slowest + allreduce;
+    s.best.allreduce_ms = allreduce;
+    s.best.recompute = r;
+    s.best.groups.assign(D, {});
+    for (int g = 0; g < D; ++g) {
+      for (int i : found[g].order) s.best.groups[g].push_back(group_mbs[g][i]);
+    }
+    s.best_groups = std::move(found);
+    s.best_times = std::move(times);
+  }
+  return true;
+}
+
+double Planner::AllReduceMs() const {
+  const int D = config_.dp, S = config_.pp;
+  const double iteration_overhead_ms = model_->cost_model().Overheads().iteration_ms;
+  // A measured per-iteration term (all-reduce, optimizer step and the rest)
+  // replaces the modelled all-reduce.
+  double allreduce = std::max(0.0, iteration_overhead_ms);
+  for (int d = 0; d < S && D > 1 && iteration_overhead_ms < 0; ++d) {
+    std::vector<int> ranks;
+    for (int g = 0; g < D; ++g) ranks.push_back(g * S + d);
+    allreduce = std::max(allreduce, comm_.AllReduceMs(ranks, model_->GradientMb(d)));
+  }
+  return allreduce;
+}
+
+absl::Status Planner::Resimulate(const Search& s, bool record, IterationPlan& best) const {
+  const int D = config_.dp, S = config_.pp;
   best.peak_mb.assign(S, 0);
   for (int g = 0; g < D; ++g) {
-    best.schedules.push_back(best_groups[g].kind);
-    const PipelineTimes t = Permute(best_times[g], best_groups[g].order);
-    auto sim = Simulate(t, best_groups[g].device_orders, request.record || request.build_plans);
+    best.schedules.push_back(s.best_groups[g].kind);
+    const PipelineTimes t = Permute(s.best_times[g], s.best_groups[g].order);
+    auto sim = Simulate(t, s.best_groups[g].device_orders, record);
     if (!sim.ok()) return absl::InternalError(absl::StrCat("re-simulating the chosen schedule: ", sim.status().message()));
     for (int d = 0; d < S; ++d) best.peak_mb[d] = std::max(best.peak_mb[d], sim->peak_mb[d]);
     best.sims.push_back(std::move(*sim));
   }
-  if (request.build_plans) {
-    best.plans.reserve(static_cast<size_t>(S) * D);
-    int64_t loss_tokens = 0;
-    for (const Sample& s : samples) loss_tokens += LossTokens(s, ed);
-    for (int g = 0; g < D; ++g) {
-      GroupPlanInput in;
-      in.model = model_.get();
-      in.samples = samples;
-      in.mbs = best.groups[g];
-      in.sim = &best.sims[g];
-      in.dp_rank = g;
-      in.dp_size = D;
-      in.job_id = config_.job_id;
-      in.iteration = iteration;
-      in.schedule = best.schedules[g];
-      in.recompute = best.recompute;
-      in.predicted_iteration_ms = best.predicted_ms;
-      in.global_loss_tokens = loss_tokens;
-      for (auto& p : BuildGroupPlans(in)) best.plans.push_back(std::move(p));
-    }
+  return absl::OkStatus();
+}
+
+void Planner::BuildPlans(std::span<const Sample> samples, int64_t iteration, IterationPlan& best) const {
+  const int D = config_.dp, S = config_.pp;
+  const bool ed = model_->encoder_decoder();
+  best.plans.reserve(static_cast<size_t>(S) * D);
+  int64_t loss_tokens = 0;
+  for (const Sample& s : samples) loss_tokens += LossTokens(s, ed);
+  for (int g = 0; g < D; ++g) {
+    GroupPlanInput in;
+    in.model = model_.get();
+    in.samples = samples;
+    in.mbs = best.groups[g];
+    in.sim = &best.sims[g];
+    in.dp_rank = g;
+    in.dp_size = D;
+    in.job_id = config_.job_id;
+    in.iteration = iteration;
+    in.schedule = best.schedules[g];
+    in.recompute = best.recompute;
+    in.predicted_iteration_ms = best.predicted_ms;
+    in.global_loss_tokens = loss_tokens;
+    for (auto& p : BuildGroupPlans(in)) best.plans.push_back(std::move(p));
   }
+}
+
+absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int64_t iteration, Batching batching,
+                                            const PlanRequest& request) const {
+  const auto t_start = std::chrono::steady_clock::now();
+  if (samples.empty()) return absl::InvalidArgumentError(absl::StrCat("iteration ", iteration, ": no samples"));
+  const int D = config_.dp;
+  if (static_cast<int>(samples.size()) < D) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration ", iteration, ": ", samples.size(),
+                                                   " samples for ", D, " data-parallel groups"));
+  }
+  const uint64_t seed = config_.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(iteration);
+  Search s;
+  s.batching = batching;
+  s.options = SearchOptionsOf(config_, seed);
+  s.best.predicted_ms = std::numeric_limits<double>::infinity();
+  for (Recompute r : LevelsOf(config_.recompute)) {
+    // Dominance prune: more recomputation only adds backward work and saves
+    // memory. Once a level's split was not limited by memory and none of its
+    // simulated schedules exceeded memory, deeper levels cannot be faster.
+    if (SearchLevel(samples, seed, r, s)) break;
+  }
+  if (s.best_groups.empty()) {
+    return s.last_error.ok() ? absl::FailedPreconditionError("no feasible plan") : s.last_error;
+  }
+  IterationPlan& best = s.best;
+  best.iteration = iteration;
+  best.batching = batching;
+  best.simulations = s.simulations;
+  const bool ed = model_->encoder_decoder();
+  for (const Sample& smp : samples) best.tokens += smp.input + (ed ? smp.target : 0);
+  std::vector<MicroBatch> all;
+  for (const auto& g : best.groups) all.insert(all.end(), g.begin(), g.end());
+  best.padding_efficiency = PaddingEfficiency(samples, all, ed);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(Resimulate(s, request.record || request.build_plans, best));
+  if (request.build_plans) BuildPlans(samples, iteration, best);
   best.timings.instructions_ms = MsSince(t0);
-  if (request.build_plans && request.validate) {
-    t0 = std::chrono::steady_clock::now();
-    std::vector<int64_t> ids;
-    ids.reserve(samples.size());
-    for (const Sample& s : samples) ids.push_back(s.id);
-    const absl::Status v = ValidatePlans(best.plans, ids);
-    best.timings.validate_ms = MsSince(t0);
-    if (!v.ok()) return absl::InternalError(absl::StrCat("generated plan failed validation: ", v.message()));
-  }
+  if (request.build_plans && request.validate) RETURN_IF_ERROR(ValidateGenerated(samples, best));
   if (!request.record) best.sims.clear();
-  best.timings.partition_ms = partition_ms;
-  best.timings.schedule_ms = schedule_ms;
+  best.timings.partition_ms = s.partition_ms;
+  best.timings.schedule_ms = s.schedule_ms;
   best.timings.total_ms = MsSince(t_start);
-  return best;
+  return std::move(best);
 }
 
 }  // namespace dynapipe::planner

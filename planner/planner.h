@@ -108,6 +108,20 @@ class Planner {
                                                                   bool* memory_bound) const;
   std::vector<std::vector<int>> SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const;
 
+  // The schedule search's state across levels and candidates (planner.cc).
+  struct Search;
+  // Searches recomputation level `r`; true when deeper levels cannot be faster.
+  bool SearchLevel(std::span<const Sample> samples, uint64_t seed, Recompute r, Search& s) const;
+  // Schedules one candidate split on every group and keeps it if fastest so
+  // far; false when a group has no schedule that fits.
+  bool SearchCandidate(const std::vector<MicroBatch>& mbs, Recompute r, Search& s, int* memory_rejections) const;
+  // The per-iteration gradient all-reduce (or measured iteration overhead).
+  double AllReduceMs() const;
+  // Re-simulates the chosen schedules into `best` (sims, schedules, peak memory).
+  absl::Status Resimulate(const Search& s, bool record, IterationPlan& best) const;
+  // Every rank's execution plan for `best`, appended to best.plans.
+  void BuildPlans(std::span<const Sample> samples, int64_t iteration, IterationPlan& best) const;
+
   PlannerConfig config_;
   std::shared_ptr<const PipelineModel> model_;
   CommModel comm_;

@@ -171,6 +171,220 @@ absl::Status AddReplay(const PipelineModel& layout, const LayerCostModel& base,
   return absl::OkStatus();
 }
 
+// The forward and backward pass terms fitted over `its`; the rest is `prior`.
+RefitTerms FitCompute(std::span<const IterationSamples* const> its, const RefitTerms& prior, double ridge) {
+  RefitTerms t = prior;
+  t.fw = FitPass(its, false, prior.fw, ridge);
+  t.bw = FitPass(its, true, prior.bw, ridge);
+  return t;
+}
+
+// The iterations whose speed under `fit` (measured over predicted compute)
+// is within `outlier` of the window's median.
+std::vector<const IterationSamples*> WithoutOutliers(const std::vector<const IterationSamples*>& all,
+                                                     const RefitTerms& fit, double outlier) {
+  std::vector<double> speed;
+  for (const IterationSamples* s : all) {
+    double measured = 0;
+    for (const ComputeSample& c : s->compute) measured += c.measured_ms;
+    const double predicted = CostRefit::PredictCompute({fit.fw, fit.bw}, *s);
+    speed.push_back(predicted > 0 ? measured / predicted : 1.0);
+  }
+  const double median_speed = Median(speed);
+  std::vector<const IterationSamples*> kept;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (std::abs(speed[i] / median_speed - 1) <= outlier) kept.push_back(all[i]);
+  }
+  return kept;
+}
+
+// Medians for dispatch and the time after the pipeline; the transfer terms
+// by least squares.
+void FitScalarTerms(std::span<const IterationSamples* const> kept, const RefitTerms& prior, double ridge,
+                    RefitTerms& fit) {
+  std::vector<double> dispatch_fw, dispatch_bw, after;
+  NnlsProblem transfers;
+  transfers.num_features = 2;
+  for (const IterationSamples* s : kept) {
+    if (s->units > 0) {
+      dispatch_fw.push_back(s->dispatch_fw_ms / s->units);
+      dispatch_bw.push_back(s->dispatch_bw_ms / s->units);
+    }
+    after.push_back(s->iteration_ms);
+    for (const TransferSample& x : s->transfers) {
+      const double row[2] = {1.0, x.mb};
+      transfers.AddRow(row, x.measured_ms);
+    }
+  }
+  fit.dispatch_fw_ms = Median(dispatch_fw);
+  fit.dispatch_bw_ms = Median(dispatch_bw);
+  fit.iteration_ms = Median(after);
+  if (transfers.rows() > 0) {
+    const double prior_x[2] = {std::max(0.0, prior.transfer_latency_ms), std::max(0.0, prior.transfer_ms_per_mb)};
+    const std::vector<double> w = SolveNnls(transfers, prior_x, ridge);
+    fit.transfer_latency_ms = w[0];
+    fit.transfer_ms_per_mb = w[1];
+  }
+}
+
+// Bounded step: once fitted, the window's predicted compute and dispatch
+// move by at most max_step from the previous fit. The first fit replaces the
+// base model outright: it is off by whatever it is off.
+void BoundStep(std::span<const IterationSamples* const> kept, const RefitTerms& prior, bool fitted,
+               double max_step, RefitTerms& fit) {
+  double before = 0, now = 0;
+  for (const IterationSamples* s : kept) {
+    before += CostRefit::PredictCompute(prior, *s);
+    now += CostRefit::PredictCompute(fit, *s);
+  }
+  double t = 1;
+  if (!fitted) before = 0;
+  if (before > 0 && now > before * max_step) t = (before * max_step - before) / (now - before);
+  if (before > 0 && now < before / max_step) t = (before / max_step - before) / (now - before);
+  if (t < 1) {
+    auto mix = [t](double a, double b) { return a + t * (b - a); };
+    auto mix_pass = [&](const PassFit& a, const PassFit& b) {
+      return PassFit{mix(a.scale, b.scale), mix(a.token_ms, b.token_ms), mix(a.attention_ms, b.attention_ms),
+                     mix(a.micro_batch_ms, b.micro_batch_ms)};
+    };
+    fit.fw = mix_pass(prior.fw, fit.fw);
+    fit.bw = mix_pass(prior.bw, fit.bw);
+    fit.dispatch_fw_ms = mix(prior.dispatch_fw_ms, fit.dispatch_fw_ms);
+    fit.dispatch_bw_ms = mix(prior.dispatch_bw_ms, fit.dispatch_bw_ms);
+  }
+}
+
+// The per-micro-batch pipeline term b fitted over `history` under `fit`, or
+// `prior_mb_ms` where the micro-batch counts vary too little to tell it.
+double FitPipelineMbMs(const std::deque<IterationSamples>& history, const IterationSamples& latest,
+                       const RefitTerms& fit, double prior_mb_ms, double ridge) {
+  NnlsProblem pipeline;
+  pipeline.num_features = 2;
+  double lo = 0, hi = 0;
+  for (const IterationSamples& s : history) {
+    double simulated = 0, measured = 0, mbs = 0;
+    for (const ReplayGroup& g : s.groups) mbs = std::max<double>(mbs, g.num_mb);
+    if (!PipelineSpans(fit, s, &simulated, &measured) || mbs <= 0) continue;
+    const double row[2] = {simulated, mbs};
+    pipeline.AddRow(row, measured);
+    lo = pipeline.rows() == 1 ? mbs : std::min(lo, mbs);
+    hi = std::max(hi, mbs);
+  }
+  if (!(pipeline.rows() >= kPipelineMbRows && hi >= lo * kPipelineMbSpread)) return prior_mb_ms;
+  const double prior_w[2] = {1, 0};
+  const std::vector<double> w = SolveNnls(pipeline, prior_w, ridge);
+  int per_device = 0;
+  for (int c : latest.chunk_device) per_device += c == 0;
+  return w[1] / (2.0 * std::max(1, per_device));
+}
+
+// The pipeline factor k: the median of measured over simulated, bounded by
+// max_step from the previous fit once fitted.
+void FitPipelineFactor(std::span<const IterationSamples* const> kept, const RefitTerms& prior, bool fitted,
+                       double max_step, RefitTerms& fit) {
+  std::vector<double> ratios;
+  for (const IterationSamples* s : kept) {
+    double simulated = 0, measured = 0;
+    if (PipelineSpans(fit, *s, &simulated, &measured)) ratios.push_back(measured / simulated);
+  }
+  if (ratios.empty()) return;
+  fit.pipeline_factor = Median(ratios);
+  if (fitted) {
+    fit.pipeline_factor = std::clamp(fit.pipeline_factor, prior.pipeline_factor / max_step,
+                                     prior.pipeline_factor * max_step);
+  }
+  fit.pipeline_factor = std::clamp(fit.pipeline_factor, kMinPipelineFactor, kMaxPipelineFactor);
+}
+
+// Reads one rank's report against its plan into samples: compute passes
+// with their chunk's base costs, dispatch, sends and the time after the
+// pipeline.
+class ReportReader {
+ public:
+  ReportReader(const PipelineModel& layout, const LayerCostModel& base, const proto::ExecutionPlan& plan,
+               const std::vector<int>& local, int rank, IterationSamples* out)
+      : layout_(layout), base_(base), plan_(plan), local_(local), rank_(rank), r_(RecomputeOf(plan.recompute())),
+        out_(*out) {}
+
+  absl::Status AddTiming(const proto::InstructionTiming& t);
+  // The rank's sends, and its time after the pipeline (the report's end
+  // past its last instruction included).
+  double Finish(const proto::IterationReport& report) {
+    for (const auto& [key, s] : sends_) out_.transfers.push_back(s);
+    return after_pipeline_ + std::max(0.0, report.iteration_ms() - last_end_);
+  }
+
+ private:
+  absl::Status AddCompute(const proto::InstructionTiming& t, const proto::Instruction& ins, double ms);
+
+  const PipelineModel& layout_;
+  const LayerCostModel& base_;
+  const proto::ExecutionPlan& plan_;
+  const std::vector<int>& local_;  // local chunk -> chunk
+  const int rank_;
+  const Recompute r_;
+  IterationSamples& out_;
+  std::map<std::pair<int, int>, ChunkSample> cache_;  // (micro-batch, chunk)
+  std::map<std::pair<int, bool>, TransferSample> sends_;  // (micro-batch, activation)
+  double last_end_ = 0, after_pipeline_ = 0;
+};
+
+absl::Status ReportReader::AddTiming(const proto::InstructionTiming& t) {
+  if (t.index() < 0 || t.index() >= plan_.instructions_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("refit: rank ", rank_, " timed instruction ", t.index(),
+                                                   " of a plan with ", plan_.instructions_size()));
+  }
+  const proto::Instruction& ins = plan_.instructions(t.index());
+  const double ms = std::max(0.0, t.end_ms() - t.start_ms());
+  last_end_ = std::max(last_end_, t.end_ms());
+  switch (ins.op_case()) {
+    case proto::Instruction::kForward:
+    case proto::Instruction::kBackward: return AddCompute(t, ins, ms);
+    case proto::Instruction::kLoadInput:
+    case proto::Instruction::kRecvActivationStart: out_.dispatch_fw_ms += ms; break;
+    case proto::Instruction::kRecvGradStart:
+    case proto::Instruction::kFreeBuffer: out_.dispatch_bw_ms += ms; break;
+    case proto::Instruction::kSendActivationStart:
+    case proto::Instruction::kSendGradStart: {
+      const bool act = ins.op_case() == proto::Instruction::kSendActivationStart;
+      TransferSample& s = sends_[{ins.micro_batch(), act}];
+      s.mb += Megabytes(act ? ins.send_activation_start() : ins.send_grad_start());
+      s.measured_ms += ms;
+      break;
+    }
+    case proto::Instruction::kSendActivationFinish:
+    case proto::Instruction::kSendGradFinish:
+      sends_[{ins.micro_batch(), ins.op_case() == proto::Instruction::kSendActivationFinish}].measured_ms += ms;
+      break;
+    case proto::Instruction::kAllReduceGrads:
+    case proto::Instruction::kOptimizerStep: after_pipeline_ += ms; break;
+    default: break;  // receive finishes wait for peers: the simulation models that
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReportReader::AddCompute(const proto::InstructionTiming& t, const proto::Instruction& ins, double ms) {
+  if (ins.chunk() < 0 || ins.chunk() >= static_cast<int>(local_.size()) || ins.micro_batch() < 0 ||
+      ins.micro_batch() >= plan_.micro_batches_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("refit: rank ", rank_, " instruction ", t.index(),
+                                                   " names chunk ", ins.chunk(), " micro-batch ",
+                                                   ins.micro_batch()));
+  }
+  const int chunk = local_[ins.chunk()];
+  auto it = cache_.find({ins.micro_batch(), chunk});
+  if (it == cache_.end()) {
+    const proto::MicroBatch& mb = plan_.micro_batches(ins.micro_batch());
+    absl::StatusOr<ChunkSample> cs = ChunkSampleOf(layout_.chunks()[chunk], base_, ShapeOf(mb, layout_.work()), r_);
+    if (!cs.ok()) return cs.status();
+    it = cache_.emplace(std::make_pair(ins.micro_batch(), chunk), *cs).first;
+  }
+  const bool backward = ins.op_case() == proto::Instruction::kBackward;
+  const ChunkSample& cs = it->second;
+  out_.compute.push_back({backward, backward ? cs.base_bw : cs.base_fw, cs.tokens, cs.attention, ms});
+  if (!backward) ++out_.units;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<IterationSamples> SamplesOf(const PipelineModel& layout, const LayerCostModel& base,
@@ -197,67 +411,10 @@ absl::StatusOr<IterationSamples> SamplesOf(const PipelineModel& layout, const La
     if (device < 0 || device >= layout.num_devices()) {
       return absl::InvalidArgumentError(absl::StrCat("refit: plan of rank ", rank, " has pp_rank ", device));
     }
-    const Recompute r = RecomputeOf(plan.recompute());
-    std::map<std::pair<int, int>, ChunkSample> cache;  // (micro-batch, chunk)
-    std::map<std::pair<int, bool>, TransferSample> sends;  // (micro-batch, activation)
-    double last_end = 0, after_pipeline = 0;
+    ReportReader reader(layout, base, plan, chunk_of[device], rank, &out);
     out.measured_ms = std::max(out.measured_ms, report.iteration_ms());
-    for (const proto::InstructionTiming& t : report.timings()) {
-      if (t.index() < 0 || t.index() >= plan.instructions_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("refit: rank ", rank, " timed instruction ", t.index(),
-                                                       " of a plan with ", plan.instructions_size()));
-      }
-      const proto::Instruction& ins = plan.instructions(t.index());
-      const double ms = std::max(0.0, t.end_ms() - t.start_ms());
-      last_end = std::max(last_end, t.end_ms());
-      switch (ins.op_case()) {
-        case proto::Instruction::kForward:
-        case proto::Instruction::kBackward: {
-          const auto& local = chunk_of[device];
-          if (ins.chunk() < 0 || ins.chunk() >= static_cast<int>(local.size()) || ins.micro_batch() < 0 ||
-              ins.micro_batch() >= plan.micro_batches_size()) {
-            return absl::InvalidArgumentError(absl::StrCat("refit: rank ", rank, " instruction ", t.index(),
-                                                           " names chunk ", ins.chunk(), " micro-batch ",
-                                                           ins.micro_batch()));
-          }
-          const int chunk = local[ins.chunk()];
-          auto it = cache.find({ins.micro_batch(), chunk});
-          if (it == cache.end()) {
-            const proto::MicroBatch& mb = plan.micro_batches(ins.micro_batch());
-            absl::StatusOr<ChunkSample> cs =
-                ChunkSampleOf(layout.chunks()[chunk], base, ShapeOf(mb, layout.work()), r);
-            if (!cs.ok()) return cs.status();
-            it = cache.emplace(std::make_pair(ins.micro_batch(), chunk), *cs).first;
-          }
-          const bool backward = ins.op_case() == proto::Instruction::kBackward;
-          const ChunkSample& cs = it->second;
-          out.compute.push_back({backward, backward ? cs.base_bw : cs.base_fw, cs.tokens, cs.attention, ms});
-          if (!backward) ++out.units;
-          break;
-        }
-        case proto::Instruction::kLoadInput:
-        case proto::Instruction::kRecvActivationStart: out.dispatch_fw_ms += ms; break;
-        case proto::Instruction::kRecvGradStart:
-        case proto::Instruction::kFreeBuffer: out.dispatch_bw_ms += ms; break;
-        case proto::Instruction::kSendActivationStart:
-        case proto::Instruction::kSendGradStart: {
-          const bool act = ins.op_case() == proto::Instruction::kSendActivationStart;
-          TransferSample& s = sends[{ins.micro_batch(), act}];
-          s.mb += Megabytes(act ? ins.send_activation_start() : ins.send_grad_start());
-          s.measured_ms += ms;
-          break;
-        }
-        case proto::Instruction::kSendActivationFinish:
-        case proto::Instruction::kSendGradFinish:
-          sends[{ins.micro_batch(), ins.op_case() == proto::Instruction::kSendActivationFinish}].measured_ms += ms;
-          break;
-        case proto::Instruction::kAllReduceGrads:
-        case proto::Instruction::kOptimizerStep: after_pipeline += ms; break;
-        default: break;  // receive finishes wait for peers: the simulation models that
-      }
-    }
-    for (const auto& [key, s] : sends) out.transfers.push_back(s);
-    after_pipeline += std::max(0.0, report.iteration_ms() - last_end);
+    for (const proto::InstructionTiming& t : report.timings()) RETURN_IF_ERROR(reader.AddTiming(t));
+    const double after_pipeline = reader.Finish(report);
     out.iteration_ms = first_report ? after_pipeline : std::min(out.iteration_ms, after_pipeline);
     first_report = false;
   }
@@ -318,78 +475,14 @@ void CostRefit::Refit() {
   std::vector<const IterationSamples*> all;
   for (const IterationSamples& s : window_) all.push_back(&s);
   const RefitTerms prior = terms_;
-  auto fit_compute = [&](std::span<const IterationSamples* const> its) {
-    RefitTerms t = prior;
-    t.fw = FitPass(its, false, prior.fw, options_.ridge);
-    t.bw = FitPass(its, true, prior.bw, options_.ridge);
-    return t;
-  };
-  RefitTerms fit = fit_compute(all);
-  // Iterations much slower or faster than the window's median under this
-  // fit are left out and the rest fitted again.
-  std::vector<double> speed;
-  for (const IterationSamples* s : all) {
-    double measured = 0;
-    for (const ComputeSample& c : s->compute) measured += c.measured_ms;
-    const double predicted = CostRefit::PredictCompute({fit.fw, fit.bw}, *s);
-    speed.push_back(predicted > 0 ? measured / predicted : 1.0);
-  }
-  const double median_speed = Median(speed);
-  std::vector<const IterationSamples*> kept;
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (std::abs(speed[i] / median_speed - 1) <= options_.outlier) kept.push_back(all[i]);
-  }
+  RefitTerms fit = FitCompute(all, prior, options_.ridge);
+  std::vector<const IterationSamples*> kept = WithoutOutliers(all, fit, options_.outlier);
   outliers_ = static_cast<int>(all.size() - kept.size());
-  if (kept.size() < all.size() && !kept.empty()) fit = fit_compute(kept);
+  if (kept.size() < all.size() && !kept.empty()) fit = FitCompute(kept, prior, options_.ridge);
   if (kept.empty()) kept = all;
+  FitScalarTerms(kept, prior, options_.ridge, fit);
+  BoundStep(kept, prior, fitted_, options_.max_step, fit);
 
-  std::vector<double> dispatch_fw, dispatch_bw, after;
-  NnlsProblem transfers;
-  transfers.num_features = 2;
-  for (const IterationSamples* s : kept) {
-    if (s->units > 0) {
-      dispatch_fw.push_back(s->dispatch_fw_ms / s->units);
-      dispatch_bw.push_back(s->dispatch_bw_ms / s->units);
-    }
-    after.push_back(s->iteration_ms);
-    for (const TransferSample& x : s->transfers) {
-      const double row[2] = {1.0, x.mb};
-      transfers.AddRow(row, x.measured_ms);
-    }
-  }
-  fit.dispatch_fw_ms = Median(dispatch_fw);
-  fit.dispatch_bw_ms = Median(dispatch_bw);
-  fit.iteration_ms = Median(after);
-  if (transfers.rows() > 0) {
-    const double prior_x[2] = {std::max(0.0, prior.transfer_latency_ms), std::max(0.0, prior.transfer_ms_per_mb)};
-    const std::vector<double> w = SolveNnls(transfers, prior_x, options_.ridge);
-    fit.transfer_latency_ms = w[0];
-    fit.transfer_ms_per_mb = w[1];
-  }
-
-  // Bounded step: once fitted, the window's predicted compute and dispatch
-  // move by at most max_step from the previous fit. The first fit replaces
-  // the base model outright: it is off by whatever it is off.
-  double before = 0, now = 0;
-  for (const IterationSamples* s : kept) {
-    before += PredictCompute(prior, *s);
-    now += PredictCompute(fit, *s);
-  }
-  double t = 1;
-  if (!fitted_) before = 0;
-  if (before > 0 && now > before * options_.max_step) t = (before * options_.max_step - before) / (now - before);
-  if (before > 0 && now < before / options_.max_step) t = (before / options_.max_step - before) / (now - before);
-  if (t < 1) {
-    auto mix = [t](double a, double b) { return a + t * (b - a); };
-    auto mix_pass = [&](const PassFit& a, const PassFit& b) {
-      return PassFit{mix(a.scale, b.scale), mix(a.token_ms, b.token_ms), mix(a.attention_ms, b.attention_ms),
-                     mix(a.micro_batch_ms, b.micro_batch_ms)};
-    };
-    fit.fw = mix_pass(prior.fw, fit.fw);
-    fit.bw = mix_pass(prior.bw, fit.bw);
-    fit.dispatch_fw_ms = mix(prior.dispatch_fw_ms, fit.dispatch_fw_ms);
-    fit.dispatch_bw_ms = mix(prior.dispatch_bw_ms, fit.dispatch_bw_ms);
-  }
   // Pipeline terms: each iteration's pipeline replayed under the new costs
   // (simulated s), then measured ~ k * s + b * micro-batches by least
   // squares over the longer history. b, what each micro-batch costs an
@@ -405,40 +498,9 @@ void CostRefit::Refit() {
   }
   chunk_ms_ = Median(passes);
   fit.pipeline_factor = 1;
-  fit.pipeline_mb_ms = 0;
-  NnlsProblem pipeline;
-  pipeline.num_features = 2;
-  double lo = 0, hi = 0;
-  for (const IterationSamples& s : history_) {
-    double simulated = 0, measured = 0, mbs = 0;
-    for (const ReplayGroup& g : s.groups) mbs = std::max<double>(mbs, g.num_mb);
-    if (!PipelineSpans(fit, s, &simulated, &measured) || mbs <= 0) continue;
-    const double row[2] = {simulated, mbs};
-    pipeline.AddRow(row, measured);
-    lo = pipeline.rows() == 1 ? mbs : std::min(lo, mbs);
-    hi = std::max(hi, mbs);
-  }
-  fit.pipeline_mb_ms = prior.pipeline_mb_ms;
-  if (pipeline.rows() >= kPipelineMbRows && hi >= lo * kPipelineMbSpread) {
-    const double prior_w[2] = {1, 0};
-    const std::vector<double> w = SolveNnls(pipeline, prior_w, options_.ridge);
-    int per_device = 0;
-    for (int c : window_.back().chunk_device) per_device += c == 0;
-    fit.pipeline_mb_ms = w[1] / (2.0 * std::max(1, per_device));
-  }
-  std::vector<double> ratios;
-  for (const IterationSamples* s : kept) {
-    double simulated = 0, measured = 0;
-    if (PipelineSpans(fit, *s, &simulated, &measured)) ratios.push_back(measured / simulated);
-  }
-  if (!ratios.empty()) {
-    fit.pipeline_factor = Median(ratios);
-    if (fitted_) {
-      fit.pipeline_factor = std::clamp(fit.pipeline_factor, prior.pipeline_factor / options_.max_step,
-                                       prior.pipeline_factor * options_.max_step);
-    }
-    fit.pipeline_factor = std::clamp(fit.pipeline_factor, kMinPipelineFactor, kMaxPipelineFactor);
-  }
+  fit.pipeline_mb_ms = 0;  // the history is replayed without the term being fitted
+  fit.pipeline_mb_ms = FitPipelineMbMs(history_, window_.back(), fit, prior.pipeline_mb_ms, options_.ridge);
+  FitPipelineFactor(kept, prior, fitted_, options_.max_step, fit);
   terms_ = fit;
   fitted_ = true;
   ++refits_;

@@ -122,87 +122,126 @@ void ApplyWork(std::span<const Sample> samples, const WorkModel& work, std::span
   }
 }
 
+namespace {
+
+// Upper bound on the objective from a simple split (about 2 micro-batches
+// per stage, equal tokens). A micro-batch whose bubble term alone exceeds it
+// cannot be part of an optimal split, so rows stop there; this keeps the
+// table small where memory would allow huge micro-batches of short samples.
+double ObjectiveBound(std::span<const Sample> samples, std::span<const int> order, ShapeCosts& costs, Recompute r,
+                      const DpOptions& dp, const DynamicOptions& options) {
+  const bool ed = costs.model().encoder_decoder();
+  int64_t total = 0;
+  for (int i : order) total += EncLen(samples[i]) + DecLen(samples[i], ed);
+  const int64_t budget = std::max<int64_t>(1, total / std::max(1, 2 * dp.stages));
+  auto simple = TokenBasedBatches(samples, order, budget, options.round_multiple, ed);
+  ApplyWork(samples, costs.model().work(), std::span<MicroBatch>(simple));
+  double mx = 0, sum = 0;
+  for (const MicroBatch& mb : simple) {
+    auto c = costs.Get(mb.shape, r);
+    if (!c.ok() || !costs.Fits(**c, /*preferred=*/false)) return std::numeric_limits<double>::infinity();
+    mx = std::max(mx, (*c)->time_ms);
+    sum += (*c)->time_ms;
+  }
+  if (dp.stages <= 1) return std::numeric_limits<double>::infinity();
+  return PipelineObjective(mx, sum, dp) * dp.chunks_per_device / (dp.stages - 1);
+}
+
+// Fills the DP's cost table for `order` under one memory budget (preferred
+// or "one micro-batch must fit").
+class TableFiller {
+ public:
+  TableFiller(std::span<const Sample> samples, std::span<const int> order, ShapeCosts& costs, Recompute r,
+              const DynamicOptions& options, double bound_ms)
+      : samples_(samples), order_(order), costs_(costs), r_(r), options_(options), bound_ms_(bound_ms),
+        ed_(costs.model().encoder_decoder()), n_(static_cast<int>(order.size())),
+        kcap_(options.max_mbs > 0 ? options.max_mbs : n_) {}
+
+  // False when some sample fits in no micro-batch under the preferred budget;
+  // FAILED_PRECONDITION when it does not under the fallback one.
+  absl::StatusOr<bool> Fill(CostTable& table, bool preferred, bool* memory_bound) const;
+
+ private:
+  // Row j: micro-batches ending at j, growing until one fails or loses.
+  absl::Status FillRow(CostTable& table, int j, bool preferred, bool* memory_bound) const;
+
+  const std::span<const Sample> samples_;
+  const std::span<const int> order_;
+  ShapeCosts& costs_;
+  const Recompute r_;
+  const DynamicOptions& options_;
+  const double bound_ms_;
+  const bool ed_;
+  const int n_, kcap_;
+};
+
+absl::StatusOr<bool> TableFiller::Fill(CostTable& table, bool preferred, bool* memory_bound) const {
+  for (int j = 1; j <= n_; ++j) {
+    if (absl::Status row = FillRow(table, j, preferred, memory_bound); !row.ok()) return row;
+    table.FinishRow(j);
+    if (table.kmax(j) == 0) {
+      if (!preferred) {
+        const Sample& s = samples_[order_[j - 1]];
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sample ", s.id, " (", s.input, " tokens) does not fit in memory on its own with ", RecomputeName(r_),
+            " recomputation; the limit is ", static_cast<int64_t>(costs_.model().memory().limit_mb),
+            " MB per device"));
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status TableFiller::FillRow(CostTable& table, int j, bool preferred, bool* memory_bound) const {
+  const WorkModel& work = costs_.model().work();
+  int enc = 0, dec = 0;
+  int64_t sum_sq = 0;
+  for (int k = 1; k <= std::min(j, kcap_); ++k) {
+    const Sample& s = samples_[order_[j - k]];
+    enc = std::max(enc, EncLen(s));
+    dec = std::max(dec, DecLen(s, ed_));
+    sum_sq += static_cast<int64_t>(EncLen(s)) * EncLen(s);
+    const Shape shape = WorkShape(
+        {k, RoundUp(enc, options_.round_multiple), dec > 0 ? RoundUp(dec, options_.round_multiple) : 0}, sum_sq,
+        work);
+    auto c = costs_.Time(shape, r_);
+    if (!c.ok()) {
+      *memory_bound = true;  // out of profile: treat like a memory limit (no prune)
+      if (k == 1 && !preferred) {
+        return absl::FailedPreconditionError(absl::StrCat("sample ", s.id, " (", s.input, " tokens",
+                                                          ed_ ? absl::StrCat(", ", s.target, " target") : "",
+                                                          "): ", c.status().message()));
+      }
+      return absl::OkStatus();
+    }
+    if (!c->fits[preferred ? 1 : 0]) {  // memory grows with size and length
+      *memory_bound = true;
+      return absl::OkStatus();
+    }
+    // Costs grow with micro-batch size, so nothing further in this row can
+    // be under the bound either (the single-sample entry is always kept).
+    if (k > 1 && c->time_ms > bound_ms_) return absl::OkStatus();
+    table.Push(j, c->time_ms);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<const Sample> samples, std::span<const int> order,
                                                        ShapeCosts& costs, Recompute r, const DpOptions& dp,
                                                        const DynamicOptions& options, DynamicStats* stats) {
   const int n = static_cast<int>(order.size());
   const bool ed = costs.model().encoder_decoder();
-  const int kcap = options.max_mbs > 0 ? options.max_mbs : n;
-  const WorkModel& work = costs.model().work();
-  // Upper bound on the objective from a simple split (about 2 micro-batches
-  // per stage, equal tokens). A micro-batch whose bubble term alone exceeds it
-  // cannot be part of an optimal split, so rows stop there; this keeps the
-  // table small where memory would allow huge micro-batches of short samples.
-  double bound_ms = std::numeric_limits<double>::infinity();
-  {
-    int64_t total = 0;
-    for (int i : order) total += EncLen(samples[i]) + DecLen(samples[i], ed);
-    const int64_t budget = std::max<int64_t>(1, total / std::max(1, 2 * dp.stages));
-    auto simple = TokenBasedBatches(samples, order, budget, options.round_multiple, ed);
-    ApplyWork(samples, costs.model().work(), std::span<MicroBatch>(simple));
-    double mx = 0, sum = 0;
-    bool feasible = true;
-    for (const MicroBatch& mb : simple) {
-      auto c = costs.Get(mb.shape, r);
-      if (!c.ok() || !costs.Fits(**c, /*preferred=*/false)) {
-        feasible = false;
-        break;
-      }
-      mx = std::max(mx, (*c)->time_ms);
-      sum += (*c)->time_ms;
-    }
-    if (feasible && dp.stages > 1) {
-      bound_ms = PipelineObjective(mx, sum, dp) * dp.chunks_per_device / (dp.stages - 1);
-    }
-  }
+  const TableFiller filler(samples, order, costs, r, options, ObjectiveBound(samples, order, costs, r, dp, options));
   for (int attempt = 0; attempt < 2; ++attempt) {
     const bool preferred = attempt == 0;
     CostTable table(n);
-    bool all_fit = true, memory_bound = false;
-    for (int j = 1; j <= n; ++j) {
-      int enc = 0, dec = 0;
-      int64_t sum_sq = 0;
-      for (int k = 1; k <= std::min(j, kcap); ++k) {
-        const Sample& s = samples[order[j - k]];
-        enc = std::max(enc, EncLen(s));
-        dec = std::max(dec, DecLen(s, ed));
-        sum_sq += static_cast<int64_t>(EncLen(s)) * EncLen(s);
-        const Shape shape = WorkShape(
-            {k, RoundUp(enc, options.round_multiple), dec > 0 ? RoundUp(dec, options.round_multiple) : 0}, sum_sq,
-            work);
-        auto c = costs.Time(shape, r);
-        if (!c.ok()) {
-          memory_bound = true;  // out of profile: treat like a memory limit (no prune)
-          if (k == 1 && !preferred) {
-            return absl::FailedPreconditionError(absl::StrCat("sample ", s.id, " (", s.input, " tokens",
-                                                              ed ? absl::StrCat(", ", s.target, " target") : "",
-                                                              "): ", c.status().message()));
-          }
-          break;
-        }
-        if (!c->fits[preferred ? 1 : 0]) {  // memory grows with size and length
-          memory_bound = true;
-          break;
-        }
-        // Costs grow with micro-batch size, so nothing further in this row can
-        // be under the bound either (the single-sample entry is always kept).
-        if (k > 1 && c->time_ms > bound_ms) break;
-        table.Push(j, c->time_ms);
-      }
-      table.FinishRow(j);
-      if (table.kmax(j) == 0) {
-        all_fit = false;
-        if (!preferred) {
-          const Sample& s = samples[order[j - 1]];
-          return absl::FailedPreconditionError(absl::StrCat(
-              "sample ", s.id, " (", s.input, " tokens) does not fit in memory on its own with ", RecomputeName(r),
-              " recomputation; the limit is ", static_cast<int64_t>(costs.model().memory().limit_mb),
-              " MB per device"));
-        }
-        break;
-      }
-    }
-    if (!all_fit) continue;
+    bool memory_bound = false;
+    absl::StatusOr<bool> all_fit = filler.Fill(table, preferred, &memory_bound);
+    if (!all_fit.ok()) return all_fit.status();
+    if (!*all_fit) continue;
     DpOptions o = dp;
     o.tolerance = options.tolerance;
     o.keep = std::max(1, options.candidates);
@@ -212,7 +251,7 @@ absl::StatusOr<std::vector<std::vector<MicroBatch>>> DynamicBatches(std::span<co
     std::vector<std::vector<MicroBatch>> out;
     for (const auto& split : result->alternatives) {
       out.push_back(FromSplit(samples, order, split.ends, options.round_multiple, ed));
-      ApplyWork(samples, work, std::span<MicroBatch>(out.back()));
+      ApplyWork(samples, costs.model().work(), std::span<MicroBatch>(out.back()));
     }
     return out;
   }

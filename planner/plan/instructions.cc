@@ -49,36 +49,75 @@ int64_t BufKey(BufKind k, int mb, int chunk) {
   return (static_cast<int64_t>(k) << 48) | (static_cast<int64_t>(mb) << 20) | chunk;
 }
 
-}  // namespace
+// Every device's events of one group, added phase by phase. Logical buffer ids
+// and sequence numbers follow the order of the calls, so the phases run in a
+// fixed order: transfers, computes, then each device's iteration end.
+struct GroupEvents {
+  explicit GroupEvents(const GroupPlanInput& input)
+      : in(input), pm(*input.model), D(pm.num_devices()), C(pm.num_chunks()), events(D), logical(D) {
+    std::vector<int> per_device(D, 0);
+    local.assign(C, 0);
+    for (int c = 0; c < C; ++c) local[c] = per_device[Dev(c)]++;
+    for (auto& e : events) e.reserve(in.mbs.size() * 12);
+  }
 
-std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
-  const PipelineModel& pm = *in.model;
-  const int D = pm.num_devices(), C = pm.num_chunks();
-  const auto& chunks = pm.chunks();
-  const proto::DType::Value dtype = pm.activation_bytes() == 4 ? proto::DType::fp32 : proto::DType::bf16;
-  auto dev = [&](int c) { return chunks[c].device; };
-  auto rank = [&](int d) { return in.dp_rank * D + d; };
-  std::vector<int> local(C, 0), per_device(D, 0);  // chunk index on its device
-  for (int c = 0; c < C; ++c) local[c] = per_device[dev(c)]++;
-
-  std::vector<std::vector<Event>> events(D);
-  for (auto& e : events) e.reserve(in.mbs.size() * 12);
-  std::vector<absl::flat_hash_map<int64_t, int>> logical(D);  // buffer key -> logical id
-  auto buf = [&](int d, BufKind k, int mb, int c) {
+  int Dev(int c) const { return pm.chunks()[c].device; }
+  int Rank(int d) const { return in.dp_rank * D + d; }
+  int Buf(int d, BufKind k, int mb, int c) {
     auto [it, inserted] = logical[d].emplace(BufKey(k, mb, c), static_cast<int>(logical[d].size()));
     return it->second;
-  };
-  int64_t seq = 0;
-  auto push = [&](int d, Event e) {
+  }
+  void Push(int d, Event e) {
     if (e.seq < 0) e.seq = seq++;
     events[d].push_back(e);
-  };
-  auto release = [&](int d, double t, int id) {
-    push(d, Event{.t = t, .seq = -1, .prio = kFree, .op = Op::kFree, .in = id, .start = t, .end = t});
-  };
+  }
+  void Release(int d, double t, int id) {
+    Push(d, Event{.t = t, .seq = -1, .prio = kFree, .op = Op::kFree, .in = id, .start = t, .end = t});
+  }
 
-  // Transfers: send start and receive start at the same instant on both
-  // sides, ordered by one shared sequence number.
+  void AddTransfers();
+  void AddForward(int d, const OpTiming& o);
+  void AddBackward(int d, const OpTiming& o);
+  void AddComputes() {
+    for (int d = 0; d < D; ++d) {
+      for (const OpTiming& o : in.sim->ops[d]) {
+        if (o.op.kind == SimOp::kForward) {
+          AddForward(d, o);
+        } else {
+          AddBackward(d, o);
+        }
+      }
+    }
+  }
+  // The all-reduce (data parallel only) and the optimizer step at the makespan.
+  void AddIterationEnd(int d) {
+    const double end = in.sim->makespan_ms;
+    if (in.dp_size > 1) Push(d, Event{end, -1, kEnd, Op::kAllReduce, false, -1, 0, -1, -1, -1, -1, end, end});
+    Push(d, Event{end, -1, kEnd + 1, Op::kStep, false, -1, 0, -1, -1, -1, -1, end, end});
+  }
+  // Device d's events in plan order: by instant, then priority, then sequence.
+  const std::vector<Event>& Sorted(int d) {
+    std::vector<Event>& ev = events[d];
+    std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) {
+      if (a.t != b.t) return a.t < b.t;
+      if (a.prio != b.prio) return a.prio < b.prio;
+      return a.seq < b.seq;
+    });
+    return ev;
+  }
+
+  const GroupPlanInput& in;
+  const PipelineModel& pm;
+  const int D, C;
+  std::vector<int> local;  // chunk index on its device
+  std::vector<std::vector<Event>> events;
+  std::vector<absl::flat_hash_map<int64_t, int>> logical;  // buffer key -> logical id
+  int64_t seq = 0;
+};
+
+// Transfers: send start and receive start at the same instant on both sides,
+// ordered by one shared sequence number.
+void GroupEvents::AddTransfers() {
   const int64_t transfer_seq_base = int64_t{1} << 40;
   for (size_t xi = 0; xi < in.sim->transfers.size(); ++xi) {
     const Transfer& x = in.sim->transfers[xi];
@@ -86,56 +125,61 @@ std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
     const bool act = p.kind == SimOp::kForward;
     const int recv_chunk = act ? p.chunk + 1 : p.chunk - 1;
     const int boundary = act ? p.chunk : p.chunk - 1;
-    const int sbuf = buf(x.src, act ? BufKind::kAct : BufKind::kGrad, p.mb, p.chunk);
-    const int rbuf = buf(x.dst, act ? BufKind::kRecvAct : BufKind::kRecvGrad, p.mb, p.chunk);
+    const int sbuf = Buf(x.src, act ? BufKind::kAct : BufKind::kGrad, p.mb, p.chunk);
+    const int rbuf = Buf(x.dst, act ? BufKind::kRecvAct : BufKind::kRecvGrad, p.mb, p.chunk);
     const int64_t order = transfer_seq_base + static_cast<int64_t>(xi);
-    push(x.src, Event{x.start_ms, order, kSendStart, Op::kSendStart, act, p.mb, p.chunk, rank(x.dst), sbuf, -1,
+    Push(x.src, Event{x.start_ms, order, kSendStart, Op::kSendStart, act, p.mb, p.chunk, Rank(x.dst), sbuf, -1,
                       boundary, x.start_ms, x.end_ms});
-    push(x.dst, Event{x.start_ms, order, kRecvStart, Op::kRecvStart, act, p.mb, recv_chunk, rank(x.src), -1, rbuf,
+    Push(x.dst, Event{x.start_ms, order, kRecvStart, Op::kRecvStart, act, p.mb, recv_chunk, Rank(x.src), -1, rbuf,
                       boundary, x.start_ms, x.end_ms});
-    push(x.src, Event{x.end_ms, -1, kSendFinish, Op::kSendFinish, act, p.mb, p.chunk, rank(x.dst), sbuf, -1,
+    Push(x.src, Event{x.end_ms, -1, kSendFinish, Op::kSendFinish, act, p.mb, p.chunk, Rank(x.dst), sbuf, -1,
                       boundary, x.start_ms, x.end_ms});
-    release(x.src, x.end_ms, sbuf);
+    Release(x.src, x.end_ms, sbuf);
   }
+}
 
-  for (int d = 0; d < D; ++d) {
-    for (const OpTiming& o : in.sim->ops[d]) {
-      const int m = o.op.mb, c = o.op.chunk;
-      if (o.op.kind == SimOp::kForward) {
-        int input;
-        if (c == 0) {
-          input = buf(d, BufKind::kInput, m, 0);
-          push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kLoad, false, m, c, -1, -1, input, -1, o.start_ms,
-                        o.start_ms});
-        } else if (dev(c - 1) != d) {
-          input = buf(d, BufKind::kRecvAct, m, c - 1);
-          push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kRecvFinish, true, m, c, rank(dev(c - 1)), input, -1,
-                        c - 1, o.start_ms, o.start_ms});
-        } else {
-          input = buf(d, BufKind::kAct, m, c - 1);  // handed over on this device
-        }
-        const int out = c < C - 1 ? buf(d, BufKind::kAct, m, c) : -1;
-        push(d, Event{o.start_ms, -1, kCompute, Op::kForward, false, m, c, -1, input, out, -1, o.start_ms, o.end_ms});
-        release(d, o.end_ms, input);
-      } else {
-        int grad_in = -1;
-        if (c < C - 1) {
-          if (dev(c + 1) != d) {
-            grad_in = buf(d, BufKind::kRecvGrad, m, c + 1);
-            push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kRecvFinish, false, m, c, rank(dev(c + 1)), grad_in,
-                          -1, c, o.start_ms, o.start_ms});
-          } else {
-            grad_in = buf(d, BufKind::kGrad, m, c + 1);
-          }
-        }
-        const int out = c > 0 ? buf(d, BufKind::kGrad, m, c) : -1;
-        push(d, Event{o.start_ms, -1, kCompute, Op::kBackward, false, m, c, -1, grad_in, out, -1, o.start_ms, o.end_ms});
-        if (grad_in >= 0) release(d, o.end_ms, grad_in);
-      }
+// A forward takes its input from the loader, a receive, or the previous chunk
+// on the same device, and frees it when done.
+void GroupEvents::AddForward(int d, const OpTiming& o) {
+  const int m = o.op.mb, c = o.op.chunk;
+  int input;
+  if (c == 0) {
+    input = Buf(d, BufKind::kInput, m, 0);
+    Push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kLoad, false, m, c, -1, -1, input, -1, o.start_ms,
+                  o.start_ms});
+  } else if (Dev(c - 1) != d) {
+    input = Buf(d, BufKind::kRecvAct, m, c - 1);
+    Push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kRecvFinish, true, m, c, Rank(Dev(c - 1)), input, -1,
+                  c - 1, o.start_ms, o.start_ms});
+  } else {
+    input = Buf(d, BufKind::kAct, m, c - 1);  // handed over on this device
+  }
+  const int out = c < C - 1 ? Buf(d, BufKind::kAct, m, c) : -1;
+  Push(d, Event{o.start_ms, -1, kCompute, Op::kForward, false, m, c, -1, input, out, -1, o.start_ms, o.end_ms});
+  Release(d, o.end_ms, input);
+}
+
+// A backward takes its gradient from a receive or the next chunk on the same
+// device (none for the last chunk).
+void GroupEvents::AddBackward(int d, const OpTiming& o) {
+  const int m = o.op.mb, c = o.op.chunk;
+  int grad_in = -1;
+  if (c < C - 1) {
+    if (Dev(c + 1) != d) {
+      grad_in = Buf(d, BufKind::kRecvGrad, m, c + 1);
+      Push(d, Event{o.start_ms, -1, kRecvFinishOrLoad, Op::kRecvFinish, false, m, c, Rank(Dev(c + 1)), grad_in,
+                    -1, c, o.start_ms, o.start_ms});
+    } else {
+      grad_in = Buf(d, BufKind::kGrad, m, c + 1);
     }
   }
+  const int out = c > 0 ? Buf(d, BufKind::kGrad, m, c) : -1;
+  Push(d, Event{o.start_ms, -1, kCompute, Op::kBackward, false, m, c, -1, grad_in, out, -1, o.start_ms, o.end_ms});
+  if (grad_in >= 0) Release(d, o.end_ms, grad_in);
+}
 
-  // The group's micro-batches, shared by every rank's plan.
+// The group's micro-batches, shared by every rank's plan.
+proto::ExecutionPlan SharedMicroBatches(const GroupPlanInput& in) {
   proto::ExecutionPlan shared;
   for (size_t m = 0; m < in.mbs.size(); ++m) {
     const MicroBatch& mb = in.mbs[m];
@@ -155,127 +199,174 @@ std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
       ps->set_offset(p.offset);
     }
   }
-  // Tensors crossing boundary c of micro-batch m: the hidden states, plus the
-  // encoder output once an encoder-decoder model is in its decoder.
-  auto add_shapes = [&](proto::CommOp* op, int m, int boundary) {
-    const Shape& s = in.mbs[m].shape;
-    auto add = [&](int64_t len) {
-      proto::TensorShape* t = op->add_shapes();
-      t->add_dims(s.mbs);
-      t->add_dims(len);
-      t->add_dims(pm.hidden());
-      t->set_dtype(dtype);
-    };
-    add(s.seq);
-    if (pm.BoundaryMb(s, boundary) > pm.BoundaryMb(Shape{s.mbs, s.seq, 0}, 0) * 1.0000001 && s.dec_seq > 0) {
-      add(s.dec_seq);
+  return shared;
+}
+
+// Interval colouring: a logical buffer takes the lowest free slot when first
+// written and returns it when freed.
+class SlotColouring {
+ public:
+  explicit SlotColouring(size_t num_logical) : slot_(num_logical, -1) {}
+  int Of(int id) const { return slot_[id]; }
+  int Allocate(int id) {
+    if (free_slots_.empty()) {
+      slot_[id] = num_slots_++;
+    } else {
+      slot_[id] = free_slots_.top();
+      free_slots_.pop();
     }
+    return slot_[id];
+  }
+  void Free(int slot) { free_slots_.push(slot); }
+  int num_slots() const { return num_slots_; }
+
+ private:
+  std::vector<int> slot_;
+  std::priority_queue<int, std::vector<int>, std::greater<int>> free_slots_;
+  int num_slots_ = 0;
+};
+
+// Turns one device's sorted events into instructions of its plan.
+class InstructionWriter {
+ public:
+  InstructionWriter(const GroupEvents& g, int d, size_t num_logical)
+      : g_(g), d_(d), slots_(num_logical),
+        dtype_(g.pm.activation_bytes() == 4 ? proto::DType::fp32 : proto::DType::bf16),
+        recompute_(static_cast<proto::RecomputeLevel::Value>(static_cast<int>(g.in.recompute) + 1)) {}
+
+  void Write(const Event& e, proto::Instruction* ins);
+  int num_slots() const { return slots_.num_slots(); }
+  proto::RecomputeLevel::Value recompute() const { return recompute_; }
+
+ private:
+  void WriteComm(const Event& e, proto::Instruction* ins);
+  void AddShapes(proto::CommOp* op, int m, int boundary) const;
+
+  const GroupEvents& g_;
+  const int d_;
+  SlotColouring slots_;
+  const proto::DType::Value dtype_;
+  const proto::RecomputeLevel::Value recompute_;
+};
+
+void InstructionWriter::Write(const Event& e, proto::Instruction* ins) {
+  ins->set_micro_batch(e.mb);
+  ins->set_chunk(g_.local[e.chunk]);
+  ins->set_sim_start_ms(e.start);
+  ins->set_sim_end_ms(e.end);
+  switch (e.op) {
+    case Op::kLoad: ins->mutable_load_input()->add_buffer_ids(slots_.Allocate(e.out)); break;
+    case Op::kForward: {
+      proto::Forward* f = ins->mutable_forward();
+      f->set_recompute(recompute_);
+      f->add_input_buffers(slots_.Of(e.in));
+      if (e.out >= 0) f->add_output_buffers(slots_.Allocate(e.out));
+      break;
+    }
+    case Op::kBackward: {
+      proto::Backward* b = ins->mutable_backward();
+      b->set_first_bw_layer(g_.pm.chunks()[e.chunk].first_layer);
+      if (e.in >= 0) b->add_grad_input_buffers(slots_.Of(e.in));
+      if (e.out >= 0) b->add_grad_output_buffers(slots_.Allocate(e.out));
+      break;
+    }
+    case Op::kSendStart:
+    case Op::kSendFinish:
+    case Op::kRecvStart:
+    case Op::kRecvFinish: WriteComm(e, ins); break;
+    case Op::kFree:
+      ins->mutable_free_buffer()->add_buffer_ids(slots_.Of(e.in));
+      slots_.Free(slots_.Of(e.in));
+      break;
+    case Op::kAllReduce:
+      for (int g = 0; g < g_.in.dp_size; ++g) ins->mutable_all_reduce_grads()->add_dp_peers(g * g_.D + d_);
+      break;
+    case Op::kStep: ins->mutable_optimizer_step(); break;
+  }
+}
+
+void InstructionWriter::WriteComm(const Event& e, proto::Instruction* ins) {
+  proto::CommOp* c;
+  if (e.op == Op::kSendStart) {
+    c = e.act ? ins->mutable_send_activation_start() : ins->mutable_send_grad_start();
+  } else if (e.op == Op::kSendFinish) {
+    c = e.act ? ins->mutable_send_activation_finish() : ins->mutable_send_grad_finish();
+  } else if (e.op == Op::kRecvStart) {
+    c = e.act ? ins->mutable_recv_activation_start() : ins->mutable_recv_grad_start();
+  } else {
+    c = e.act ? ins->mutable_recv_activation_finish() : ins->mutable_recv_grad_finish();
+  }
+  c->set_peer(e.peer);
+  c->add_buffer_ids(e.op == Op::kRecvStart ? slots_.Allocate(e.out) : slots_.Of(e.in));
+  AddShapes(c, e.mb, e.boundary);
+}
+
+// Tensors crossing boundary c of micro-batch m: the hidden states, plus the
+// encoder output once an encoder-decoder model is in its decoder.
+void InstructionWriter::AddShapes(proto::CommOp* op, int m, int boundary) const {
+  const PipelineModel& pm = g_.pm;
+  const Shape& s = g_.in.mbs[m].shape;
+  auto add = [&](int64_t len) {
+    proto::TensorShape* t = op->add_shapes();
+    t->add_dims(s.mbs);
+    t->add_dims(len);
+    t->add_dims(pm.hidden());
+    t->set_dtype(dtype_);
   };
+  add(s.seq);
+  if (pm.BoundaryMb(s, boundary) > pm.BoundaryMb(Shape{s.mbs, s.seq, 0}, 0) * 1.0000001 && s.dec_seq > 0) {
+    add(s.dec_seq);
+  }
+}
 
-  const double end = in.sim->makespan_ms;
-  std::vector<proto::ExecutionPlan> plans(D);
-  for (int d = 0; d < D; ++d) {
-    if (in.dp_size > 1) push(d, Event{end, -1, kEnd, Op::kAllReduce, false, -1, 0, -1, -1, -1, -1, end, end});
-    push(d, Event{end, -1, kEnd + 1, Op::kStep, false, -1, 0, -1, -1, -1, -1, end, end});
-    std::vector<Event>& ev = events[d];
-    std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) {
-      if (a.t != b.t) return a.t < b.t;
-      if (a.prio != b.prio) return a.prio < b.prio;
-      return a.seq < b.seq;
-    });
+// Identity of device d's plan: job, iteration, ranks and its layers.
+void SetPlanHeader(const GroupEvents& g, int d, proto::ExecutionPlan& plan) {
+  plan.set_schema_version(plan::kPlanSchemaVersion);
+  plan.set_job_id(g.in.job_id);
+  plan.set_iteration(g.in.iteration);
+  plan.set_rank(g.Rank(d));
+  plan.set_pp_rank(d);
+  plan.set_dp_rank(g.in.dp_rank);
+  plan.set_pp_size(g.D);
+  plan.set_dp_size(g.in.dp_size);
+  for (const Chunk& ch : g.pm.chunks()) {
+    if (ch.device != d) continue;
+    for (int l = 0; l < ch.num_encoder + ch.num_decoder; ++l) plan.add_layers(ch.first_layer + l);
+  }
+}
 
+// What the plan was chosen with and predicted to cost; then the seal.
+void SetPlanSummaryAndSeal(const GroupPlanInput& in, int d, const InstructionWriter& w, proto::ExecutionPlan& plan) {
+  plan.set_num_buffer_slots(w.num_slots());
+  plan.set_recompute(w.recompute());
+  plan.set_schedule(in.schedule == ScheduleKind::kOneFOneB         ? proto::ScheduleSpec::one_f_one_b
+                    : in.schedule == ScheduleKind::kInterleaved1F1B ? proto::ScheduleSpec::interleaved_1f1b
+                                                                    : proto::ScheduleSpec::wait_free_cyclic);
+  plan.set_predicted_iteration_ms(in.predicted_iteration_ms);
+  plan.set_global_loss_tokens(in.global_loss_tokens);
+  plan.set_predicted_peak_memory_mb(in.sim->peak_mb[d]);
+  plan::SealPlan(&plan);
+}
+
+}  // namespace
+
+std::vector<proto::ExecutionPlan> BuildGroupPlans(const GroupPlanInput& in) {
+  GroupEvents g(in);
+  g.AddTransfers();
+  g.AddComputes();
+  const proto::ExecutionPlan shared = SharedMicroBatches(in);
+
+  std::vector<proto::ExecutionPlan> plans(g.D);
+  for (int d = 0; d < g.D; ++d) {
+    g.AddIterationEnd(d);
+    const std::vector<Event>& ev = g.Sorted(d);
     proto::ExecutionPlan& plan = plans[d];
-    plan.set_schema_version(plan::kPlanSchemaVersion);
-    plan.set_job_id(in.job_id);
-    plan.set_iteration(in.iteration);
-    plan.set_rank(rank(d));
-    plan.set_pp_rank(d);
-    plan.set_dp_rank(in.dp_rank);
-    plan.set_pp_size(D);
-    plan.set_dp_size(in.dp_size);
-    for (const Chunk& ch : chunks) {
-      if (ch.device != d) continue;
-      for (int l = 0; l < ch.num_encoder + ch.num_decoder; ++l) plan.add_layers(ch.first_layer + l);
-    }
+    SetPlanHeader(g, d, plan);
     *plan.mutable_micro_batches() = shared.micro_batches();
-
-    // Interval colouring: a logical buffer takes the lowest free slot when
-    // first written and returns it when freed.
-    std::vector<int> slot(logical[d].size(), -1);
-    std::priority_queue<int, std::vector<int>, std::greater<int>> free_slots;
-    int num_slots = 0;
-    auto slot_of = [&](int id) { return slot[id]; };
-    auto allocate = [&](int id) {
-      if (free_slots.empty()) {
-        slot[id] = num_slots++;
-      } else {
-        slot[id] = free_slots.top();
-        free_slots.pop();
-      }
-      return slot[id];
-    };
-    const auto recompute = static_cast<proto::RecomputeLevel::Value>(static_cast<int>(in.recompute) + 1);
+    InstructionWriter writer(g, d, g.logical[d].size());
     plan.mutable_instructions()->Reserve(static_cast<int>(ev.size()));
-    for (const Event& e : ev) {
-      proto::Instruction* ins = plan.add_instructions();
-      ins->set_micro_batch(e.mb);
-      ins->set_chunk(local[e.chunk]);
-      ins->set_sim_start_ms(e.start);
-      ins->set_sim_end_ms(e.end);
-      switch (e.op) {
-        case Op::kLoad: ins->mutable_load_input()->add_buffer_ids(allocate(e.out)); break;
-        case Op::kForward: {
-          proto::Forward* f = ins->mutable_forward();
-          f->set_recompute(recompute);
-          f->add_input_buffers(slot_of(e.in));
-          if (e.out >= 0) f->add_output_buffers(allocate(e.out));
-          break;
-        }
-        case Op::kBackward: {
-          proto::Backward* b = ins->mutable_backward();
-          b->set_first_bw_layer(chunks[e.chunk].first_layer);
-          if (e.in >= 0) b->add_grad_input_buffers(slot_of(e.in));
-          if (e.out >= 0) b->add_grad_output_buffers(allocate(e.out));
-          break;
-        }
-        case Op::kSendStart:
-        case Op::kSendFinish:
-        case Op::kRecvStart:
-        case Op::kRecvFinish: {
-          proto::CommOp* c;
-          if (e.op == Op::kSendStart) {
-            c = e.act ? ins->mutable_send_activation_start() : ins->mutable_send_grad_start();
-          } else if (e.op == Op::kSendFinish) {
-            c = e.act ? ins->mutable_send_activation_finish() : ins->mutable_send_grad_finish();
-          } else if (e.op == Op::kRecvStart) {
-            c = e.act ? ins->mutable_recv_activation_start() : ins->mutable_recv_grad_start();
-          } else {
-            c = e.act ? ins->mutable_recv_activation_finish() : ins->mutable_recv_grad_finish();
-          }
-          c->set_peer(e.peer);
-          c->add_buffer_ids(e.op == Op::kRecvStart ? allocate(e.out) : slot_of(e.in));
-          add_shapes(c, e.mb, e.boundary);
-          break;
-        }
-        case Op::kFree:
-          ins->mutable_free_buffer()->add_buffer_ids(slot_of(e.in));
-          free_slots.push(slot_of(e.in));
-          break;
-        case Op::kAllReduce:
-          for (int g = 0; g < in.dp_size; ++g) ins->mutable_all_reduce_grads()->add_dp_peers(g * D + d);
-          break;
-        case Op::kStep: ins->mutable_optimizer_step(); break;
-      }
-    }
-    plan.set_num_buffer_slots(num_slots);
-    plan.set_recompute(recompute);
-    plan.set_schedule(in.schedule == ScheduleKind::kOneFOneB         ? proto::ScheduleSpec::one_f_one_b
-                      : in.schedule == ScheduleKind::kInterleaved1F1B ? proto::ScheduleSpec::interleaved_1f1b
-                                                                      : proto::ScheduleSpec::wait_free_cyclic);
-    plan.set_predicted_iteration_ms(in.predicted_iteration_ms);
-    plan.set_global_loss_tokens(in.global_loss_tokens);
-    plan.set_predicted_peak_memory_mb(in.sim->peak_mb[d]);
-    plan::SealPlan(&plan);
+    for (const Event& e : ev) writer.Write(e, plan.add_instructions());
+    SetPlanSummaryAndSeal(in, d, writer, plan);
   }
   return plans;
 }

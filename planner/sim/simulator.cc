@@ -18,17 +18,18 @@ void PipelineTimes::Resize(int devices, int chunks, int mbs) {
   chunk_device.resize(chunks);
 }
 
-absl::StatusOr<SimResult> Simulate(const PipelineTimes& t, const DeviceOrders& orders, bool record) {
+namespace {
+
+constexpr double kUnknown = -1;
+
+// INVALID_ARGUMENT unless every (mb, chunk) forward and backward appears
+// exactly once, on the chunk's device; the number of ops otherwise.
+absl::StatusOr<size_t> CheckOrders(const PipelineTimes& t, const DeviceOrders& orders) {
   const int D = t.num_devices, C = t.num_chunks, M = t.num_mb;
   if (static_cast<int>(orders.size()) != D) {
     return absl::InvalidArgumentError(absl::StrCat("schedule has ", orders.size(), " devices, expected ", D));
   }
-  constexpr double kUnknown = -1;
-  // Arrival time of the input of each op: fw_in[mb,c] for F(mb,c), bw_in for B(mb,c).
-  std::vector<double> fw_in(static_cast<size_t>(M) * C, kUnknown), bw_in(static_cast<size_t>(M) * C, kUnknown);
   std::vector<uint8_t> done(static_cast<size_t>(M) * C * 2, 0);
-  for (int m = 0; m < M; ++m) fw_in[t.At(m, 0)] = 0;
-
   size_t total = 0;
   for (int d = 0; d < D; ++d) {
     total += orders[d].size();
@@ -45,78 +46,120 @@ absl::StatusOr<SimResult> Simulate(const PipelineTimes& t, const DeviceOrders& o
   if (total != static_cast<size_t>(M) * C * 2) {
     return absl::InvalidArgumentError(absl::StrCat("schedule has ", total, " ops, expected ", M * C * 2));
   }
+  return total;
+}
 
-  SimResult result;
-  result.peak_mb.assign(D, 0);
-  if (record) result.ops.assign(D, {});
-  std::vector<size_t> next(D, 0);
-  std::vector<double> compute_free(D, 0), comm_free(D, 0), mem(D);
-  for (int d = 0; d < D; ++d) mem[d] = result.peak_mb[d] = t.static_mb[d];
+// The simulation's state: per op the arrival of its input, per device the
+// next op, when its compute and communication threads are free, and its memory.
+class PipelineRun {
+ public:
+  PipelineRun(const PipelineTimes& t, const DeviceOrders& orders, bool record)
+      : t_(t), orders_(orders), record_(record), D_(t.num_devices), C_(t.num_chunks),
+        fw_in_(static_cast<size_t>(t.num_mb) * C_, kUnknown), bw_in_(static_cast<size_t>(t.num_mb) * C_, kUnknown),
+        next_(D_, 0), compute_free_(D_, 0), comm_free_(D_, 0), mem_(D_) {
+    for (int m = 0; m < t.num_mb; ++m) fw_in_[t.At(m, 0)] = 0;
+    result_.peak_mb.assign(D_, 0);
+    if (record) result_.ops.assign(D_, {});
+    for (int d = 0; d < D_; ++d) mem_[d] = result_.peak_mb[d] = t.static_mb[d];
+  }
 
-  size_t executed = 0;
-  while (executed < total) {
-    bool progress = false;
-    for (int d = 0; d < D; ++d) {
-      while (next[d] < orders[d].size()) {
-        const SimOp op = orders[d][next[d]];
-        const size_t i = t.At(op.mb, op.chunk);
-        const double ready = op.kind == SimOp::kForward ? fw_in[i] : bw_in[i];
-        if (ready == kUnknown) break;
-        const double start = std::max(ready, compute_free[d]);
-        const double end = start + (op.kind == SimOp::kForward ? t.fw_ms[i] : t.bw_ms[i]);
-        compute_free[d] = end;
-        result.peak_mb[d] = std::max(result.peak_mb[d], mem[d] + t.peak_mb[i]);
-        mem[d] += op.kind == SimOp::kForward ? t.stored_mb[i] : -t.stored_mb[i];
-        if (record) result.ops[d].push_back({op, start, end});
-
-        // Hand the output to the next op in the micro-batch's chain.
-        int next_chunk;
-        double* next_in;
-        double comm_ms;
-        if (op.kind == SimOp::kForward) {
-          const bool last = op.chunk == C - 1;
-          next_chunk = last ? op.chunk : op.chunk + 1;
-          next_in = last ? &bw_in[i] : &fw_in[t.At(op.mb, next_chunk)];
-          comm_ms = last ? 0 : t.comm_fw_ms[i];
-        } else if (op.chunk > 0) {
-          next_chunk = op.chunk - 1;
-          next_in = &bw_in[t.At(op.mb, next_chunk)];
-          comm_ms = t.comm_bw_ms[t.At(op.mb, next_chunk)];
-        } else {
-          next_chunk = -1;
-          next_in = nullptr;
-          comm_ms = 0;
-        }
-        if (next_in != nullptr) {
-          const int dst = t.chunk_device[next_chunk];
-          if (dst == d) {
-            *next_in = end;
-          } else {
-            const double cs = std::max(end, comm_free[d]);
-            const double ce = cs + comm_ms;
-            comm_free[d] = ce;
-            *next_in = ce;
-            if (record) result.transfers.push_back({d, dst, op, cs, ce});
-          }
-        }
-        result.makespan_ms = std::max(result.makespan_ms, end);
-        ++next[d];
-        ++executed;
-        progress = true;
-      }
+  // Runs device d's ops in order until one's input has not arrived; how many ran.
+  size_t RunDevice(int d) {
+    size_t ran = 0;
+    while (next_[d] < orders_[d].size()) {
+      const SimOp op = orders_[d][next_[d]];
+      const size_t i = t_.At(op.mb, op.chunk);
+      const double ready = op.kind == SimOp::kForward ? fw_in_[i] : bw_in_[i];
+      if (ready == kUnknown) break;
+      Execute(d, op, i, ready);
+      ++next_[d];
+      ++ran;
     }
-    if (!progress) {
-      std::string stuck;
-      for (int d = 0; d < D && stuck.size() < 200; ++d) {
-        if (next[d] < orders[d].size()) {
-          const SimOp& op = orders[d][next[d]];
-          absl::StrAppend(&stuck, " device ", d, " waits on ", op.kind ? "B" : "F", op.mb, "/c", op.chunk, ";");
-        }
-      }
-      return absl::FailedPreconditionError(absl::StrCat("schedule deadlocks:", stuck));
+    return ran;
+  }
+  absl::Status Deadlock() const;
+  SimResult& result() { return result_; }
+
+ private:
+  void Execute(int d, const SimOp& op, size_t i, double ready) {
+    const double start = std::max(ready, compute_free_[d]);
+    const double end = start + (op.kind == SimOp::kForward ? t_.fw_ms[i] : t_.bw_ms[i]);
+    compute_free_[d] = end;
+    result_.peak_mb[d] = std::max(result_.peak_mb[d], mem_[d] + t_.peak_mb[i]);
+    mem_[d] += op.kind == SimOp::kForward ? t_.stored_mb[i] : -t_.stored_mb[i];
+    if (record_) result_.ops[d].push_back({op, start, end});
+    HandOff(d, op, i, end);
+    result_.makespan_ms = std::max(result_.makespan_ms, end);
+  }
+  // Hands the output of `op` (ended at `end`) to the next op in the
+  // micro-batch's chain, over the communication thread across devices.
+  void HandOff(int d, const SimOp& op, size_t i, double end) {
+    int next_chunk;
+    double* next_in;
+    double comm_ms;
+    if (op.kind == SimOp::kForward) {
+      const bool last = op.chunk == C_ - 1;
+      next_chunk = last ? op.chunk : op.chunk + 1;
+      next_in = last ? &bw_in_[i] : &fw_in_[t_.At(op.mb, next_chunk)];
+      comm_ms = last ? 0 : t_.comm_fw_ms[i];
+    } else if (op.chunk > 0) {
+      next_chunk = op.chunk - 1;
+      next_in = &bw_in_[t_.At(op.mb, next_chunk)];
+      comm_ms = t_.comm_bw_ms[t_.At(op.mb, next_chunk)];
+    } else {
+      return;
+    }
+    const int dst = t_.chunk_device[next_chunk];
+    if (dst == d) {
+      *next_in = end;
+    } else {
+      const double cs = std::max(end, comm_free_[d]);
+      const double ce = cs + comm_ms;
+      comm_free_[d] = ce;
+      *next_in = ce;
+      if (record_) result_.transfers.push_back({d, dst, op, cs, ce});
     }
   }
-  return result;
+
+  const PipelineTimes& t_;
+  const DeviceOrders& orders_;
+  const bool record_;
+  const int D_, C_;
+  // Arrival time of the input of each op: fw_in[mb,c] for F(mb,c), bw_in for B(mb,c).
+  std::vector<double> fw_in_, bw_in_;
+  std::vector<size_t> next_;
+  std::vector<double> compute_free_, comm_free_, mem_;
+  SimResult result_;
+};
+
+absl::Status PipelineRun::Deadlock() const {
+  std::string stuck;
+  for (int d = 0; d < D_ && stuck.size() < 200; ++d) {
+    if (next_[d] < orders_[d].size()) {
+      const SimOp& op = orders_[d][next_[d]];
+      absl::StrAppend(&stuck, " device ", d, " waits on ", op.kind ? "B" : "F", op.mb, "/c", op.chunk, ";");
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat("schedule deadlocks:", stuck));
+}
+
+}  // namespace
+
+absl::StatusOr<SimResult> Simulate(const PipelineTimes& t, const DeviceOrders& orders, bool record) {
+  const absl::StatusOr<size_t> total = CheckOrders(t, orders);
+  if (!total.ok()) return total.status();
+  PipelineRun run(t, orders, record);
+  size_t executed = 0;
+  while (executed < *total) {
+    bool progress = false;
+    for (int d = 0; d < t.num_devices; ++d) {
+      const size_t ran = run.RunDevice(d);
+      executed += ran;
+      progress = progress || ran > 0;
+    }
+    if (!progress) return run.Deadlock();
+  }
+  return std::move(run.result());
 }
 
 std::string ChromeTrace(const SimResult& r, const std::string& label, int pid_offset) {
