@@ -91,6 +91,167 @@ absl::StatusOr<std::vector<DumpStep>> ParseSteps(const std::string& s, int line)
   return out;
 }
 
+// One manifest record: its words and fields, and where it is for errors.
+struct Record {
+  const std::vector<absl::string_view>& w;
+  const Fields& f;
+  const std::string& prefix;
+  int n;  // its line
+  absl::Status Bad(const std::string& why) const {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ".txt:", n, ": ", why));
+  }
+};
+
+// The tensors' bytes, taken in manifest order.
+struct TensorData {
+  std::string bin;
+  size_t at = 0;
+};
+
+absl::Status ParseModel(const Record& rec, BatchDump& d) {
+  const Fields& f = rec.f;
+  auto& c = d.config;
+  ASSIGN_OR_RETURN(c.num_layers, f.Int("layers"));
+  ASSIGN_OR_RETURN(c.hidden, f.Int("hidden"));
+  ASSIGN_OR_RETURN(c.heads, f.Int("heads"));
+  ASSIGN_OR_RETURN(c.ffn, f.Int("ffn"));
+  ASSIGN_OR_RETURN(c.vocab, f.Int("vocab"));
+  ASSIGN_OR_RETURN(c.max_positions, f.Int("max_positions"));
+  ASSIGN_OR_RETURN(const int64_t tied, f.Int("tie_embeddings"));
+  c.tie_embeddings = tied != 0;
+  ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed"));
+  d.seed = static_cast<uint64_t>(seed);
+  return absl::OkStatus();
+}
+
+absl::Status ParseOptimizer(const Record& rec, BatchDump& d) {
+  const Fields& f = rec.f;
+  ASSIGN_OR_RETURN(d.adamw.lr, f.Double("lr"));
+  ASSIGN_OR_RETURN(d.adamw.beta1, f.Double("beta1"));
+  ASSIGN_OR_RETURN(d.adamw.beta2, f.Double("beta2"));
+  ASSIGN_OR_RETURN(d.adamw.eps, f.Double("eps"));
+  ASSIGN_OR_RETURN(d.adamw.weight_decay, f.Double("weight_decay"));
+  ASSIGN_OR_RETURN(d.grad_clip, f.Double("grad_clip"));
+  return absl::OkStatus();
+}
+
+absl::Status ParseJob(const Record& rec, BatchDump& d) {
+  ASSIGN_OR_RETURN(d.job_name, rec.f.Str("name"));
+  ASSIGN_OR_RETURN(d.method, rec.f.Str("method"));
+  return absl::OkStatus();
+}
+
+absl::Status ParseIteration(const Record& rec, BatchDump& d) {
+  int64_t i;
+  if (rec.w.size() < 2 || !absl::SimpleAtoi(rec.w[1], &i) || i != static_cast<int64_t>(d.iterations.size())) {
+    return rec.Bad("iterations out of order");
+  }
+  IterationDump it;
+  ASSIGN_OR_RETURN(const double scale, rec.f.Double("loss_scale"));
+  it.loss_scale = static_cast<float>(scale);
+  ASSIGN_OR_RETURN(it.lr, rec.f.Double("lr"));
+  ASSIGN_OR_RETURN(it.predicted_ms, rec.f.Double("predicted_ms"));
+  ASSIGN_OR_RETURN(const std::string steps, rec.f.Str("steps"));
+  ASSIGN_OR_RETURN(it.steps, ParseSteps(steps, rec.n));
+  d.iterations.push_back(std::move(it));
+  return absl::OkStatus();
+}
+
+absl::Status ParseMicroBatch(const Record& rec, BatchDump& d) {
+  int64_t i, j;
+  if (rec.w.size() < 3 || !absl::SimpleAtoi(rec.w[1], &i) || !absl::SimpleAtoi(rec.w[2], &j) || d.iterations.empty() ||
+      i + 1 != static_cast<int64_t>(d.iterations.size()) ||
+      j != static_cast<int64_t>(d.iterations.back().batches.size())) {
+    return rec.Bad("micro-batches out of order");
+  }
+  TokenBatch mb;
+  ASSIGN_OR_RETURN(mb.rows, rec.f.Int("rows"));
+  ASSIGN_OR_RETURN(mb.seq, rec.f.Int("seq"));
+  ASSIGN_OR_RETURN(mb.real_tokens, rec.f.Int("real_tokens"));
+  ASSIGN_OR_RETURN(mb.loss_tokens, rec.f.Int("loss_tokens"));
+  ASSIGN_OR_RETURN(const std::string r, rec.f.Str("recompute"));
+  ASSIGN_OR_RETURN(const Recompute rec_level, ParseRecompute(r, rec.n));
+  d.iterations.back().batches.push_back(std::move(mb));
+  d.iterations.back().recompute.push_back(rec_level);
+  return absl::OkStatus();
+}
+
+// A micro-batch tensor (it<I>.mb<J>.FIELD) into the last micro-batch read.
+absl::Status SetBatchTensor(const Record& rec, const std::string& name, int64_t count, const char* src, BatchDump& d) {
+  if (d.iterations.empty() || d.iterations.back().batches.empty()) return rec.Bad("tensor outside a micro-batch");
+  TokenBatch& mb = d.iterations.back().batches.back();
+  if (count != mb.rows * mb.seq) return rec.Bad("tensor shape differs from its micro-batch");
+  std::vector<int32_t> v(static_cast<size_t>(count));
+  std::memcpy(v.data(), src, static_cast<size_t>(count) * 4);
+  const std::string field = name.substr(name.rfind('.') + 1);
+  if (field == "tokens") {
+    mb.tokens = std::move(v);
+  } else if (field == "positions") {
+    mb.positions = std::move(v);
+  } else if (field == "segments") {
+    mb.segments = std::move(v);
+  } else if (field == "targets") {
+    mb.targets = std::move(v);
+  } else {
+    return rec.Bad("unknown tensor " + name);
+  }
+  return absl::OkStatus();
+}
+
+// `tensor NAME i32|f32 DIMS...`: takes its bytes from `data`; a parameter or
+// a field of the last micro-batch.
+absl::Status ParseTensor(const Record& rec, TensorData& data, BatchDump& d) {
+  const auto& w = rec.w;
+  if (w.size() < 4 || (w[2] != "i32" && w[2] != "f32")) return rec.Bad("expected `tensor NAME i32|f32 DIMS...`");
+  int64_t count = 1;
+  std::vector<int64_t> shape;
+  for (size_t k = 3; k < w.size(); ++k) {
+    int64_t dim;
+    if (!absl::SimpleAtoi(w[k], &dim) || dim < 0 || dim > (int64_t{1} << 32)) return rec.Bad("bad dimension");
+    count *= dim;
+    shape.push_back(dim);
+  }
+  if (count > (int64_t{1} << 34)) return rec.Bad("tensor too large");
+  const size_t bytes = static_cast<size_t>(count) * 4;
+  if (data.at + bytes > data.bin.size()) {
+    return absl::DataLossError(absl::StrCat(rec.prefix, ".bin ends before ", w[1]));
+  }
+  const char* src = data.bin.data() + data.at;
+  data.at += bytes;
+  const std::string name(w[1]);
+  if (!name.starts_with("param.")) return SetBatchTensor(rec, name, count, src, d);
+  DumpParam p{name.substr(6), std::move(shape), std::vector<float>(static_cast<size_t>(count))};
+  std::memcpy(p.values.data(), src, bytes);
+  d.params.push_back(std::move(p));
+  return absl::OkStatus();
+}
+
+absl::Status ParseRecord(const Record& rec, TensorData& data, BatchDump& d) {
+  const absl::string_view kind = rec.w[0];
+  if (kind == "model") return ParseModel(rec, d);
+  if (kind == "optimizer") return ParseOptimizer(rec, d);
+  if (kind == "job") return ParseJob(rec, d);
+  if (kind == "iteration") return ParseIteration(rec, d);
+  if (kind == "micro_batch") return ParseMicroBatch(rec, d);
+  if (kind == "tensor") return ParseTensor(rec, data, d);
+  return rec.Bad(absl::StrCat("unknown record ", kind));
+}
+
+// Every micro-batch well-formed for the model, every step naming one.
+absl::Status CheckDump(const BatchDump& d, const std::string& prefix) {
+  for (const IterationDump& it : d.iterations) {
+    for (const TokenBatch& mb : it.batches) {
+      RETURN_IF_ERROR(runtime::model::CheckTokenBatch(mb, d.config));
+    }
+    for (const DumpStep& s : it.steps) {
+      if (s.micro_batch >= static_cast<int>(it.batches.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(prefix, ".txt: a step names micro-batch ", s.micro_batch));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t IterationDump::real_tokens() const {
@@ -170,8 +331,7 @@ absl::StatusOr<BatchDump> ReadBatchDump(const std::string& prefix) {
   std::ifstream t(prefix + ".txt");
   std::ifstream b(prefix + ".bin", std::ios::binary);
   if (!t || !b) return absl::NotFoundError(absl::StrCat("cannot open ", prefix, ".{txt,bin}"));
-  std::string bin((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
-  size_t at = 0;
+  TensorData data{std::string((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>())};
   BatchDump d;
   std::string line;
   int n = 0;
@@ -180,114 +340,12 @@ absl::StatusOr<BatchDump> ReadBatchDump(const std::string& prefix) {
     if (line.empty() || line[0] == '#') continue;
     const std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
     const Fields f(w, n);
-    auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, ".txt:", n, ": ", why));
-    };
-    if (w[0] == "model") {
-      auto& c = d.config;
-      ASSIGN_OR_RETURN(c.num_layers, f.Int("layers"));
-      ASSIGN_OR_RETURN(c.hidden, f.Int("hidden"));
-      ASSIGN_OR_RETURN(c.heads, f.Int("heads"));
-      ASSIGN_OR_RETURN(c.ffn, f.Int("ffn"));
-      ASSIGN_OR_RETURN(c.vocab, f.Int("vocab"));
-      ASSIGN_OR_RETURN(c.max_positions, f.Int("max_positions"));
-      ASSIGN_OR_RETURN(const int64_t tied, f.Int("tie_embeddings"));
-      c.tie_embeddings = tied != 0;
-      ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed"));
-      d.seed = static_cast<uint64_t>(seed);
-    } else if (w[0] == "optimizer") {
-      ASSIGN_OR_RETURN(d.adamw.lr, f.Double("lr"));
-      ASSIGN_OR_RETURN(d.adamw.beta1, f.Double("beta1"));
-      ASSIGN_OR_RETURN(d.adamw.beta2, f.Double("beta2"));
-      ASSIGN_OR_RETURN(d.adamw.eps, f.Double("eps"));
-      ASSIGN_OR_RETURN(d.adamw.weight_decay, f.Double("weight_decay"));
-      ASSIGN_OR_RETURN(d.grad_clip, f.Double("grad_clip"));
-    } else if (w[0] == "job") {
-      ASSIGN_OR_RETURN(d.job_name, f.Str("name"));
-      ASSIGN_OR_RETURN(d.method, f.Str("method"));
-    } else if (w[0] == "iteration") {
-      int64_t i;
-      if (w.size() < 2 || !absl::SimpleAtoi(w[1], &i) || i != static_cast<int64_t>(d.iterations.size())) {
-        return bad("iterations out of order");
-      }
-      IterationDump it;
-      ASSIGN_OR_RETURN(const double scale, f.Double("loss_scale"));
-      it.loss_scale = static_cast<float>(scale);
-      ASSIGN_OR_RETURN(it.lr, f.Double("lr"));
-      ASSIGN_OR_RETURN(it.predicted_ms, f.Double("predicted_ms"));
-      ASSIGN_OR_RETURN(const std::string steps, f.Str("steps"));
-      ASSIGN_OR_RETURN(it.steps, ParseSteps(steps, n));
-      d.iterations.push_back(std::move(it));
-    } else if (w[0] == "micro_batch") {
-      int64_t i, j;
-      if (w.size() < 3 || !absl::SimpleAtoi(w[1], &i) || !absl::SimpleAtoi(w[2], &j) || d.iterations.empty() ||
-          i + 1 != static_cast<int64_t>(d.iterations.size()) ||
-          j != static_cast<int64_t>(d.iterations.back().batches.size())) {
-        return bad("micro-batches out of order");
-      }
-      TokenBatch mb;
-      ASSIGN_OR_RETURN(mb.rows, f.Int("rows"));
-      ASSIGN_OR_RETURN(mb.seq, f.Int("seq"));
-      ASSIGN_OR_RETURN(mb.real_tokens, f.Int("real_tokens"));
-      ASSIGN_OR_RETURN(mb.loss_tokens, f.Int("loss_tokens"));
-      ASSIGN_OR_RETURN(const std::string r, f.Str("recompute"));
-      ASSIGN_OR_RETURN(const Recompute rec, ParseRecompute(r, n));
-      d.iterations.back().batches.push_back(std::move(mb));
-      d.iterations.back().recompute.push_back(rec);
-    } else if (w[0] == "tensor") {
-      if (w.size() < 4 || (w[2] != "i32" && w[2] != "f32")) return bad("expected `tensor NAME i32|f32 DIMS...`");
-      int64_t count = 1;
-      std::vector<int64_t> shape;
-      for (size_t k = 3; k < w.size(); ++k) {
-        int64_t dim;
-        if (!absl::SimpleAtoi(w[k], &dim) || dim < 0 || dim > (int64_t{1} << 32)) return bad("bad dimension");
-        count *= dim;
-        shape.push_back(dim);
-      }
-      if (count > (int64_t{1} << 34)) return bad("tensor too large");
-      const size_t bytes = static_cast<size_t>(count) * 4;
-      if (at + bytes > bin.size()) return absl::DataLossError(absl::StrCat(prefix, ".bin ends before ", w[1]));
-      const char* src = bin.data() + at;
-      at += bytes;
-      const std::string name(w[1]);
-      if (name.starts_with("param.")) {
-        DumpParam p{name.substr(6), std::move(shape), std::vector<float>(static_cast<size_t>(count))};
-        std::memcpy(p.values.data(), src, bytes);
-        d.params.push_back(std::move(p));
-        continue;
-      }
-      if (d.iterations.empty() || d.iterations.back().batches.empty()) return bad("tensor outside a micro-batch");
-      TokenBatch& mb = d.iterations.back().batches.back();
-      if (count != mb.rows * mb.seq) return bad("tensor shape differs from its micro-batch");
-      std::vector<int32_t> v(static_cast<size_t>(count));
-      std::memcpy(v.data(), src, bytes);
-      const std::string field = name.substr(name.rfind('.') + 1);
-      if (field == "tokens") {
-        mb.tokens = std::move(v);
-      } else if (field == "positions") {
-        mb.positions = std::move(v);
-      } else if (field == "segments") {
-        mb.segments = std::move(v);
-      } else if (field == "targets") {
-        mb.targets = std::move(v);
-      } else {
-        return bad("unknown tensor " + name);
-      }
-    } else {
-      return bad(absl::StrCat("unknown record ", w[0]));
-    }
+    RETURN_IF_ERROR(ParseRecord(Record{w, f, prefix, n}, data, d));
   }
-  if (at != bin.size()) return absl::DataLossError(absl::StrCat(prefix, ".bin holds more than its manifest names"));
-  for (const IterationDump& it : d.iterations) {
-    for (const TokenBatch& mb : it.batches) {
-      RETURN_IF_ERROR(runtime::model::CheckTokenBatch(mb, d.config));
-    }
-    for (const DumpStep& s : it.steps) {
-      if (s.micro_batch >= static_cast<int>(it.batches.size())) {
-        return absl::InvalidArgumentError(absl::StrCat(prefix, ".txt: a step names micro-batch ", s.micro_batch));
-      }
-    }
+  if (data.at != data.bin.size()) {
+    return absl::DataLossError(absl::StrCat(prefix, ".bin holds more than its manifest names"));
   }
+  RETURN_IF_ERROR(CheckDump(d, prefix));
   return d;
 }
 

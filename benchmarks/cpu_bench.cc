@@ -12,6 +12,9 @@
 #include <cblas.h>
 
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -79,6 +82,125 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+using dynapipe::benchmarks::TrainedIteration;
+
+// A --flag that cannot work: the message on stderr, exit status 2.
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "cpu_bench: %s\n", message.c_str());
+  return 2;
+}
+
+dynapipe::runtime::BackendOptions BackendOptionsFromFlags(dynapipe::proto::Backend::Value kind) {
+  dynapipe::runtime::BackendOptions o;
+  o.kind = kind;
+  o.device = absl::GetFlag(FLAGS_device);
+  o.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
+  o.matmul_epilogues = absl::GetFlag(FLAGS_matmul_epilogues);
+  return o;
+}
+
+void PrintConfig(const dynapipe::runtime::Backend& backend, const BatchDump& dump, const std::string& kernel_name) {
+  Record("config")
+      .Set("impl", "ours")
+      .Set("backend", backend.Describe())
+      .Set("dump", absl::GetFlag(FLAGS_dump))
+      .Set("method", dump.method)
+      .Set("attention", kernel_name)
+      .Set("threads", static_cast<double>(absl::GetFlag(FLAGS_threads)))
+      .Print();
+}
+
+#ifdef DYNAPIPE_KERNEL_TRACE
+// Records every kernel of iteration `trace_at` and prints a "kernel" record each.
+dynapipe::benchmarks::AroundIteration KernelTraceAround(int trace_at) {
+  auto trace = std::make_shared<std::unique_ptr<dynapipe::benchmarks::KernelTrace>>();
+  return [trace, trace_at](size_t i, bool begin) -> absl::Status {
+    if (static_cast<int>(i) != trace_at) return absl::OkStatus();
+    if (begin) {
+      auto t = dynapipe::benchmarks::KernelTrace::Start();
+      if (!t.ok()) return t.status();
+      *trace = std::move(*t);
+      return absl::OkStatus();
+    }
+    auto kernels = (*trace)->Stop();
+    if (!kernels.ok()) return kernels.status();
+    for (const auto& k : *kernels) {
+      Record("kernel").Set("iteration", static_cast<double>(i)).Set("name", k.name).Set("ns", static_cast<double>(k.ns)).Print();
+    }
+    return absl::OkStatus();
+  };
+}
+#endif
+
+// An "iteration" record each, then "end_to_end" over those after --warmup.
+void PrintTraining(const std::vector<TrainedIteration>& trained) {
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  double seconds = 0, tokens = 0;
+  int timed = 0;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    const auto& r = trained[i];
+    const bool warm = static_cast<int>(i) < warmup;
+    Record("iteration")
+        .Set("iteration", static_cast<double>(i))
+        .Set("loss", r.loss)
+        .Set("grad_norm", r.grad_norm)
+        .Set("seconds", r.seconds)
+        .Set("real_tokens", static_cast<double>(r.real_tokens))
+        .Set("queue_seconds", r.queue_seconds)
+        .Set("compute_seconds", r.compute_seconds)
+        .Set("warmup", warm)
+        .Print();
+    if (warm) continue;
+    seconds += r.seconds;
+    tokens += static_cast<double>(r.real_tokens);
+    ++timed;
+  }
+  if (timed > 0) {
+    Record("end_to_end")
+        .Set("tokens_per_s", tokens / seconds)
+        .Set("seconds", seconds)
+        .Set("real_tokens", tokens)
+        .Set("iterations", static_cast<double>(timed))
+        .Print();
+  }
+}
+
+// --train: end to end on the dump (with --kernel-trace, one iteration's
+// kernels); returns the exit status.
+int Train(const BatchDump& dump, dynapipe::runtime::model::AttentionKernel kernel, dynapipe::runtime::Backend& backend,
+          bool cuda) {
+  const int trace_at = absl::GetFlag(FLAGS_kernel_trace);
+  if (trace_at >= 0 && !cuda) return Usage("--kernel-trace needs --backend cuda");
+  dynapipe::benchmarks::AroundIteration around;
+#ifdef DYNAPIPE_KERNEL_TRACE
+  if (trace_at >= 0) around = KernelTraceAround(trace_at);
+#else
+  if (trace_at >= 0) return Usage("--kernel-trace: this build has no CUDA");
+#endif
+  auto trained = dynapipe::benchmarks::TrainOnDump(dump, kernel, backend, around);
+  if (!trained.ok()) return Fail(trained.status());
+  PrintTraining(*trained);
+  return 0;
+}
+
+// --ops: each CPU kernel timed on the shapes of --op_iterations; returns the exit status.
+int TimeEachOp(const BatchDump& dump) {
+  dynapipe::benchmarks::OpTimingOptions o;
+  o.iterations.clear();
+  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_op_iterations), ',', absl::SkipEmpty())) {
+    int i;
+    if (!absl::SimpleAtoi(w, &i)) return Usage("--op_iterations: not a number: " + std::string(w));
+    o.iterations.push_back(i);
+  }
+  o.reps = absl::GetFlag(FLAGS_op_reps);
+  auto ops = dynapipe::benchmarks::TimeOps(dump, o);
+  if (!ops.ok()) return Fail(ops.status());
+  for (const auto& op : *ops) {
+    Record("op").Set("op", op.op).Set("seconds", op.seconds).Set("calls", static_cast<double>(op.calls)).Print();
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,122 +208,23 @@ int main(int argc, char** argv) {
   dynapipe::ParseFlags(argc, argv, "cpu_bench", "cpu_bench: trains the GPT stage on a dump and times each kernel on its shapes (benchmarks/README.md)");
   openblas_set_num_threads(absl::GetFlag(FLAGS_threads));
   const std::string kernel_name = absl::GetFlag(FLAGS_attention);
-  if (kernel_name != "varlen" && kernel_name != "materialized") {
-    std::fprintf(stderr, "cpu_bench: --attention: varlen or materialized\n");
-    return 2;
-  }
+  if (kernel_name != "varlen" && kernel_name != "materialized") return Usage("--attention: varlen or materialized");
   const auto kernel = kernel_name == "varlen" ? runtime::model::AttentionKernel::kVarlen
                                               : runtime::model::AttentionKernel::kMaterialized;
   auto backend_kind = runtime::ParseBackendKind(absl::GetFlag(FLAGS_backend));
-  if (!backend_kind.ok()) {
-    std::fprintf(stderr, "cpu_bench: %s\n", std::string(backend_kind.status().message()).c_str());
-    return 2;
-  }
+  if (!backend_kind.ok()) return Usage(std::string(backend_kind.status().message()));
   const bool cuda = *backend_kind == proto::Backend::cuda;
   if (cuda && absl::GetFlag(FLAGS_ops)) {
-    std::fprintf(stderr, "cpu_bench: --backend cuda: per-op timings are the CPU kernels'; pass --noops\n");
-    return 2;
+    return Usage("--backend cuda: per-op timings are the CPU kernels'; pass --noops");
   }
   auto dump = benchmarks::ReadBatchDump(absl::GetFlag(FLAGS_dump));
   if (!dump.ok()) return Fail(dump.status());
-  runtime::BackendOptions backend_options;
-  backend_options.kind = *backend_kind;
-  backend_options.device = absl::GetFlag(FLAGS_device);
-  backend_options.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
-  backend_options.matmul_epilogues = absl::GetFlag(FLAGS_matmul_epilogues);
-  auto backend = runtime::CreateBackend(backend_options);
+  auto backend = runtime::CreateBackend(BackendOptionsFromFlags(*backend_kind));
   if (!backend.ok()) return Fail(backend.status());
-  Record("config")
-      .Set("impl", "ours")
-      .Set("backend", (*backend)->Describe())
-      .Set("dump", absl::GetFlag(FLAGS_dump))
-      .Set("method", dump->method)
-      .Set("attention", kernel_name)
-      .Set("threads", static_cast<double>(absl::GetFlag(FLAGS_threads)))
-      .Print();
-
+  PrintConfig(**backend, *dump, kernel_name);
   if (absl::GetFlag(FLAGS_train)) {
-    const int trace_at = absl::GetFlag(FLAGS_kernel_trace);
-    if (trace_at >= 0 && !cuda) {
-      std::fprintf(stderr, "cpu_bench: --kernel-trace needs --backend cuda\n");
-      return 2;
-    }
-    benchmarks::AroundIteration around;
-#ifdef DYNAPIPE_KERNEL_TRACE
-    std::unique_ptr<benchmarks::KernelTrace> trace;
-    if (trace_at >= 0) {
-      around = [&](size_t i, bool begin) -> absl::Status {
-        if (static_cast<int>(i) != trace_at) return absl::OkStatus();
-        if (begin) {
-          auto t = benchmarks::KernelTrace::Start();
-          if (!t.ok()) return t.status();
-          trace = std::move(*t);
-          return absl::OkStatus();
-        }
-        auto kernels = trace->Stop();
-        if (!kernels.ok()) return kernels.status();
-        for (const auto& k : *kernels) {
-          Record("kernel").Set("iteration", static_cast<double>(i)).Set("name", k.name).Set("ns", static_cast<double>(k.ns)).Print();
-        }
-        return absl::OkStatus();
-      };
-    }
-#else
-    if (trace_at >= 0) {
-      std::fprintf(stderr, "cpu_bench: --kernel-trace: this build has no CUDA\n");
-      return 2;
-    }
-#endif
-    auto trained = benchmarks::TrainOnDump(*dump, kernel, **backend, around);
-    if (!trained.ok()) return Fail(trained.status());
-    const int warmup = absl::GetFlag(FLAGS_warmup);
-    double seconds = 0, tokens = 0;
-    int timed = 0;
-    for (size_t i = 0; i < trained->size(); ++i) {
-      const auto& r = (*trained)[i];
-      const bool warm = static_cast<int>(i) < warmup;
-      Record("iteration")
-          .Set("iteration", static_cast<double>(i))
-          .Set("loss", r.loss)
-          .Set("grad_norm", r.grad_norm)
-          .Set("seconds", r.seconds)
-          .Set("real_tokens", static_cast<double>(r.real_tokens))
-          .Set("queue_seconds", r.queue_seconds)
-          .Set("compute_seconds", r.compute_seconds)
-          .Set("warmup", warm)
-          .Print();
-      if (warm) continue;
-      seconds += r.seconds;
-      tokens += static_cast<double>(r.real_tokens);
-      ++timed;
-    }
-    if (timed > 0) {
-      Record("end_to_end")
-          .Set("tokens_per_s", tokens / seconds)
-          .Set("seconds", seconds)
-          .Set("real_tokens", tokens)
-          .Set("iterations", static_cast<double>(timed))
-          .Print();
-    }
+    if (const int code = Train(*dump, kernel, **backend, cuda); code != 0) return code;
   }
-
-  if (absl::GetFlag(FLAGS_ops)) {
-    benchmarks::OpTimingOptions o;
-    o.iterations.clear();
-    for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_op_iterations), ',', absl::SkipEmpty())) {
-      int i;
-      if (!absl::SimpleAtoi(w, &i)) {
-        std::fprintf(stderr, "cpu_bench: --op_iterations: not a number: %s\n", std::string(w).c_str());
-        return 2;
-      }
-      o.iterations.push_back(i);
-    }
-    o.reps = absl::GetFlag(FLAGS_op_reps);
-    auto ops = benchmarks::TimeOps(*dump, o);
-    if (!ops.ok()) return Fail(ops.status());
-    for (const auto& op : *ops) {
-      Record("op").Set("op", op.op).Set("seconds", op.seconds).Set("calls", static_cast<double>(op.calls)).Print();
-    }
-  }
+  if (absl::GetFlag(FLAGS_ops)) return TimeEachOp(*dump);
   return 0;
 }

@@ -97,11 +97,20 @@ Row Summarize(const cli::LocalRunResult& run, int pp, int n, int warmup) {
   return row;
 }
 
-}  // namespace
+const char* KernelName(proto::AttentionKernel::Value k) { return proto::AttentionKernel::Value_Name(k).c_str(); }
 
-int main(int argc, char** argv) {
-  dynapipe::ParseFlags(argc, argv, "cpu_throughput", "cpu_throughput: trains one job with several batching methods on the CPU backend (ranks as threads) and prints real tokens/s, measured vs predicted iteration time and losses");
+// The run's settings from the flags, and its rows as they come.
+struct Bench {
   proto::JobSpec spec;
+  int warmup = 0, n = 0, rounds = 1, pp = 1;
+  std::vector<proto::AttentionKernel::Value> kernels;
+  std::vector<proto::BatchingSpec::Method> methods;
+  std::map<std::pair<int, int>, std::vector<Row>> rows;  // [kernel][method] -> one Row per round
+};
+
+// The job with the flags' overrides; returns the exit status.
+int LoadJob(Bench& b) {
+  proto::JobSpec& spec = b.spec;
   if (auto s = LoadProtoFile(absl::GetFlag(FLAGS_job), &spec); !s.ok()) {
     std::fprintf(stderr, "cpu_throughput: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -111,16 +120,19 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_lr) > 0) spec.mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));
   if (!absl::GetFlag(FLAGS_cost_profile).empty()) spec.set_cost_profile_path(absl::GetFlag(FLAGS_cost_profile));
   spec.mutable_cost_refit()->set_mode(absl::GetFlag(FLAGS_refit) ? proto::CostRefitSpec::on : proto::CostRefitSpec::off);
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  const int n = absl::GetFlag(FLAGS_iterations);
-  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
-  spec.set_iterations(std::max<int64_t>(spec.iterations(), n));
-  const int pp = std::max(1, spec.parallelism().pp());
+  b.warmup = absl::GetFlag(FLAGS_warmup);
+  b.n = absl::GetFlag(FLAGS_iterations);
+  b.rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  spec.set_iterations(std::max<int64_t>(spec.iterations(), b.n));
+  b.pp = std::max(1, spec.parallelism().pp());
+  return 0;
+}
 
-  std::vector<proto::AttentionKernel::Value> kernels;
+// --attention (empty: the job's kernel) and --methods; returns the exit status.
+int ParseKernelsAndMethods(Bench& b) {
   if (absl::GetFlag(FLAGS_attention).empty()) {
-    const auto job_kernel = spec.model().attention();
-    kernels.push_back(job_kernel == proto::AttentionKernel::unspecified ? proto::AttentionKernel::varlen : job_kernel);
+    const auto job_kernel = b.spec.model().attention();
+    b.kernels.push_back(job_kernel == proto::AttentionKernel::unspecified ? proto::AttentionKernel::varlen : job_kernel);
   }
   for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_attention), ',', absl::SkipEmpty())) {
     proto::AttentionKernel::Value kernel;
@@ -129,74 +141,90 @@ int main(int argc, char** argv) {
                    std::string(k).c_str());
       return 2;
     }
-    kernels.push_back(kernel);
+    b.kernels.push_back(kernel);
   }
-  std::vector<proto::BatchingSpec::Method> methods;
   for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_methods), ',', absl::SkipEmpty())) {
     proto::BatchingSpec::Method method;
     if (!proto::BatchingSpec::Method_Parse(std::string(m), &method)) {
       std::fprintf(stderr, "cpu_throughput: --methods: unknown method \"%s\"\n", std::string(m).c_str());
       return 2;
     }
-    methods.push_back(method);
+    b.methods.push_back(method);
   }
-  auto kernel_name = [](proto::AttentionKernel::Value k) { return proto::AttentionKernel::Value_Name(k).c_str(); };
+  return 0;
+}
 
-  // [kernel][method] -> one Row per round.
-  std::map<std::pair<int, int>, std::vector<Row>> rows;
+// --curve and --per_iteration: the loss every N iterations, predicted vs
+// measured after the warm-up, the cost model and the planning time.
+void PrintIterations(const Bench& b, const cli::LocalRunResult& run, const std::string& m) {
+  const int n = b.n;
+  if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
+    for (int i = 0; i < n; i += every) {
+      std::printf("  %s iteration %d loss %.4f\n", m.c_str(), i, run.per_rank[0][i].loss);
+    }
+  }
+  if (!absl::GetFlag(FLAGS_per_iteration)) return;
+  for (int i = std::min(b.warmup, n - 1); i < n; ++i) {
+    const double measured = MeasuredMs(run, i);
+    std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", m.c_str(), i,
+                run.predicted_ms[i], measured, 100 * (run.predicted_ms[i] / measured - 1),
+                run.explore_plan[i] ? " explore" : run.refit_plan[i] ? " refit" : "", run.micro_batches[i]);
+  }
+  double plan_ms = 0;
+  for (double ms : run.plan_ms) plan_ms += ms / n;
+  std::printf("  %s cost model: %s; planning %.1f ms per iteration\n", m.c_str(), run.cost_model.c_str(), plan_ms);
+}
+
+// One (kernel, method) run of a round, its row printed and kept; returns the exit status.
+int RunOne(Bench& b, int round, proto::AttentionKernel::Value kernel, proto::BatchingSpec::Method method) {
+  b.spec.mutable_model()->set_attention(kernel);
+  b.spec.mutable_batching()->set_method(method);
+  const std::string& m = proto::BatchingSpec::Method_Name(method);
+  const double cpu_before = ProcessCpuSeconds();
+  auto run = cli::RunLocal(b.spec, absl::GetFlag(FLAGS_data_root), b.n);
+  const double cpu_s = ProcessCpuSeconds() - cpu_before;
+  if (!run.ok()) {
+    std::fprintf(stderr, "cpu_throughput: %s: %s\n", m.c_str(), std::string(run.status().message()).c_str());
+    return 1;
+  }
+  Row row = Summarize(*run, b.pp, b.n, b.warmup);
+  row.cpu_s = cpu_s;
+  b.rows[{kernel, method}].push_back(row);
+  PrintIterations(b, *run, m);
+  std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%% %7.2f\n", round,
+              KernelName(kernel), m.c_str(), row.tokens_per_s, row.run_tokens_per_s, row.measured_ms, row.predicted_ms,
+              row.micro_batches, 100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss,
+              100 * row.error, row.cpu_s);
+  std::fflush(stdout);
+  return 0;
+}
+
+// Every (kernel, method) pair once per round; odd rounds run the methods in
+// reverse order. Returns the exit status.
+int RunRounds(Bench& b) {
   std::printf("%-5s %-12s %-8s %12s %12s %12s %12s %8s %8s %9s %9s %9s %7s\n", "round", "attention", "method", "tokens/s",
               "run tok/s", "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]", "pred err", "cpu s");
-  for (int round = 0; round < rounds; ++round) {
-    for (const auto kernel : kernels) {
-      spec.mutable_model()->set_attention(kernel);
-      std::vector<proto::BatchingSpec::Method> order = methods;
+  for (int round = 0; round < b.rounds; ++round) {
+    for (const auto kernel : b.kernels) {
+      std::vector<proto::BatchingSpec::Method> order = b.methods;
       if (round % 2 == 1) std::reverse(order.begin(), order.end());
       for (const auto method : order) {
-        spec.mutable_batching()->set_method(method);
-        const std::string& m = proto::BatchingSpec::Method_Name(method);
-        const double cpu_before = ProcessCpuSeconds();
-        auto run = cli::RunLocal(spec, absl::GetFlag(FLAGS_data_root), n);
-        const double cpu_s = ProcessCpuSeconds() - cpu_before;
-        if (!run.ok()) {
-          std::fprintf(stderr, "cpu_throughput: %s: %s\n", m.c_str(), std::string(run.status().message()).c_str());
-          return 1;
-        }
-        Row row = Summarize(*run, pp, n, warmup);
-        row.cpu_s = cpu_s;
-        rows[{kernel, method}].push_back(row);
-        if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
-          for (int i = 0; i < n; i += every) {
-            std::printf("  %s iteration %d loss %.4f\n", m.c_str(), i, run->per_rank[0][i].loss);
-          }
-        }
-        if (absl::GetFlag(FLAGS_per_iteration)) {
-          for (int i = std::min(warmup, n - 1); i < n; ++i) {
-            const double measured = MeasuredMs(*run, i);
-            std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", m.c_str(), i,
-                        run->predicted_ms[i], measured, 100 * (run->predicted_ms[i] / measured - 1),
-                        run->explore_plan[i] ? " explore" : run->refit_plan[i] ? " refit" : "", run->micro_batches[i]);
-          }
-          double plan_ms = 0;
-          for (double ms : run->plan_ms) plan_ms += ms / n;
-          std::printf("  %s cost model: %s; planning %.1f ms per iteration\n", m.c_str(), run->cost_model.c_str(),
-                      plan_ms);
-        }
-        std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%% %7.2f\n", round,
-                    kernel_name(kernel), m.c_str(), row.tokens_per_s, row.run_tokens_per_s, row.measured_ms, row.predicted_ms,
-                    row.micro_batches, 100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss,
-                    100 * row.error, row.cpu_s);
-        std::fflush(stdout);
+        if (const int code = RunOne(b, round, kernel, method); code != 0) return code;
       }
     }
   }
+  return 0;
+}
 
-  std::printf("\nmedians over %d round(s); vs packing = median of the per-round ratios\n", rounds);
+// Medians over the rounds, and the median of the per-round ratios to packing.
+void PrintMedians(Bench& b) {
+  std::printf("\nmedians over %d round(s); vs packing = median of the per-round ratios\n", b.rounds);
   std::printf("%-12s %-8s %12s %12s %12s %9s %7s %12s\n", "attention", "method", "tokens/s", "measured ms", "predicted ms",
               "pred err", "cpu s", "vs packing");
-  for (const auto kernel : kernels) {
-    const auto packing = rows.find({kernel, proto::BatchingSpec::packing});
-    for (const auto method : methods) {
-      const std::vector<Row>& r = rows[{kernel, method}];
+  for (const auto kernel : b.kernels) {
+    const auto packing = b.rows.find({kernel, proto::BatchingSpec::packing});
+    for (const auto method : b.methods) {
+      const std::vector<Row>& r = b.rows[{kernel, method}];
       std::vector<double> tps, measured, predicted, error, cpu, ratio;
       for (size_t i = 0; i < r.size(); ++i) {
         tps.push_back(r[i].tokens_per_s);
@@ -204,9 +232,9 @@ int main(int argc, char** argv) {
         predicted.push_back(r[i].predicted_ms);
         error.push_back(r[i].error);
         cpu.push_back(r[i].cpu_s);
-        if (packing != rows.end()) ratio.push_back(r[i].tokens_per_s / packing->second[i].tokens_per_s);
+        if (packing != b.rows.end()) ratio.push_back(r[i].tokens_per_s / packing->second[i].tokens_per_s);
       }
-      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%% %7.2f", kernel_name(kernel),
+      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%% %7.2f", KernelName(kernel),
                   proto::BatchingSpec::Method_Name(method).c_str(), Median(tps), Median(measured), Median(predicted),
                   100 * Median(error), Median(cpu));
       if (ratio.empty()) {
@@ -216,5 +244,16 @@ int main(int argc, char** argv) {
       }
     }
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dynapipe::ParseFlags(argc, argv, "cpu_throughput", "cpu_throughput: trains one job with several batching methods on the CPU backend (ranks as threads) and prints real tokens/s, measured vs predicted iteration time and losses");
+  Bench b;
+  if (const int code = LoadJob(b); code != 0) return code;
+  if (const int code = ParseKernelsAndMethods(b); code != 0) return code;
+  if (const int code = RunRounds(b); code != 0) return code;
+  PrintMedians(b);
   return 0;
 }

@@ -81,13 +81,10 @@ std::vector<float> Random(size_t n, float mean, float std, std::mt19937_64& rng)
 
 void Zero(std::vector<float>& v, size_t n) { std::memset(v.data(), 0, n * sizeof(float)); }
 
-}  // namespace
-
-absl::StatusOr<std::vector<OpTiming>> TimeOps(const BatchDump& dump, const OpTimingOptions& options) {
-  const auto& cfg = dump.config;
-  const int64_t C = cfg.hidden, F = cfg.ffn, V = cfg.vocab, NH = cfg.heads;
+// The shapes of the micro-batches of the chosen iterations.
+absl::StatusOr<std::vector<Shape>> ShapesOf(const BatchDump& dump, const std::vector<int>& iterations) {
   std::vector<Shape> shapes;
-  for (int i : options.iterations) {
+  for (int i : iterations) {
     if (i < 0 || i >= static_cast<int>(dump.iterations.size())) {
       return absl::InvalidArgumentError(absl::StrCat("op iterations: the dump has no iteration ", i));
     }
@@ -101,90 +98,126 @@ absl::StatusOr<std::vector<OpTiming>> TimeOps(const BatchDump& dump, const OpTim
     }
   }
   if (shapes.empty()) return absl::InvalidArgumentError("op iterations: no micro-batches");
+  return shapes;
+}
+
+// The model's dimensions the ops run at.
+struct Dims {
+  int64_t C, F, V, NH;
+};
+
+// Buffers big enough for every shape: inputs and weights random (GPT-2-like
+// scales), outputs and gradients scratch.
+struct Buffers {
+  std::vector<float> in, dout, out, dinp, w, bias, dw, dbias, mean, rstd, ln_w, att, qkv, dqkv;
+};
+
+// Draws from `rng` in a fixed order, so the data is the same for a seed.
+Buffers MakeBuffers(const std::vector<Shape>& shapes, const Dims& d, std::mt19937_64& rng) {
   int64_t max_n = 0, max_att = 0;
   for (const Shape& s : shapes) {
     max_n = std::max(max_n, s.N);
-    max_att = std::max(max_att, s.B * NH * s.T * s.T);
+    max_att = std::max(max_att, s.B * d.NH * s.T * s.T);
   }
-  const int64_t wide = std::max({3 * C, F, V});
-  std::mt19937_64 rng(options.seed);
-  // Inputs and weights random (GPT-2-like scales), outputs and gradients scratch.
-  std::vector<float> in = Random(max_n * wide, 0, 1, rng), dout = Random(max_n * wide, 0, 1, rng);
-  std::vector<float> out(max_n * wide), dinp(max_n * wide);
-  std::vector<float> w = Random(wide * std::max(C, F), 0, 0.02f, rng), bias = Random(wide, 0, 0.02f, rng);
-  std::vector<float> dw(w.size()), dbias(bias.size());
-  std::vector<float> mean(max_n), rstd(max_n), ln_w = Random(C, 1, 0.1f, rng);
-  std::vector<float> att(max_att), qkv = Random(max_n * 3 * C, 0, 1, rng), dqkv(max_n * 3 * C);
+  const int64_t wide = std::max({3 * d.C, d.F, d.V});
+  Buffers b;
+  b.in = Random(max_n * wide, 0, 1, rng);
+  b.dout = Random(max_n * wide, 0, 1, rng);
+  b.out.resize(max_n * wide);
+  b.dinp.resize(max_n * wide);
+  b.w = Random(wide * std::max(d.C, d.F), 0, 0.02f, rng);
+  b.bias = Random(wide, 0, 0.02f, rng);
+  b.dw.resize(b.w.size());
+  b.dbias.resize(b.bias.size());
+  b.mean.resize(max_n);
+  b.rstd.resize(max_n);
+  b.ln_w = Random(d.C, 1, 0.1f, rng);
+  b.att.resize(max_att);
+  b.qkv = Random(max_n * 3 * d.C, 0, 1, rng);
+  b.dqkv.resize(max_n * 3 * d.C);
+  return b;
+}
 
-  std::vector<OpTiming> result;
-  const Timer timer(shapes, options.reps);
+// The five matmuls of a layer and the LM head (no bias).
+void TimeMatmuls(const Timer& timer, Buffers& x, const Dims& d, std::vector<OpTiming>* result) {
   auto matmul = [&](const std::string& name, int64_t ic, int64_t oc, bool head) {
-    const float* b = head ? nullptr : bias.data();
-    float* db = head ? nullptr : dbias.data();
+    const float* b = head ? nullptr : x.bias.data();
+    float* db = head ? nullptr : x.dbias.data();
     auto rows = [head](const Shape& s) { return head ? s.M : s.N; };
     timer.Run({name,
                [&, b, ic, oc, rows](const Shape& s) {
-                 cpu::MatmulForward(out.data(), in.data(), w.data(), b, rows(s), ic, oc);
+                 cpu::MatmulForward(x.out.data(), x.in.data(), x.w.data(), b, rows(s), ic, oc);
                },
                nullptr,
                [&, db, ic, oc, rows](const Shape& s) {
-                 cpu::MatmulBackward(dinp.data(), dw.data(), db, dout.data(), in.data(), w.data(), rows(s), ic, oc);
+                 cpu::MatmulBackward(x.dinp.data(), x.dw.data(), db, x.dout.data(), x.in.data(), x.w.data(), rows(s),
+                                     ic, oc);
                }},
-              &result);
+              result);
   };
-  matmul("matmul_qkv", C, 3 * C, false);
-  matmul("matmul_proj", C, C, false);
-  matmul("matmul_fc", C, F, false);
-  matmul("matmul_mproj", F, C, false);
-  matmul("matmul_head", C, V, true);
+  matmul("matmul_qkv", d.C, 3 * d.C, false);
+  matmul("matmul_proj", d.C, d.C, false);
+  matmul("matmul_fc", d.C, d.F, false);
+  matmul("matmul_mproj", d.F, d.C, false);
+  matmul("matmul_head", d.C, d.V, true);
+}
+
+// LayerNorm, GELU, both attention kernels and the cross-entropy.
+void TimePointwiseAndAttention(const Timer& timer, Buffers& x, const Dims& d, std::vector<OpTiming>* result) {
+  const int64_t C = d.C, F = d.F, V = d.V, NH = d.NH;
   timer.Run({"layernorm",
              [&](const Shape& s) {
-               cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), in.data(), ln_w.data(), bias.data(), s.N, C);
+               cpu::LayerNormForward(x.out.data(), x.mean.data(), x.rstd.data(), x.in.data(), x.ln_w.data(),
+                                     x.bias.data(), s.N, C);
              },
              nullptr,
              [&](const Shape& s) {
-               cpu::LayerNormBackward(dinp.data(), dw.data(), dbias.data(), dout.data(), in.data(), ln_w.data(),
-                                      mean.data(), rstd.data(), s.N, C);
+               cpu::LayerNormBackward(x.dinp.data(), x.dw.data(), x.dbias.data(), x.dout.data(), x.in.data(),
+                                      x.ln_w.data(), x.mean.data(), x.rstd.data(), s.N, C);
              }},
-            &result);
-  timer.Run({"gelu", [&](const Shape& s) { cpu::GeluForward(out.data(), in.data(), s.N * F); },
-             [&](const Shape& s) { Zero(dinp, s.N * F); },
-             [&](const Shape& s) { cpu::GeluBackward(dinp.data(), in.data(), dout.data(), s.N * F); }},
-            &result);
+            result);
+  timer.Run({"gelu", [&](const Shape& s) { cpu::GeluForward(x.out.data(), x.in.data(), s.N * F); },
+             [&](const Shape& s) { Zero(x.dinp, s.N * F); },
+             [&](const Shape& s) { cpu::GeluBackward(x.dinp.data(), x.in.data(), x.dout.data(), s.N * F); }},
+            result);
   for (const auto kernel : {cpu::AttentionKernel::kVarlen, cpu::AttentionKernel::kMaterialized}) {
     const std::string name =
         kernel == cpu::AttentionKernel::kVarlen ? "attention_varlen" : "attention_materialized";
     timer.Run({name,
                [&, kernel](const Shape& s) {
-                 cpu::AttentionForward(out.data(), att.data(), qkv.data(), s.batch->segments.data(), s.B, s.T, C, NH,
-                                       kernel);
+                 cpu::AttentionForward(x.out.data(), x.att.data(), x.qkv.data(), s.batch->segments.data(), s.B, s.T,
+                                       C, NH, kernel);
                },
-               [&](const Shape& s) { Zero(dqkv, s.N * 3 * C); },
+               [&](const Shape& s) { Zero(x.dqkv, s.N * 3 * C); },
                [&, kernel](const Shape& s) {
-                 cpu::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.batch->segments.data(),
-                                        s.B, s.T, C, NH, kernel);
+                 cpu::AttentionBackward(x.dqkv.data(), x.dout.data(), x.qkv.data(), x.att.data(),
+                                        s.batch->segments.data(), s.B, s.T, C, NH, kernel);
                }},
-              &result);
+              result);
   }
   timer.Run({"crossentropy",
              [&](const Shape& s) {
-               cpu::CrossEntropyForward(dinp.data(), in.data(), s.scored_targets.data(), 1.0f / 8192, s.M, V);
+               cpu::CrossEntropyForward(x.dinp.data(), x.in.data(), s.scored_targets.data(), 1.0f / 8192, s.M, V);
              },
-             [&](const Shape& s) { Zero(out, s.M * V); },
+             [&](const Shape& s) { Zero(x.out, s.M * V); },
              [&](const Shape& s) {
-               cpu::CrossEntropyBackward(out.data(), dinp.data(), s.scored_targets.data(), 1.0f / 8192, s.M, V);
+               cpu::CrossEntropyBackward(x.out.data(), x.dinp.data(), s.scored_targets.data(), 1.0f / 8192, s.M, V);
              }},
-            &result);
+            result);
+}
 
-  // AdamW over the whole one-stage model, as GptStage::OptimizerStep runs it.
+// AdamW over the whole one-stage model, as GptStage::OptimizerStep runs it,
+// once per chosen iteration.
+absl::Status TimeAdamW(const BatchDump& dump, const OpTimingOptions& options, const Shape& any_shape,
+                       std::mt19937_64& rng, std::vector<OpTiming>* result) {
   runtime::model::StageOptions so;
-  so.num_layers = cfg.num_layers;
-  ASSIGN_OR_RETURN(const runtime::model::GptLayout layout, runtime::model::GptLayout::Make(cfg, so));
+  so.num_layers = dump.config.num_layers;
+  ASSIGN_OR_RETURN(const runtime::model::GptLayout layout, runtime::model::GptLayout::Make(dump.config, so));
   const size_t np = layout.num_params();
   std::vector<float> params = Random(np, 0, 0.02f, rng), grads = Random(np, 0, 1e-3f, rng), m(np), v(np);
   runtime::optim::AdamWConfig no_decay = dump.adamw;
   no_decay.weight_decay = 0;
-  std::vector<Shape> per_iteration(options.iterations.size(), shapes.front());
+  std::vector<Shape> per_iteration(options.iterations.size(), any_shape);
   int64_t step = 0;
   Timer(per_iteration, options.reps)
       .Run({"adamw",
@@ -197,7 +230,23 @@ absl::StatusOr<std::vector<OpTiming>> TimeOps(const BatchDump& dump, const OpTim
               }
             },
             nullptr, nullptr},
-           &result);
+           result);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<OpTiming>> TimeOps(const BatchDump& dump, const OpTimingOptions& options) {
+  const auto& cfg = dump.config;
+  const Dims dims{cfg.hidden, cfg.ffn, cfg.vocab, cfg.heads};
+  ASSIGN_OR_RETURN(const std::vector<Shape> shapes, ShapesOf(dump, options.iterations));
+  std::mt19937_64 rng(options.seed);
+  Buffers buffers = MakeBuffers(shapes, dims, rng);
+  std::vector<OpTiming> result;
+  const Timer timer(shapes, options.reps);
+  TimeMatmuls(timer, buffers, dims, &result);
+  TimePointwiseAndAttention(timer, buffers, dims, &result);
+  RETURN_IF_ERROR(TimeAdamW(dump, options, shapes.front(), rng, &result));
   return result;
 }
 

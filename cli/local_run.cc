@@ -67,6 +67,125 @@ proto::IterationReport ReportOf(const runtime::executor::IterationResult& res, i
   return r;
 }
 
+using planner::service::JobRuntime;
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Room for what `out` notes per iteration.
+void SizePerIteration(int64_t count, LocalRunResult* out) {
+  out->predicted_ms.resize(count);
+  out->plan_ms.resize(count);
+  out->refit_plan.resize(count);
+  out->explore_plan.resize(count);
+  out->micro_batches.resize(count);
+  out->padding_efficiency.resize(count);
+}
+
+// Plans iteration i, notes it in `out` and hands the plans to the ranks.
+// Planning thread only.
+absl::Status PlanIteration(const JobRuntime& rt, int64_t i, PlanExchange& exchange, LocalRunResult& out) {
+  const std::shared_ptr<const planner::Planner> planner = rt.PlannerFor(i);
+  ASSIGN_OR_RETURN(planner::IterationPlan p, planner->Plan(rt.batch(i), i));
+  out.predicted_ms[i] = p.predicted_ms;
+  out.plan_ms[i] = p.timings.total_ms;
+  out.refit_plan[i] = planner != rt.planner;
+  out.explore_plan[i] = rt.refit && rt.refit->PlannedWith(i) == planner::service::PlanModel::kExplore;
+  int micro_batches = 0;
+  for (const auto& g : p.groups) micro_batches += static_cast<int>(g.size());
+  out.micro_batches[i] = micro_batches;
+  out.padding_efficiency[i] = p.padding_efficiency;
+  if (rt.refit) rt.refit->Remember(i, p.plans);
+  exchange.Publish(i, std::move(p.plans));
+  return absl::OkStatus();
+}
+
+// What the rank threads share. Each rank writes only its own slots of
+// out->per_rank, out->final_params, wall and done.
+struct Ranks {
+  const JobRuntime& rt;
+  data::Dataset* dataset;
+  runtime::comm::MemoryKeyValueStore* kv;
+  PlanExchange* exchange;
+  const runtime::executor::WorkerOptions& options;
+  const runtime::BackendOptions& backend_options;
+  int64_t count;
+  LocalRunResult* out;
+  std::vector<double> wall;               // per rank: its iterations' seconds
+  std::vector<std::vector<double>> done;  // [rank][iteration]: seconds since `start`, on one clock for every rank
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+};
+
+// The final parameters of a worker's chunks, concatenated.
+absl::Status ExportParams(const runtime::executor::Worker& worker, std::vector<float>* params) {
+  for (const auto& c : worker.chunks()) {
+    runtime::model::StageState state;
+    RETURN_IF_ERROR(c->ExportState(&state));
+    params->insert(params->end(), state.params.begin(), state.params.end());
+  }
+  return absl::OkStatus();
+}
+
+// Rank r's thread: every iteration on a backend of its own (as one per
+// executor process), each reported to the exchange.
+absl::Status RunRank(Ranks& ranks, int r) {
+  const JobRuntime& rt = ranks.rt;
+  const int world = rt.world();
+  const int pp = rt.planner->config().pp, dp = rt.planner->config().dp;
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, CreateBackend(ranks.backend_options));
+  RETURN_IF_ERROR(backend->BindThread());
+  ASSIGN_OR_RETURN(auto comm, backend->Connect({.rank = r, .size = world, .job_prefix = "local/"}, ranks.kv));
+  ASSIGN_OR_RETURN(proto::ExecutionPlan first, ranks.exchange->Take(0, r));
+  const auto& layers = first.layers();
+  ASSIGN_OR_RETURN(auto worker, runtime::executor::Worker::Create(
+                                    rt.spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp, dp, comm.get(),
+                                    ranks.dataset, backend.get(), ranks.options));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < ranks.count; ++i) {
+    ASSIGN_OR_RETURN(proto::ExecutionPlan p, i == 0 ? std::move(first) : ranks.exchange->Take(i, r));
+    ASSIGN_OR_RETURN(runtime::executor::IterationResult res, worker->RunIteration(p));
+    ranks.done[r][i] = SecondsSince(ranks.start);
+    ranks.exchange->Report(i, ReportOf(res, i, r));
+    ranks.out->per_rank[r].push_back(std::move(res));
+  }
+  ranks.wall[r] = SecondsSince(t0);
+  return ExportParams(*worker, &ranks.out->final_params[r]);
+}
+
+// With the refit on, while the ranks run: iteration i + ahead is planned once
+// every rank has reported iteration i and the refit has seen it.
+absl::Status PlanAsReported(const JobRuntime& rt, int64_t count, int64_t ahead, PlanExchange& exchange,
+                            LocalRunResult& out) {
+  absl::Status planning = absl::OkStatus();
+  for (int64_t i = 0; rt.refit && i < count && planning.ok(); ++i) {
+    const std::vector<proto::IterationReport> reports = exchange.AwaitReports(i);
+    if (reports.empty()) break;  // a rank failed: its status says why
+    for (const auto& r : reports) {
+      if (const absl::Status s = rt.refit->Report(r); !s.ok()) spdlog::warn("cost refit: {}", s.message());
+    }
+    if (i + ahead < count) planning = PlanIteration(rt, i + ahead, exchange, out);
+    if (!planning.ok()) exchange.Fail();
+  }
+  return planning;
+}
+
+// The run's times (the slowest rank's) and the cost model it ended with.
+void NoteTimesAndModel(const JobRuntime& rt, const Ranks& ranks, LocalRunResult* out) {
+  out->wall_s = *std::max_element(ranks.wall.begin(), ranks.wall.end());
+  out->done_s.assign(ranks.count, 0);
+  for (const auto& rank_done : ranks.done) {
+    for (int64_t i = 0; i < ranks.count; ++i) out->done_s[i] = std::max(out->done_s[i], rank_done[i]);
+  }
+  // The model later iterations would be planned with (PlannerFor would also note an iteration that never runs).
+  out->cost_model = rt.refit ? rt.refit->Status().model : rt.planner->model().cost_model().Describe();
+  if (rt.refit) {
+    const planner::service::RefitStatus refit = rt.refit->Status();
+    out->refit_fitted = refit.refits > 0;
+    out->refit_terms = refit.terms;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
@@ -75,33 +194,11 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   ASSIGN_OR_RETURN(const std::string dataset_path, ConfinedPath(data_root, rt->spec.dataset().path()));
   ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(dataset_path));
   const int world = rt->world();
-  const int pp = rt->planner->config().pp, dp = rt->planner->config().dp;
   LocalRunResult out;
-  out.predicted_ms.resize(count);
-  out.plan_ms.resize(count);
-  out.refit_plan.resize(count);
-  out.explore_plan.resize(count);
-  out.micro_batches.resize(count);
-  out.padding_efficiency.resize(count);
+  SizePerIteration(count, &out);
   PlanExchange exchange(count, world);
-  // Planning thread only (this one).
-  auto plan = [&](int64_t i) -> absl::Status {
-    const std::shared_ptr<const planner::Planner> planner = rt->PlannerFor(i);
-    ASSIGN_OR_RETURN(planner::IterationPlan p, planner->Plan(rt->batch(i), i));
-    out.predicted_ms[i] = p.predicted_ms;
-    out.plan_ms[i] = p.timings.total_ms;
-    out.refit_plan[i] = planner != rt->planner;
-    out.explore_plan[i] = rt->refit && rt->refit->PlannedWith(i) == planner::service::PlanModel::kExplore;
-    int micro_batches = 0;
-    for (const auto& g : p.groups) micro_batches += static_cast<int>(g.size());
-    out.micro_batches[i] = micro_batches;
-    out.padding_efficiency[i] = p.padding_efficiency;
-    if (rt->refit) rt->refit->Remember(i, p.plans);
-    exchange.Publish(i, std::move(p.plans));
-    return absl::OkStatus();
-  };
   const int64_t ahead = rt->refit ? std::min<int64_t>(count, rt->spec.planner_lookahead()) : count;
-  for (int64_t i = 0; i < ahead; ++i) RETURN_IF_ERROR(plan(i));
+  for (int64_t i = 0; i < ahead; ++i) RETURN_IF_ERROR(PlanIteration(*rt, i, exchange, out));
   if (count == 0) return out;
 
   runtime::comm::MemoryKeyValueStore kv;
@@ -109,67 +206,19 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
   out.final_params.resize(world);
   std::vector<absl::Status> status(world);
   std::vector<std::thread> threads;
-  std::vector<double> wall(world, 0);
-  std::vector<std::vector<double>> done(world, std::vector<double>(count, 0));  // on one clock for every rank
-  const auto start = std::chrono::steady_clock::now();
-  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
+  Ranks ranks{*rt, dataset.get(), &kv, &exchange, options, backend_options, count, &out,
+              std::vector<double>(world, 0), std::vector<std::vector<double>>(world, std::vector<double>(count, 0))};
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      status[r] = [&]() -> absl::Status {
-        // One backend per rank, as one per executor process.
-        ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, CreateBackend(backend_options));
-        RETURN_IF_ERROR(backend->BindThread());
-        ASSIGN_OR_RETURN(auto comm, backend->Connect({.rank = r, .size = world, .job_prefix = "local/"}, &kv));
-        ASSIGN_OR_RETURN(proto::ExecutionPlan first, exchange.Take(0, r));
-        const auto& layers = first.layers();
-        ASSIGN_OR_RETURN(auto worker, runtime::executor::Worker::Create(rt->spec, std::vector<int32_t>(layers.begin(), layers.end()), r, pp,
-                                                     dp, comm.get(), dataset.get(), backend.get(), options));
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 0; i < count; ++i) {
-          ASSIGN_OR_RETURN(proto::ExecutionPlan p, i == 0 ? std::move(first) : exchange.Take(i, r));
-          ASSIGN_OR_RETURN(runtime::executor::IterationResult res, worker->RunIteration(p));
-          done[r][i] = seconds_since(start);
-          exchange.Report(i, ReportOf(res, i, r));
-          out.per_rank[r].push_back(std::move(res));
-        }
-        wall[r] = seconds_since(t0);
-        for (const auto& c : worker->chunks()) {
-          runtime::model::StageState state;
-          RETURN_IF_ERROR(c->ExportState(&state));
-          out.final_params[r].insert(out.final_params[r].end(), state.params.begin(), state.params.end());
-        }
-        return absl::OkStatus();
-      }();
+      status[r] = RunRank(ranks, r);
       if (!status[r].ok()) exchange.Fail();
     });
   }
-  absl::Status planning = absl::OkStatus();
-  for (int64_t i = 0; rt->refit && i < count && planning.ok(); ++i) {
-    const std::vector<proto::IterationReport> reports = exchange.AwaitReports(i);
-    if (reports.empty()) break;  // a rank failed: its status says why
-    for (const auto& r : reports) {
-      if (const absl::Status s = rt->refit->Report(r); !s.ok()) spdlog::warn("cost refit: {}", s.message());
-    }
-    if (i + ahead < count) planning = plan(i + ahead);
-    if (!planning.ok()) exchange.Fail();
-  }
+  const absl::Status planning = PlanAsReported(*rt, count, ahead, exchange, out);
   for (auto& t : threads) t.join();
   RETURN_IF_ERROR(planning);
   for (int r = 0; r < world; ++r) RETURN_IF_ERROR(status[r]);
-  out.wall_s = *std::max_element(wall.begin(), wall.end());
-  out.done_s.assign(count, 0);
-  for (int r = 0; r < world; ++r) {
-    for (int64_t i = 0; i < count; ++i) out.done_s[i] = std::max(out.done_s[i], done[r][i]);
-  }
-  // The model later iterations would be planned with (PlannerFor would also note an iteration that never runs).
-  out.cost_model = rt->refit ? rt->refit->Status().model : rt->planner->model().cost_model().Describe();
-  if (rt->refit) {
-    const planner::service::RefitStatus refit = rt->refit->Status();
-    out.refit_fitted = refit.refits > 0;
-    out.refit_terms = refit.terms;
-  }
+  NoteTimesAndModel(*rt, ranks, &out);
   return out;
 }
 

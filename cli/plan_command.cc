@@ -83,6 +83,192 @@ struct MethodResult {
   }
 };
 
+// The flags of a run beyond the planner's set-up.
+struct RunOptions {
+  int64_t budget = 0;   // --global-batch-tokens
+  int64_t iters = -1;   // --iters; negative: every batch
+  int64_t threads = 1;  // --threads
+  bool json = false, compare = false;
+};
+
+absl::StatusOr<RunOptions> RunOptionsFromArgs(const Args& args) {
+  auto budget = args.Int("global-batch-tokens", 65536);
+  auto iters = args.Int("iters", -1);
+  auto threads = args.Int("threads", 1);
+  for (const auto* v : {&budget, &iters, &threads}) {
+    if (!v->ok()) return v->status();
+  }
+  if (*budget < 1) return absl::InvalidArgumentError("--global-batch-tokens: must be positive");
+  if (*threads < 1 || *threads > 256) return absl::InvalidArgumentError("--threads: must be in 1..256");
+  return RunOptions{*budget, *iters, *threads, args.Has("json"), args.Has("compare")};
+}
+
+using Batches = std::vector<std::vector<planner::Sample>>;
+
+// The global batches of the lengths file (samples truncated to the set-up's
+// max_seq_len), the first --iters of them.
+absl::StatusOr<Batches> ReadBatches(const Args& args, const PlanSetup& setup, const RunOptions& o) {
+  auto raw = data::ReadLengthsFile(args.Str("lengths"));
+  if (!raw.ok()) return raw.status();
+  const bool ed = setup.config.model.kind() == proto::ModelKind::t5;
+  std::vector<planner::Sample> samples;
+  samples.reserve(raw->size());
+  for (size_t i = 0; i < raw->size(); ++i) {
+    if (ed && (*raw)[i].target <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(args.Str("lengths"), ": sample ", i, " has no target length, which t5 needs"));
+    }
+    samples.push_back(planner::Truncate(static_cast<int64_t>(i), (*raw)[i], setup.config.max_seq_len, ed));
+  }
+  Batches batches = planner::FormGlobalBatches(samples, o.budget, ed);
+  if (o.iters >= 0 && static_cast<size_t>(o.iters) < batches.size()) batches.resize(o.iters);
+  if (batches.empty()) return absl::InvalidArgumentError("--iters: nothing to plan");
+  return batches;
+}
+
+// Every batch planned with `method` (on the pool's threads with --threads > 1);
+// the first failure names the method and iteration.
+absl::StatusOr<MethodResult> PlanMethod(const planner::Planner& planner, const Batches& batches, Batching method,
+                                        const planner::PlanRequest& request, bool parallel, ThreadPool& pool) {
+  MethodResult r{method, std::vector<IterationPlan>(batches.size())};
+  std::vector<absl::Status> errors(batches.size());
+  auto plan_one = [&](int i) {
+    auto p = planner.Plan(batches[i], i, method, request);
+    if (p.ok()) {
+      r.plans[i] = std::move(*p);
+    } else {
+      errors[i] = p.status();
+    }
+  };
+  if (parallel) {
+    pool.ParallelFor(static_cast<int>(batches.size()), plan_one);
+  } else {
+    for (int i = 0; i < static_cast<int>(batches.size()); ++i) plan_one(i);
+  }
+  for (size_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i].ok()) {
+      return absl::Status(errors[i].code(),
+                          absl::StrCat(planner::BatchingName(method), ", iteration ", i, ": ", errors[i].message()));
+    }
+  }
+  for (const IterationPlan& p : r.plans) {
+    r.tokens += p.tokens;
+    r.predicted_ms += p.predicted_ms;
+  }
+  return r;
+}
+
+// The configured method, or with --compare every one; without --compare each
+// iteration is printed once its method is planned.
+absl::StatusOr<std::vector<MethodResult>> PlanMethods(const planner::Planner& planner, const Batches& batches,
+                                                      Batching configured, const RunOptions& o, bool record,
+                                                      std::ostream& out) {
+  std::vector<Batching> methods = {configured};
+  if (o.compare) {
+    methods.clear();
+    for (int b = 0; b < planner::kNumBatchings; ++b) methods.push_back(static_cast<Batching>(b));
+  }
+  planner::PlanRequest request;
+  request.build_plans = true;
+  request.validate = true;
+  request.record = record;
+  ThreadPool pool(static_cast<int>(std::max<int64_t>(1, o.threads)) - 1);
+  std::vector<MethodResult> results;
+  for (Batching method : methods) {
+    absl::StatusOr<MethodResult> planned = PlanMethod(planner, batches, method, request, o.threads > 1, pool);
+    if (!planned.ok()) return planned.status();
+    MethodResult& r = *planned;
+    if (!o.compare) {
+      for (size_t i = 0; i < batches.size(); ++i) {
+        out << (o.json ? IterationJson(r.plans[i], batches[i].size()) + "\n"
+                       : IterationText(r.plans[i], batches[i].size()));
+      }
+    }
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+// --dump-plans: every rank's plan of every iteration, as JSON.
+absl::Status DumpPlans(const std::string& dir, const MethodResult& main) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("--dump-plans: cannot create ", dir, ": ", ec.message()));
+  for (const auto& p : main.plans) {
+    for (const auto& plan : p.plans) {
+      const absl::Status s = WriteFileAtomic(absl::StrCat(dir, "/iter_", p.iteration, "_rank_", plan.rank(), ".json"),
+                                             ToJson(plan, /*pretty=*/true));
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --trace: the first iteration's simulated schedule, a process per dp group.
+absl::Status WriteTrace(const std::string& path, const IterationPlan& p) {
+  std::string events;
+  for (size_t g = 0; g < p.sims.size(); ++g) {
+    const std::string e = planner::ChromeTrace(p.sims[g], absl::StrCat("dp", g), static_cast<int>(g) * 1000);
+    if (!e.empty()) absl::StrAppend(&events, events.empty() ? "" : ",\n", e);
+  }
+  return WriteFileAtomic(path, absl::StrCat("{\"traceEvents\":[\n", events, "\n]}\n"));
+}
+
+// Medians of planning time (and its parts) and of the prediction, over one method's iterations.
+void PrintSummary(const MethodResult& main, const std::string& cost_description, bool json, std::ostream& out) {
+  std::vector<double> plan_ms, pred, part, sched, instr, valid;
+  for (const auto& p : main.plans) {
+    plan_ms.push_back(p.timings.total_ms);
+    pred.push_back(p.predicted_ms);
+    part.push_back(p.timings.partition_ms);
+    sched.push_back(p.timings.schedule_ms);
+    instr.push_back(p.timings.instructions_ms);
+    valid.push_back(p.timings.validate_ms);
+  }
+  if (json) {
+    out << absl::StrFormat(
+        "{\"summary\":true,\"batching\":\"%s\",\"cost_model\":\"%s\",\"iterations\":%d,\"median_plan_ms\":%.3f,"
+        "\"p90_plan_ms\":%.3f,\"median_plan_ms_parts\":{\"partition\":%.3f,\"schedule\":%.3f,\"instructions\":%.3f,"
+        "\"validate\":%.3f},\"median_predicted_iteration_ms\":%.3f,\"tokens_per_s\":%.1f,\"padding_efficiency\":%.4f}\n",
+        planner::BatchingName(main.batching), cost_description, main.plans.size(), Median(plan_ms),
+        Percentile(plan_ms, 0.9), Median(part), Median(sched), Median(instr), Median(valid), Median(pred),
+        main.tokens_per_s(), main.padding_efficiency());
+  } else {
+    out << absl::StrFormat(
+        "summary: %d iterations, %s, cost model %s\n  plan time median %.2f ms (p90 %.2f), predicted iteration "
+        "median %.2f ms, %.0f tokens/s, padding efficiency %.3f\n",
+        main.plans.size(), planner::BatchingName(main.batching), cost_description, Median(plan_ms),
+        Percentile(plan_ms, 0.9), Median(pred), main.tokens_per_s(), main.padding_efficiency());
+  }
+}
+
+// --compare: a row per method, throughput relative to packing.
+void PrintComparison(const std::vector<MethodResult>& results, size_t iterations, const std::string& cost_description,
+                     bool json, std::ostream& out) {
+  double packing = 0;
+  for (const auto& r : results) {
+    if (r.batching == Batching::kPacking) packing = r.tokens_per_s();
+  }
+  if (!json) {
+    out << absl::StrFormat("%d iterations, cost model %s\n%-12s %14s %12s %12s %18s\n", iterations, cost_description,
+                           "method", "tokens/s", "vs packing", "padding eff", "median iter ms");
+  }
+  for (const auto& r : results) {
+    std::vector<double> pred;
+    for (const auto& p : r.plans) pred.push_back(p.predicted_ms);
+    const double rel = packing > 0 ? r.tokens_per_s() / packing : 0;
+    if (json) {
+      out << absl::StrFormat(
+          "{\"method\":\"%s\",\"tokens_per_s\":%.1f,\"relative_to_packing\":%.4f,\"padding_efficiency\":%.4f,"
+          "\"median_predicted_iteration_ms\":%.3f}\n",
+          planner::BatchingName(r.batching), r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
+    } else {
+      out << absl::StrFormat("%-12s %14.0f %11.2fx %12.3f %18.2f\n", planner::BatchingName(r.batching),
+                             r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
+    }
+  }
+}
+
 }  // namespace
 
 std::string PlanUsage() {
@@ -138,150 +324,26 @@ int RunPlanCommand(const std::vector<std::string>& argv, std::ostream& out, std:
   if (!args->Has("lengths")) return fail(absl::InvalidArgumentError("--lengths is required (see --help)"));
   auto setup = SetupFromArgs(*args);
   if (!setup.ok()) return fail(setup.status());
-  auto budget = args->Int("global-batch-tokens", 65536);
-  auto iters = args->Int("iters", -1);
-  auto threads = args->Int("threads", 1);
-  for (const auto* v : {&budget, &iters, &threads}) {
-    if (!v->ok()) return fail(v->status());
-  }
-  if (*budget < 1) return fail(absl::InvalidArgumentError("--global-batch-tokens: must be positive"));
-  if (*threads < 1 || *threads > 256) return fail(absl::InvalidArgumentError("--threads: must be in 1..256"));
-  auto raw = data::ReadLengthsFile(args->Str("lengths"));
-  if (!raw.ok()) return fail(raw.status());
-  const bool ed = setup->config.model.kind() == proto::ModelKind::t5;
-  std::vector<planner::Sample> samples;
-  samples.reserve(raw->size());
-  for (size_t i = 0; i < raw->size(); ++i) {
-    if (ed && (*raw)[i].target <= 0) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(args->Str("lengths"), ": sample ", i,
-                                                          " has no target length, which t5 needs")));
-    }
-    samples.push_back(planner::Truncate(static_cast<int64_t>(i), (*raw)[i], setup->config.max_seq_len, ed));
-  }
-  auto batches = planner::FormGlobalBatches(samples, *budget, ed);
-  if (*iters >= 0 && static_cast<size_t>(*iters) < batches.size()) batches.resize(*iters);
-  if (batches.empty()) return fail(absl::InvalidArgumentError("--iters: nothing to plan"));
-
+  auto options = RunOptionsFromArgs(*args);
+  if (!options.ok()) return fail(options.status());
+  auto batches = ReadBatches(*args, *setup, *options);
+  if (!batches.ok()) return fail(batches.status());
   auto planner = planner::Planner::Create(setup->config, setup->cost);
   if (!planner.ok()) return fail(planner.status());
+  auto results = PlanMethods(**planner, *batches, setup->config.batching, *options, args->Has("trace"), out);
+  if (!results.ok()) return fail(results.status());
 
-  const bool json = args->Has("json"), compare = args->Has("compare");
-  std::vector<Batching> methods = {setup->config.batching};
-  if (compare) {
-    methods.clear();
-    for (int b = 0; b < planner::kNumBatchings; ++b) methods.push_back(static_cast<Batching>(b));
-  }
-  const bool dump = args->Has("dump-plans");
-  planner::PlanRequest request;
-  request.build_plans = true;
-  request.validate = true;
-  request.record = args->Has("trace");
-  ThreadPool pool(static_cast<int>(std::max<int64_t>(1, *threads)) - 1);
-  std::vector<MethodResult> results;
-  for (Batching method : methods) {
-    MethodResult r{method, std::vector<IterationPlan>(batches.size())};
-    std::vector<absl::Status> errors(batches.size());
-    auto plan_one = [&](int i) {
-      auto p = (*planner)->Plan(batches[i], i, method, request);
-      if (p.ok()) {
-        r.plans[i] = std::move(*p);
-      } else {
-        errors[i] = p.status();
-      }
-    };
-    if (*threads > 1) {
-      pool.ParallelFor(static_cast<int>(batches.size()), plan_one);
-    } else {
-      for (int i = 0; i < static_cast<int>(batches.size()); ++i) plan_one(i);
-    }
-    for (size_t i = 0; i < errors.size(); ++i) {
-      if (!errors[i].ok()) {
-        return fail(absl::Status(errors[i].code(), absl::StrCat(planner::BatchingName(method), ", iteration ", i, ": ",
-                                                                errors[i].message())));
-      }
-    }
-    for (size_t i = 0; i < batches.size(); ++i) {
-      r.tokens += r.plans[i].tokens;
-      r.predicted_ms += r.plans[i].predicted_ms;
-      if (!compare) out << (json ? IterationJson(r.plans[i], batches[i].size()) + "\n" : IterationText(r.plans[i], batches[i].size()));
-    }
-    results.push_back(std::move(r));
-  }
-
-  const MethodResult& main = results[0];
-  if (dump) {
-    const std::string dir = args->Str("dump-plans");
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return fail(absl::UnavailableError(absl::StrCat("--dump-plans: cannot create ", dir, ": ", ec.message())));
-    for (const auto& p : main.plans) {
-      for (const auto& plan : p.plans) {
-        const absl::Status s = WriteFileAtomic(absl::StrCat(dir, "/iter_", p.iteration, "_rank_", plan.rank(), ".json"),
-                                               ToJson(plan, /*pretty=*/true));
-        if (!s.ok()) return fail(s);
-      }
-    }
+  const MethodResult& main = results->front();
+  if (args->Has("dump-plans")) {
+    if (const absl::Status s = DumpPlans(args->Str("dump-plans"), main); !s.ok()) return fail(s);
   }
   if (args->Has("trace")) {
-    std::string events;
-    const auto& p = main.plans[0];
-    for (size_t g = 0; g < p.sims.size(); ++g) {
-      const std::string e = planner::ChromeTrace(p.sims[g], absl::StrCat("dp", g), static_cast<int>(g) * 1000);
-      if (!e.empty()) absl::StrAppend(&events, events.empty() ? "" : ",\n", e);
-    }
-    const absl::Status s = WriteFileAtomic(args->Str("trace"), absl::StrCat("{\"traceEvents\":[\n", events, "\n]}\n"));
-    if (!s.ok()) return fail(s);
+    if (const absl::Status s = WriteTrace(args->Str("trace"), main.plans[0]); !s.ok()) return fail(s);
   }
-
-  if (!compare) {
-    std::vector<double> plan_ms, pred, part, sched, instr, valid;
-    for (const auto& p : main.plans) {
-      plan_ms.push_back(p.timings.total_ms);
-      pred.push_back(p.predicted_ms);
-      part.push_back(p.timings.partition_ms);
-      sched.push_back(p.timings.schedule_ms);
-      instr.push_back(p.timings.instructions_ms);
-      valid.push_back(p.timings.validate_ms);
-    }
-    if (json) {
-      out << absl::StrFormat(
-          "{\"summary\":true,\"batching\":\"%s\",\"cost_model\":\"%s\",\"iterations\":%d,\"median_plan_ms\":%.3f,"
-          "\"p90_plan_ms\":%.3f,\"median_plan_ms_parts\":{\"partition\":%.3f,\"schedule\":%.3f,\"instructions\":%.3f,"
-          "\"validate\":%.3f},\"median_predicted_iteration_ms\":%.3f,\"tokens_per_s\":%.1f,\"padding_efficiency\":%.4f}\n",
-          planner::BatchingName(main.batching), setup->cost_description, main.plans.size(), Median(plan_ms),
-          Percentile(plan_ms, 0.9), Median(part), Median(sched), Median(instr), Median(valid), Median(pred),
-          main.tokens_per_s(), main.padding_efficiency());
-    } else {
-      out << absl::StrFormat(
-          "summary: %d iterations, %s, cost model %s\n  plan time median %.2f ms (p90 %.2f), predicted iteration "
-          "median %.2f ms, %.0f tokens/s, padding efficiency %.3f\n",
-          main.plans.size(), planner::BatchingName(main.batching), setup->cost_description, Median(plan_ms),
-          Percentile(plan_ms, 0.9), Median(pred), main.tokens_per_s(), main.padding_efficiency());
-    }
-    return 0;
-  }
-  double packing = 0;
-  for (const auto& r : results) {
-    if (r.batching == Batching::kPacking) packing = r.tokens_per_s();
-  }
-  if (!json) {
-    out << absl::StrFormat("%d iterations, cost model %s\n%-12s %14s %12s %12s %18s\n", batches.size(),
-                           setup->cost_description, "method", "tokens/s", "vs packing", "padding eff",
-                           "median iter ms");
-  }
-  for (const auto& r : results) {
-    std::vector<double> pred;
-    for (const auto& p : r.plans) pred.push_back(p.predicted_ms);
-    const double rel = packing > 0 ? r.tokens_per_s() / packing : 0;
-    if (json) {
-      out << absl::StrFormat(
-          "{\"method\":\"%s\",\"tokens_per_s\":%.1f,\"relative_to_packing\":%.4f,\"padding_efficiency\":%.4f,"
-          "\"median_predicted_iteration_ms\":%.3f}\n",
-          planner::BatchingName(r.batching), r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
-    } else {
-      out << absl::StrFormat("%-12s %14.0f %11.2fx %12.3f %18.2f\n", planner::BatchingName(r.batching),
-                             r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
-    }
+  if (options->compare) {
+    PrintComparison(*results, batches->size(), setup->cost_description, options->json, out);
+  } else {
+    PrintSummary(main, setup->cost_description, options->json, out);
   }
   return 0;
 }

@@ -75,30 +75,33 @@ absl::StatusOr<proto::DeviceSpec> DevicePreset(const std::string& name) {
   return d;
 }
 
-absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
-  PlanSetup s;
-  planner::PlannerConfig& c = s.config;
-  if (!args.Has("model")) return absl::InvalidArgumentError("--model is required (a ModelSpec file or a name in configs/models)");
-  ASSIGN_OR_RETURN(c.model, LoadModel(args.Str("model")));
+namespace {
 
+// --cluster and --device (default: one node of 8 h100s); returns the device,
+// whose memory is the default --mem-limit-mb.
+absl::StatusOr<proto::DeviceSpec> ClusterFromArgs(const Args& args, proto::ClusterSpec* cluster) {
   proto::DeviceSpec device;
   if (args.Has("cluster")) {
-    RETURN_IF_ERROR(LoadProtoFile(args.Str("cluster"), &c.cluster));
-    device = c.cluster.device();
+    RETURN_IF_ERROR(LoadProtoFile(args.Str("cluster"), cluster));
+    device = cluster->device();
   }
   if (args.Has("device")) {
     ASSIGN_OR_RETURN(device, DevicePreset(args.Str("device")));
     if (!args.Has("cluster")) {
-      c.cluster = DefaultCluster(device);
+      *cluster = DefaultCluster(device);
     } else {
-      *c.cluster.mutable_device() = device;
+      *cluster->mutable_device() = device;
     }
   }
   if (!args.Has("cluster") && !args.Has("device")) {
     ASSIGN_OR_RETURN(device, DevicePreset("h100"));
-    c.cluster = DefaultCluster(device);
+    *cluster = DefaultCluster(device);
   }
+  return device;
+}
 
+// --stages, --dp, and the layers' placement: --layers-per-stage or --layer-to-device.
+absl::Status ParallelismFromArgs(const Args& args, planner::PlannerConfig& c) {
   ASSIGN_OR_RETURN(const int64_t stages, args.Int("stages", spec::kDefaultPp));
   ASSIGN_OR_RETURN(const int64_t dp, args.Int("dp", spec::kDefaultDp));
   if (stages < 1 || stages > spec::kMaxPp) {
@@ -110,23 +113,28 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
   const int layers = c.model.num_layers() + (c.model.kind() == proto::ModelKind::t5 ? c.model.num_decoder_layers() : 0);
   ASSIGN_OR_RETURN(std::vector<int> per_stage, args.IntList("layers-per-stage"));
   ASSIGN_OR_RETURN(c.layer_to_device, args.IntList("layer-to-device"));
-  if (!per_stage.empty()) {
-    if (!c.layer_to_device.empty()) return absl::InvalidArgumentError("--layers-per-stage and --layer-to-device exclude each other");
-    if (per_stage.size() == 1) per_stage.assign(c.pp, per_stage[0]);
-    if (static_cast<int>(per_stage.size()) != c.pp) {
-      return absl::InvalidArgumentError(absl::StrCat("--layers-per-stage: ", per_stage.size(), " values for ", c.pp, " stages"));
-    }
-    int total = 0;
-    for (int d = 0; d < c.pp; ++d) {
-      if (per_stage[d] <= 0) return absl::InvalidArgumentError("--layers-per-stage: values must be positive");
-      total += per_stage[d];
-      c.layer_to_device.insert(c.layer_to_device.end(), per_stage[d], d);
-    }
-    if (total != layers) {
-      return absl::InvalidArgumentError(absl::StrCat("--layers-per-stage: ", total, " layers in total but model ",
-                                                     c.model.name(), " has ", layers));
-    }
+  if (per_stage.empty()) return absl::OkStatus();
+  if (!c.layer_to_device.empty()) return absl::InvalidArgumentError("--layers-per-stage and --layer-to-device exclude each other");
+  if (per_stage.size() == 1) per_stage.assign(c.pp, per_stage[0]);
+  if (static_cast<int>(per_stage.size()) != c.pp) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers-per-stage: ", per_stage.size(), " values for ", c.pp, " stages"));
   }
+  int total = 0;
+  for (int d = 0; d < c.pp; ++d) {
+    if (per_stage[d] <= 0) return absl::InvalidArgumentError("--layers-per-stage: values must be positive");
+    total += per_stage[d];
+    c.layer_to_device.insert(c.layer_to_device.end(), per_stage[d], d);
+  }
+  if (total != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers-per-stage: ", total, " layers in total but model ",
+                                                   c.model.name(), " has ", layers));
+  }
+  return absl::OkStatus();
+}
+
+// --max-seqlen, --mem-limit-mb (default: the device's), --round, --tolerance,
+// --permutations, --seed, --micro-batch-size, --micro-batch-tokens, --zero1.
+absl::Status LimitsFromArgs(const Args& args, const proto::DeviceSpec& device, planner::PlannerConfig& c) {
   const int64_t default_seq = c.model.max_positions() > 0 ? std::min(spec::kDefaultMaxSeqLen, c.model.max_positions())
                                                            : spec::kDefaultMaxSeqLen;
   ASSIGN_OR_RETURN(const int64_t max_seq, args.Int("max-seqlen", default_seq));
@@ -156,7 +164,11 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
   ASSIGN_OR_RETURN(c.micro_batch_tokens, args.Int("micro-batch-tokens", 0));
   if (c.micro_batch_tokens < 0) return absl::InvalidArgumentError("--micro-batch-tokens: must be positive");
   c.zero1 = args.Has("zero1");
-  // The attention kernel: --attention, else the model file's, else the job default.
+  return absl::OkStatus();
+}
+
+// The attention kernel: --attention, else the model file's, else the job default.
+absl::Status AttentionFromArgs(const Args& args, planner::PlannerConfig& c) {
   proto::AttentionKernel::Value attention = c.model.attention();
   if (args.Has("attention") && (!proto::AttentionKernel::Value_Parse(args.Str("attention"), &attention) ||
                                 attention == proto::AttentionKernel::unspecified)) {
@@ -166,7 +178,11 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
   if (attention == proto::AttentionKernel::unspecified) attention = spec::kDefaultAttention;
   c.model.set_attention(attention);
   c.work.varlen_attention = attention == proto::AttentionKernel::varlen;
+  return absl::OkStatus();
+}
 
+// --batching, --schedule and --recompute.
+absl::Status MethodsFromArgs(const Args& args, planner::PlannerConfig& c) {
   const std::string batching = args.Str("batching", "dynamic");
   bool found = false;
   for (int b = 0; b < planner::kNumBatchings; ++b) {
@@ -193,18 +209,37 @@ absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
     return absl::InvalidArgumentError(absl::StrCat("--recompute: unknown level \"", recompute,
                                                    "\" (auto, none, selective, full)"));
   }
+  return absl::OkStatus();
+}
 
+// A measured profile (--profile), else the analytic model of the cluster's device.
+absl::StatusOr<std::shared_ptr<const planner::LayerCostModel>> CostModelFromArgs(const Args& args,
+                                                                                 const planner::PlannerConfig& c) {
   if (args.Has("profile")) {
     proto::CostProfile profile;
     RETURN_IF_ERROR(LoadProtoFile(args.Str("profile"), &profile));
     auto model = planner::ProfileCostModel::Create(profile, c.model.dtype() == proto::DType::fp32 ? 4 : 2);
     if (!model.ok()) return Annotate(model.status(), args.Str("profile"));
-    s.cost = std::move(*model);
-  } else {
-    auto model = planner::AnalyticCostModel::Create(c.model, c.cluster.device(), {});
-    if (!model.ok()) return model.status();
-    s.cost = std::move(*model);
+    return std::shared_ptr<const planner::LayerCostModel>(std::move(*model));
   }
+  auto model = planner::AnalyticCostModel::Create(c.model, c.cluster.device(), {});
+  if (!model.ok()) return model.status();
+  return std::shared_ptr<const planner::LayerCostModel>(std::move(*model));
+}
+
+}  // namespace
+
+absl::StatusOr<PlanSetup> SetupFromArgs(const Args& args) {
+  PlanSetup s;
+  planner::PlannerConfig& c = s.config;
+  if (!args.Has("model")) return absl::InvalidArgumentError("--model is required (a ModelSpec file or a name in configs/models)");
+  ASSIGN_OR_RETURN(c.model, LoadModel(args.Str("model")));
+  ASSIGN_OR_RETURN(const proto::DeviceSpec device, ClusterFromArgs(args, &c.cluster));
+  RETURN_IF_ERROR(ParallelismFromArgs(args, c));
+  RETURN_IF_ERROR(LimitsFromArgs(args, device, c));
+  RETURN_IF_ERROR(AttentionFromArgs(args, c));
+  RETURN_IF_ERROR(MethodsFromArgs(args, c));
+  ASSIGN_OR_RETURN(s.cost, CostModelFromArgs(args, c));
   s.cost_description = s.cost->Describe();
   return s;
 }

@@ -71,62 +71,63 @@ std::string Slice(const std::string& name, int pid, int tid, double start_ms, do
                          dur, args);
 }
 
-}  // namespace
+// Where each measured instruction of a rank ran: instruction -> (start, end).
+using MeasuredTimes = std::map<int, std::pair<double, double>>;
 
-absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* json, TraceStats* stats) {
+// The names and order of rank r's process and tracks.
+void AppendRankNames(const proto::ExecutionPlan& plan, int r, std::vector<std::string>* events) {
+  events->push_back(absl::StrFormat(
+      R"j({"ph":"M","name":"process_name","pid":%d,"args":{"name":"rank %d (stage %d, group %d)"}})j", r, r,
+      plan.pp_rank(), plan.dp_rank()));
+  events->push_back(absl::StrFormat(R"j({"ph":"M","name":"process_sort_index","pid":%d,"args":{"sort_index":%d}})j", r,
+                                    r));
+  for (int t = kMeasuredCompute; t <= kPlannedComm; ++t) {
+    events->push_back(absl::StrFormat(R"j({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"%s"}})j", r,
+                                      t, kTrackNames[t]));
+  }
+}
+
+// Rank r's planned slices, then its measured ones (noted in `measured`).
+absl::Status AppendRankSlices(const proto::ExecutionPlan& plan, const proto::IterationReport& report, int r,
+                              std::vector<std::string>* events, MeasuredTimes* measured) {
+  for (int i = 0; i < plan.instructions_size(); ++i) {
+    const proto::Instruction& ins = plan.instructions(i);
+    const OpInfo op = Describe(ins);
+    events->push_back(Slice(op.name, r, op.comm ? kPlannedComm : kPlannedCompute, ins.sim_start_ms(), ins.sim_end_ms(),
+                            i, ins.micro_batch()));
+  }
+  for (const proto::InstructionTiming& t : report.timings()) {
+    if (t.index() < 0 || t.index() >= plan.instructions_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: rank ", r, " timed instruction ", t.index(),
+                                                     " of a plan with ", plan.instructions_size(), " instructions"));
+    }
+    const proto::Instruction& ins = plan.instructions(t.index());
+    const OpInfo op = Describe(ins);
+    events->push_back(Slice(op.name, r, op.comm ? kMeasuredComm : kMeasuredCompute, t.start_ms(), t.end_ms(),
+                            t.index(), ins.micro_batch()));
+    (*measured)[t.index()] = {t.start_ms(), t.end_ms()};
+  }
+  return absl::OkStatus();
+}
+
+// Rank r's measured and planned peak memory, at the start and the end of the iteration.
+void AppendMemoryCounters(const proto::ExecutionPlan& plan, const proto::IterationReport& report, int r,
+                          std::vector<std::string>* events) {
+  const double end_us = std::max(1.0, Us(report.iteration_ms()));
+  for (double ts : {0.0, end_us}) {
+    events->push_back(absl::StrFormat(
+        R"j({"ph":"C","name":"peak memory (MB)","pid":%d,"ts":%.3f,"args":{"measured":%.3f,"planned":%.3f}})j", r, ts,
+        std::isfinite(report.peak_memory_mb()) ? report.peak_memory_mb() : 0.0,
+        std::isfinite(plan.predicted_peak_memory_mb()) ? plan.predicted_peak_memory_mb() : 0.0));
+  }
+}
+
+// Flows: the k-th measured send of a kind from a to b for a micro-batch
+// meets the k-th receive (its wait) at b from a of that kind and
+// micro-batch. Returns how many arrows were drawn.
+int AppendFlows(const proto::GetIterationResponse& it, const std::vector<MeasuredTimes>& measured,
+                std::vector<std::string>* events) {
   const int world = it.plans_size();
-  if (world == 0 || it.reports_size() != world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trace: ", it.plans_size(), " plans and ", it.reports_size(), " reports"));
-  }
-  std::vector<std::string> events;
-  // Where each measured instruction ran: [rank][instruction] -> (start, end).
-  std::vector<std::map<int, std::pair<double, double>>> measured(world);
-  for (int r = 0; r < world; ++r) {
-    const proto::ExecutionPlan& plan = it.plans(r);
-    const proto::IterationReport& report = it.reports(r);
-    if (plan.rank() != r || report.rank() != r) {
-      return absl::InvalidArgumentError(absl::StrCat("trace: entry ", r, " holds the plan of rank ", plan.rank(),
-                                                     " and the report of rank ", report.rank()));
-    }
-    events.push_back(absl::StrFormat(
-        R"j({"ph":"M","name":"process_name","pid":%d,"args":{"name":"rank %d (stage %d, group %d)"}})j", r, r,
-        plan.pp_rank(), plan.dp_rank()));
-    events.push_back(absl::StrFormat(R"j({"ph":"M","name":"process_sort_index","pid":%d,"args":{"sort_index":%d}})j", r,
-                                     r));
-    for (int t = kMeasuredCompute; t <= kPlannedComm; ++t) {
-      events.push_back(absl::StrFormat(R"j({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"%s"}})j", r,
-                                       t, kTrackNames[t]));
-    }
-    for (int i = 0; i < plan.instructions_size(); ++i) {
-      const proto::Instruction& ins = plan.instructions(i);
-      const OpInfo op = Describe(ins);
-      events.push_back(Slice(op.name, r, op.comm ? kPlannedComm : kPlannedCompute, ins.sim_start_ms(),
-                             ins.sim_end_ms(), i, ins.micro_batch()));
-    }
-    for (const proto::InstructionTiming& t : report.timings()) {
-      if (t.index() < 0 || t.index() >= plan.instructions_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("trace: rank ", r, " timed instruction ", t.index(),
-                                                       " of a plan with ", plan.instructions_size(),
-                                                       " instructions"));
-      }
-      const proto::Instruction& ins = plan.instructions(t.index());
-      const OpInfo op = Describe(ins);
-      events.push_back(Slice(op.name, r, op.comm ? kMeasuredComm : kMeasuredCompute, t.start_ms(), t.end_ms(),
-                             t.index(), ins.micro_batch()));
-      measured[r][t.index()] = {t.start_ms(), t.end_ms()};
-    }
-    const double end_us = std::max(1.0, Us(report.iteration_ms()));
-    for (double ts : {0.0, end_us}) {
-      events.push_back(absl::StrFormat(
-          R"j({"ph":"C","name":"peak memory (MB)","pid":%d,"ts":%.3f,"args":{"measured":%.3f,"planned":%.3f}})j", r, ts,
-          std::isfinite(report.peak_memory_mb()) ? report.peak_memory_mb() : 0.0,
-          std::isfinite(plan.predicted_peak_memory_mb()) ? plan.predicted_peak_memory_mb() : 0.0));
-    }
-  }
-  // Flows: the k-th measured send of a kind from a to b for a micro-batch
-  // meets the k-th receive (its wait) at b from a of that kind and
-  // micro-batch.
   std::map<planner::TransferKey, std::vector<int>> sends, recvs;  // -> instruction indices, in plan order
   for (int r = 0; r < world; ++r) {
     const proto::ExecutionPlan& plan = it.plans(r);
@@ -150,14 +151,132 @@ absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* 
       // Each end sits inside its slice, which it binds to.
       const double s_ts = Us(s->second.first) + 0.25;
       const double f_ts = Us(f->second.first) + 0.25;
-      events.push_back(absl::StrFormat(
+      events->push_back(absl::StrFormat(
           R"j({"ph":"s","id":%d,"name":%s,"cat":"transfer","pid":%d,"tid":%d,"ts":%.3f})j", flow, Quote(name), a,
           kMeasuredComm, s_ts));
-      events.push_back(absl::StrFormat(
+      events->push_back(absl::StrFormat(
           R"j({"ph":"f","bp":"e","id":%d,"name":%s,"cat":"transfer","pid":%d,"tid":%d,"ts":%.3f})j", flow, Quote(name),
           b, kMeasuredComm, f_ts));
     }
   }
+  return flow;
+}
+
+using JsonFields = google::protobuf::Map<std::string, google::protobuf::Value>;
+
+// Field k of an event when it has the given kind, else null.
+const google::protobuf::Value* FieldOf(const JsonFields& e, const char* k, google::protobuf::Value::KindCase kind) {
+  auto it = e.find(k);
+  return it != e.end() && it->second.kind_case() == kind ? &it->second : nullptr;
+}
+
+// What CheckTrace gathers over the events, checked once all are seen.
+struct TraceNames {
+  std::set<int> named_pids, used_pids;
+  std::set<std::pair<int, int>> named_threads, used_threads;
+  std::map<std::string, std::pair<int, int>> flows;  // id -> (starts, ends)
+};
+
+absl::Status CheckCounter(const std::string& where, const JsonFields& e) {
+  auto args = e.find("args");
+  if (args == e.end() || !args->second.has_struct_value() || args->second.struct_value().fields().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a counter needs values in args"));
+  }
+  for (const auto& [k, val] : args->second.struct_value().fields()) {
+    if (val.kind_case() != google::protobuf::Value::kNumberValue) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": counter value ", k, " is not a number"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One event's own checks; the names it gives or uses go to `names`.
+absl::Status CheckEvent(const google::protobuf::Value& v, const std::string& where, TraceNames* names) {
+  using google::protobuf::Value;
+  if (!v.has_struct_value()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+  const JsonFields& e = v.struct_value().fields();
+  const auto* ph = FieldOf(e, "ph", Value::kStringValue);
+  const auto* name = FieldOf(e, "name", Value::kStringValue);
+  const auto* pid = FieldOf(e, "pid", Value::kNumberValue);
+  if (ph == nullptr || name == nullptr || pid == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": needs string ph and name and a numeric pid"));
+  }
+  const std::string& phase = ph->string_value();
+  const int p = static_cast<int>(pid->number_value());
+  const auto* tid = FieldOf(e, "tid", Value::kNumberValue);
+  if (phase == "M") {
+    auto args = e.find("args");
+    const bool has_name =
+        args != e.end() && args->second.has_struct_value() && args->second.struct_value().fields().contains("name");
+    if (name->string_value() == "process_name" && has_name) names->named_pids.insert(p);
+    if (name->string_value() == "thread_name" && has_name && tid != nullptr) {
+      names->named_threads.insert({p, static_cast<int>(tid->number_value())});
+    }
+    return absl::OkStatus();
+  }
+  const auto* ts = FieldOf(e, "ts", Value::kNumberValue);
+  if (ts == nullptr || ts->number_value() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": bad ts"));
+  names->used_pids.insert(p);
+  if (phase == "C") return CheckCounter(where, e);
+  if (tid == nullptr) return absl::InvalidArgumentError(absl::StrCat(where, ": no tid"));
+  names->used_threads.insert({p, static_cast<int>(tid->number_value())});
+  if (phase == "X") {
+    const auto* dur = FieldOf(e, "dur", Value::kNumberValue);
+    if (dur == nullptr || dur->number_value() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": bad dur"));
+  } else if (phase == "s" || phase == "f") {
+    const auto* id = FieldOf(e, "id", Value::kNumberValue);
+    if (id == nullptr) return absl::InvalidArgumentError(absl::StrCat(where, ": a flow needs an id"));
+    auto& n = names->flows[absl::StrCat(id->number_value())];
+    ++(phase == "s" ? n.first : n.second);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": unexpected phase ", phase));
+  }
+  return absl::OkStatus();
+}
+
+// Every flow paired, every process and thread used named.
+absl::Status CheckNames(const TraceNames& names) {
+  for (const auto& [id, n] : names.flows) {
+    if (n.first != 1 || n.second != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trace: flow ", id, " has ", n.first, " start(s) and ", n.second, " end(s)"));
+    }
+  }
+  for (int p : names.used_pids) {
+    if (!names.named_pids.contains(p)) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: process ", p, " has no name"));
+    }
+  }
+  for (const auto& [p, t] : names.used_threads) {
+    if (!names.named_threads.contains({p, t})) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: thread ", t, " of process ", p, " has no name"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* json, TraceStats* stats) {
+  const int world = it.plans_size();
+  if (world == 0 || it.reports_size() != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trace: ", it.plans_size(), " plans and ", it.reports_size(), " reports"));
+  }
+  std::vector<std::string> events;
+  std::vector<MeasuredTimes> measured(world);  // by rank
+  for (int r = 0; r < world; ++r) {
+    const proto::ExecutionPlan& plan = it.plans(r);
+    const proto::IterationReport& report = it.reports(r);
+    if (plan.rank() != r || report.rank() != r) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: entry ", r, " holds the plan of rank ", plan.rank(),
+                                                     " and the report of rank ", report.rank()));
+    }
+    AppendRankNames(plan, r, &events);
+    if (absl::Status s = AppendRankSlices(plan, report, r, &events, &measured[r]); !s.ok()) return s;
+    AppendMemoryCounters(plan, report, r, &events);
+  }
+  const int flow = AppendFlows(it, measured, &events);
   json->clear();
   absl::StrAppend(json, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
   for (size_t i = 0; i < events.size(); ++i) absl::StrAppend(json, events[i], i + 1 < events.size() ? ",\n" : "\n");
@@ -173,85 +292,13 @@ absl::Status CheckTrace(const std::string& json) {
   if (f == root.fields().end() || !f->second.has_list_value()) {
     return absl::InvalidArgumentError("trace: no traceEvents array");
   }
-  std::set<int> named_pids, used_pids;
-  std::set<std::pair<int, int>> named_threads, used_threads;
-  std::map<std::string, std::pair<int, int>> flows;  // id -> (starts, ends)
+  TraceNames names;
   int index = 0;
   for (const google::protobuf::Value& v : f->second.list_value().values()) {
     const std::string where = absl::StrCat("trace event ", index++);
-    if (!v.has_struct_value()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
-    const auto& e = v.struct_value().fields();
-    auto str = [&](const char* k) -> const google::protobuf::Value* {
-      auto it = e.find(k);
-      return it != e.end() && it->second.kind_case() == google::protobuf::Value::kStringValue ? &it->second : nullptr;
-    };
-    auto num = [&](const char* k) -> const google::protobuf::Value* {
-      auto it = e.find(k);
-      return it != e.end() && it->second.kind_case() == google::protobuf::Value::kNumberValue ? &it->second : nullptr;
-    };
-    const auto* ph = str("ph");
-    const auto* name = str("name");
-    const auto* pid = num("pid");
-    if (ph == nullptr || name == nullptr || pid == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": needs string ph and name and a numeric pid"));
-    }
-    const std::string& phase = ph->string_value();
-    const int p = static_cast<int>(pid->number_value());
-    const auto* tid = num("tid");
-    if (phase == "M") {
-      auto args = e.find("args");
-      const bool has_name = args != e.end() && args->second.has_struct_value() &&
-                            args->second.struct_value().fields().contains("name");
-      if (name->string_value() == "process_name" && has_name) named_pids.insert(p);
-      if (name->string_value() == "thread_name" && has_name && tid != nullptr) {
-        named_threads.insert({p, static_cast<int>(tid->number_value())});
-      }
-      continue;
-    }
-    const auto* ts = num("ts");
-    if (ts == nullptr || ts->number_value() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": bad ts"));
-    used_pids.insert(p);
-    if (phase == "C") {
-      auto args = e.find("args");
-      if (args == e.end() || !args->second.has_struct_value() || args->second.struct_value().fields().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": a counter needs values in args"));
-      }
-      for (const auto& [k, val] : args->second.struct_value().fields()) {
-        if (val.kind_case() != google::protobuf::Value::kNumberValue) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": counter value ", k, " is not a number"));
-        }
-      }
-      continue;
-    }
-    if (tid == nullptr) return absl::InvalidArgumentError(absl::StrCat(where, ": no tid"));
-    used_threads.insert({p, static_cast<int>(tid->number_value())});
-    if (phase == "X") {
-      const auto* dur = num("dur");
-      if (dur == nullptr || dur->number_value() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": bad dur"));
-    } else if (phase == "s" || phase == "f") {
-      const auto* id = num("id");
-      if (id == nullptr) return absl::InvalidArgumentError(absl::StrCat(where, ": a flow needs an id"));
-      auto& n = flows[absl::StrCat(id->number_value())];
-      ++(phase == "s" ? n.first : n.second);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": unexpected phase ", phase));
-    }
+    if (absl::Status s = CheckEvent(v, where, &names); !s.ok()) return s;
   }
-  for (const auto& [id, n] : flows) {
-    if (n.first != 1 || n.second != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("trace: flow ", id, " has ", n.first, " start(s) and ", n.second, " end(s)"));
-    }
-  }
-  for (int p : used_pids) {
-    if (!named_pids.contains(p)) return absl::InvalidArgumentError(absl::StrCat("trace: process ", p, " has no name"));
-  }
-  for (const auto& [p, t] : used_threads) {
-    if (!named_threads.contains({p, t})) {
-      return absl::InvalidArgumentError(absl::StrCat("trace: thread ", t, " of process ", p, " has no name"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckNames(names);
 }
 
 }  // namespace dynapipe::cli
