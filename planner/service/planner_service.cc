@@ -34,6 +34,7 @@ PlannerService::PlannerService(store::PlanStore* store, ServiceOptions options)
     : store_(store),
       options_(std::move(options)),
       runtimes_(store_, options_.data_root),
+      status_(&metrics_, &runtimes_),
       waiters_(options_.clock, options_.recheck),
       scheduler_(store_, &runtimes_, &metrics_,
                  {options_.owner, options_.lease_ttl, options_.plan_ttl, options_.recheck, options_.clock}),

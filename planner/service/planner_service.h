@@ -20,6 +20,7 @@
 #include "planner/service/last_known.h"
 #include "planner/service/plan_waiters.h"
 #include "planner/service/planning_scheduler.h"
+#include "planner/service/status_view.h"
 #include "proto/services.pb.h"
 #include "src/common/answer_within.h"
 #include "src/common/clock.h"
@@ -126,11 +127,8 @@ class PlannerService {
   void Watch(const std::string& job, std::function<bool(const proto::JobEvent&)> push,
              std::function<void(absl::Status)> finish);
 
-  // Status endpoint: answers within options.status_budget, from the last
-  // known state (with its age) when the store is slow. /status lists every
-  // active job and the newest kStatusEndedJobs that ended (`dynapipe list
-  // --all` lists them all).
-  static constexpr size_t kStatusEndedJobs = 50;
+  // Status endpoint (StatusView): answers within options.status_budget,
+  // from the last known state (with its age) when the store is slow.
   std::string HealthProblem() const;  // "" when healthy
   std::string StatusJson();
   std::string MetricsText();
@@ -157,16 +155,13 @@ class PlannerService {
     int64_t stale_ms = 0;  // > 0: from the last known state
   };
   Snapshot StatusSnapshot();
+  // The snapshot with the store's health and identity, for StatusView.
+  StatusInputs StatusNow();
   void OnEvent(const std::string& event);
   // Fails the job once its ranks' failure reports (store_->Failures) name a
   // cause (`final`: the grace period is over, decide now).
   absl::Status JudgeJobFailures(const std::string& job, const std::vector<proto::IterationReport>& failures,
                                 int world, bool final);
-  // The job's "refit" member of /status (with its leading comma), or "".
-  std::string RefitJson(const std::string& job);
-  // Sets the per-job series of an active job (progress, loss, tokens/s, MFU,
-  // predicted and measured iteration seconds).
-  void JobMetrics(const proto::JobStatus& s);
   // Summarises `iteration` of `job` (every rank reported it) into the history.
   void RecordHistory(const proto::JobStatus& job, int64_t iteration);
   void LivenessLoop();
@@ -178,9 +173,9 @@ class PlannerService {
   store::PlanStore* store_;
   ServiceOptions options_;
   http::Metrics metrics_;
-  Mutex metrics_text_mu_;  // serialises MetricsText
 
   JobRuntimes runtimes_;
+  StatusView status_;
   PlanWaiters waiters_;
   PlanningScheduler scheduler_;
 

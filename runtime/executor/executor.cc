@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "src/checkpoint/checkpoint.h"
 #include "runtime/comm/comm.h"
@@ -15,6 +14,7 @@
 #include "runtime/executor/plan_prefetcher.h"
 #include "runtime/executor/worker.h"
 #include "src/common/file_util.h"
+#include "src/common/json_writer.h"
 #include "src/common/logging.h"
 #include "src/common/status_macros.h"
 #include "src/spec/job_spec.h"
@@ -502,15 +502,13 @@ std::string Executor::HealthProblem() const {
 
 std::string Executor::StatusJson() const {
   MutexLock l(&mu_);
-  const auto escape = [](const std::string& v) {
-    return absl::StrReplaceAll(v, {{"\\", "\\\\"}, {"\"", "\\\""}});
-  };
-  return absl::StrFormat(
-      R"({"executor_id":"%s","node":"%s","device":%d,"backend":"%s","state":"%s","job":"%s","rank":%d,)"
-      R"("last_iteration":%d,"last_loss":%.6f,"last_iteration_ms":%.3f,"last_error":"%s"})",
-      executor_id_, options_.node, options_.device, escape(backend_description_),
-      running_job_.empty() ? "idle" : "running", running_job_, running_job_.empty() ? -1 : assignment_.rank(),
-      last_iteration_, last_loss_, last_iteration_ms_, escape(last_error_));
+  JsonWriter w;
+  w.BeginObject().Str("executor_id", executor_id_).Str("node", options_.node).Int("device", options_.device);
+  w.Str("backend", backend_description_).Str("state", running_job_.empty() ? "idle" : "running");
+  w.Str("job", running_job_).Int("rank", running_job_.empty() ? -1 : assignment_.rank());
+  w.Int("last_iteration", last_iteration_).Fixed("last_loss", last_loss_, 6);
+  w.Fixed("last_iteration_ms", last_iteration_ms_, 3).Str("last_error", last_error_).EndObject();
+  return w.Take();
 }
 
 }  // namespace dynapipe::runtime::executor
