@@ -12,7 +12,9 @@
 #include "cli/args.h"
 #include "src/data/lengths.h"
 #include "cli/plan_setup.h"
+#include "src/common/chrome_trace.h"
 #include "src/common/file_util.h"
+#include "src/common/json_writer.h"
 #include "src/common/proto_io.h"
 #include "src/common/stats.h"
 #include "src/common/thread_pool.h"
@@ -23,28 +25,43 @@ namespace {
 using planner::Batching;
 using planner::IterationPlan;
 
+// The digits of each kind of number in `dynapipe plan --json`.
+constexpr int kMsDecimals = 3, kRatioDecimals = 4, kMbDecimals = 1, kRateDecimals = 1;
+
+// One iteration's plan: a JSON line of `dynapipe plan --json`.
 std::string IterationJson(const IterationPlan& p, size_t samples) {
-  std::vector<std::string> mbs, peaks;
+  JsonWriter w;
+  w.BeginObject().Int("iteration", p.iteration).Str("batching", planner::BatchingName(p.batching));
+  w.Int("samples", static_cast<int64_t>(samples)).Int("tokens", p.tokens);
+  w.Key("micro_batches").BeginArray();
   for (const auto& g : p.groups) {
     for (const auto& mb : g) {
-      mbs.push_back(mb.shape.dec_seq > 0
-                        ? absl::StrFormat("{\"mbs\":%d,\"seq\":%d,\"dec_seq\":%d}", mb.shape.mbs, mb.shape.seq, mb.shape.dec_seq)
-                        : absl::StrFormat("{\"mbs\":%d,\"seq\":%d}", mb.shape.mbs, mb.shape.seq));
+      w.BeginObject().Int("mbs", mb.shape.mbs).Int("seq", mb.shape.seq);
+      if (mb.shape.dec_seq > 0) w.Int("dec_seq", mb.shape.dec_seq);
+      w.EndObject();
     }
   }
-  for (double m : p.peak_mb) peaks.push_back(absl::StrFormat("%.1f", m));
-  std::vector<std::string> schedules;
-  for (auto k : p.schedules) schedules.push_back(absl::StrCat("\"", planner::ScheduleName(k), "\""));
-  return absl::StrFormat(
-      "{\"iteration\":%d,\"batching\":\"%s\",\"samples\":%d,\"tokens\":%d,\"micro_batches\":[%s],"
-      "\"predicted_iteration_ms\":%.3f,\"padding_efficiency\":%.4f,\"peak_memory_mb\":[%s],"
-      "\"schedule\":%s,\"recompute\":\"%s\",\"simulations\":%d,"
-      "\"plan_ms\":{\"partition\":%.3f,\"schedule\":%.3f,\"instructions\":%.3f,\"validate\":%.3f,\"total\":%.3f}}",
-      p.iteration, planner::BatchingName(p.batching), samples, p.tokens, absl::StrJoin(mbs, ","), p.predicted_ms,
-      p.padding_efficiency, absl::StrJoin(peaks, ","),
-      schedules.size() == 1 ? schedules[0] : absl::StrCat("[", absl::StrJoin(schedules, ","), "]"),
-      planner::RecomputeName(p.recompute), p.simulations, p.timings.partition_ms, p.timings.schedule_ms,
-      p.timings.instructions_ms, p.timings.validate_ms, p.timings.total_ms);
+  w.EndArray();
+  w.Fixed("predicted_iteration_ms", p.predicted_ms, kMsDecimals);
+  w.Fixed("padding_efficiency", p.padding_efficiency, kRatioDecimals);
+  w.Key("peak_memory_mb").BeginArray();
+  for (double m : p.peak_mb) w.Fixed(m, kMbDecimals);
+  w.EndArray();
+  // One schedule as a string, several (one per data-parallel group) as an array.
+  w.Key("schedule");
+  if (p.schedules.size() == 1) {
+    w.String(planner::ScheduleName(p.schedules[0]));
+  } else {
+    w.BeginArray();
+    for (auto k : p.schedules) w.String(planner::ScheduleName(k));
+    w.EndArray();
+  }
+  w.Str("recompute", planner::RecomputeName(p.recompute)).Int("simulations", p.simulations);
+  w.Key("plan_ms").BeginObject().Fixed("partition", p.timings.partition_ms, kMsDecimals);
+  w.Fixed("schedule", p.timings.schedule_ms, kMsDecimals).Fixed("instructions", p.timings.instructions_ms, kMsDecimals);
+  w.Fixed("validate", p.timings.validate_ms, kMsDecimals).Fixed("total", p.timings.total_ms, kMsDecimals);
+  w.EndObject().EndObject();
+  return w.Take();
 }
 
 std::string IterationText(const IterationPlan& p, size_t samples) {
@@ -204,14 +221,14 @@ absl::Status DumpPlans(const std::string& dir, const MethodResult& main) {
   return absl::OkStatus();
 }
 
-// --trace: the first iteration's simulated schedule, a process per dp group.
+// --trace: the first iteration's simulated schedule, a process per device,
+// numbered from 1000 * the data-parallel group.
 absl::Status WriteTrace(const std::string& path, const IterationPlan& p) {
-  std::string events;
+  ChromeTraceWriter trace;
   for (size_t g = 0; g < p.sims.size(); ++g) {
-    const std::string e = planner::ChromeTrace(p.sims[g], absl::StrCat("dp", g), static_cast<int>(g) * 1000);
-    if (!e.empty()) absl::StrAppend(&events, events.empty() ? "" : ",\n", e);
+    planner::AppendChromeTrace(p.sims[g], absl::StrCat("dp", g), static_cast<int>(g) * 1000, &trace);
   }
-  return WriteFileAtomic(path, absl::StrCat("{\"traceEvents\":[\n", events, "\n]}\n"));
+  return WriteFileAtomic(path, trace.Finish());
 }
 
 // Medians of planning time (and its parts) and of the prediction, over one method's iterations.
@@ -226,13 +243,17 @@ void PrintSummary(const MethodResult& main, const std::string& cost_description,
     valid.push_back(p.timings.validate_ms);
   }
   if (json) {
-    out << absl::StrFormat(
-        "{\"summary\":true,\"batching\":\"%s\",\"cost_model\":\"%s\",\"iterations\":%d,\"median_plan_ms\":%.3f,"
-        "\"p90_plan_ms\":%.3f,\"median_plan_ms_parts\":{\"partition\":%.3f,\"schedule\":%.3f,\"instructions\":%.3f,"
-        "\"validate\":%.3f},\"median_predicted_iteration_ms\":%.3f,\"tokens_per_s\":%.1f,\"padding_efficiency\":%.4f}\n",
-        planner::BatchingName(main.batching), cost_description, main.plans.size(), Median(plan_ms),
-        Percentile(plan_ms, 0.9), Median(part), Median(sched), Median(instr), Median(valid), Median(pred),
-        main.tokens_per_s(), main.padding_efficiency());
+    JsonWriter w;
+    w.BeginObject().Bool("summary", true).Str("batching", planner::BatchingName(main.batching));
+    w.Str("cost_model", cost_description).Int("iterations", static_cast<int64_t>(main.plans.size()));
+    w.Fixed("median_plan_ms", Median(plan_ms), kMsDecimals).Fixed("p90_plan_ms", Percentile(plan_ms, 0.9), kMsDecimals);
+    w.Key("median_plan_ms_parts").BeginObject().Fixed("partition", Median(part), kMsDecimals);
+    w.Fixed("schedule", Median(sched), kMsDecimals).Fixed("instructions", Median(instr), kMsDecimals);
+    w.Fixed("validate", Median(valid), kMsDecimals).EndObject();
+    w.Fixed("median_predicted_iteration_ms", Median(pred), kMsDecimals);
+    w.Fixed("tokens_per_s", main.tokens_per_s(), kRateDecimals);
+    w.Fixed("padding_efficiency", main.padding_efficiency(), kRatioDecimals).EndObject();
+    out << w.str() << "\n";
   } else {
     out << absl::StrFormat(
         "summary: %d iterations, %s, cost model %s\n  plan time median %.2f ms (p90 %.2f), predicted iteration "
@@ -258,10 +279,12 @@ void PrintComparison(const std::vector<MethodResult>& results, size_t iterations
     for (const auto& p : r.plans) pred.push_back(p.predicted_ms);
     const double rel = packing > 0 ? r.tokens_per_s() / packing : 0;
     if (json) {
-      out << absl::StrFormat(
-          "{\"method\":\"%s\",\"tokens_per_s\":%.1f,\"relative_to_packing\":%.4f,\"padding_efficiency\":%.4f,"
-          "\"median_predicted_iteration_ms\":%.3f}\n",
-          planner::BatchingName(r.batching), r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
+      JsonWriter w;
+      w.BeginObject().Str("method", planner::BatchingName(r.batching));
+      w.Fixed("tokens_per_s", r.tokens_per_s(), kRateDecimals).Fixed("relative_to_packing", rel, kRatioDecimals);
+      w.Fixed("padding_efficiency", r.padding_efficiency(), kRatioDecimals);
+      w.Fixed("median_predicted_iteration_ms", Median(pred), kMsDecimals).EndObject();
+      out << w.str() << "\n";
     } else {
       out << absl::StrFormat("%-12s %14.0f %11.2fx %12.3f %18.2f\n", planner::BatchingName(r.batching),
                              r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "google/protobuf/struct.pb.h"
 #include "planner/plan/transfers.h"
+#include "src/common/chrome_trace.h"
 #include "src/common/proto_io.h"
 
 namespace dynapipe::cli {
@@ -20,15 +21,6 @@ namespace {
 enum Track { kMeasuredCompute = 1, kMeasuredComm = 2, kPlannedCompute = 3, kPlannedComm = 4 };
 constexpr const char* kTrackNames[] = {"", "measured: compute", "measured: communication", "planned: compute",
                                        "planned: communication"};
-
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
 
 // The instruction's name and whether it is communication.
 struct OpInfo {
@@ -61,40 +53,34 @@ OpInfo Describe(const proto::Instruction& ins) {
 // Microseconds from milliseconds; 0 for what is not a time (NaN, negative).
 double Us(double ms) { return std::isfinite(ms) && ms > 0 ? ms * 1e3 : 0.0; }
 
-std::string Slice(const std::string& name, int pid, int tid, double start_ms, double end_ms, int index, int mb) {
+// A slice of an instruction on track `tid` of rank `pid`, at least 1 us long.
+void Slice(const std::string& name, int pid, int tid, double start_ms, double end_ms, int index, int mb,
+           ChromeTraceWriter* trace) {
   const double ts = Us(start_ms), dur = std::max(1.0, Us(end_ms) - ts);
-  std::string args = absl::StrCat("{\"instruction\":", index);
-  if (mb >= 0) absl::StrAppend(&args, ",\"micro_batch\":", mb);
-  return absl::StrFormat(R"j({"ph":"X","name":%s,"cat":"%s","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":%s}})j",
-                         Quote(mb >= 0 ? absl::StrCat(name, " mb ", mb) : name),
-                         tid == kMeasuredCompute || tid == kPlannedCompute ? "compute" : "communication", pid, tid, ts,
-                         dur, args);
+  const std::pair<std::string_view, int64_t> args[] = {{"instruction", index}, {"micro_batch", mb}};
+  trace->Complete(mb >= 0 ? absl::StrCat(name, " mb ", mb) : name,
+                  tid == kMeasuredCompute || tid == kPlannedCompute ? "compute" : "communication", pid, tid, ts, dur,
+                  ChromeTraceWriter::IntArgs(args, mb >= 0 ? 2 : 1));
 }
 
 // Where each measured instruction of a rank ran: instruction -> (start, end).
 using MeasuredTimes = std::map<int, std::pair<double, double>>;
 
 // The names and order of rank r's process and tracks.
-void AppendRankNames(const proto::ExecutionPlan& plan, int r, std::vector<std::string>* events) {
-  events->push_back(absl::StrFormat(
-      R"j({"ph":"M","name":"process_name","pid":%d,"args":{"name":"rank %d (stage %d, group %d)"}})j", r, r,
-      plan.pp_rank(), plan.dp_rank()));
-  events->push_back(absl::StrFormat(R"j({"ph":"M","name":"process_sort_index","pid":%d,"args":{"sort_index":%d}})j", r,
-                                    r));
-  for (int t = kMeasuredCompute; t <= kPlannedComm; ++t) {
-    events->push_back(absl::StrFormat(R"j({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"%s"}})j", r,
-                                      t, kTrackNames[t]));
-  }
+void AppendRankNames(const proto::ExecutionPlan& plan, int r, ChromeTraceWriter* trace) {
+  trace->ProcessName(r, absl::StrFormat("rank %d (stage %d, group %d)", r, plan.pp_rank(), plan.dp_rank()));
+  trace->ProcessSortIndex(r, r);
+  for (int t = kMeasuredCompute; t <= kPlannedComm; ++t) trace->ThreadName(r, t, kTrackNames[t]);
 }
 
 // Rank r's planned slices, then its measured ones (noted in `measured`).
 absl::Status AppendRankSlices(const proto::ExecutionPlan& plan, const proto::IterationReport& report, int r,
-                              std::vector<std::string>* events, MeasuredTimes* measured) {
+                              ChromeTraceWriter* trace, MeasuredTimes* measured) {
   for (int i = 0; i < plan.instructions_size(); ++i) {
     const proto::Instruction& ins = plan.instructions(i);
     const OpInfo op = Describe(ins);
-    events->push_back(Slice(op.name, r, op.comm ? kPlannedComm : kPlannedCompute, ins.sim_start_ms(), ins.sim_end_ms(),
-                            i, ins.micro_batch()));
+    Slice(op.name, r, op.comm ? kPlannedComm : kPlannedCompute, ins.sim_start_ms(), ins.sim_end_ms(), i,
+          ins.micro_batch(), trace);
   }
   for (const proto::InstructionTiming& t : report.timings()) {
     if (t.index() < 0 || t.index() >= plan.instructions_size()) {
@@ -103,8 +89,8 @@ absl::Status AppendRankSlices(const proto::ExecutionPlan& plan, const proto::Ite
     }
     const proto::Instruction& ins = plan.instructions(t.index());
     const OpInfo op = Describe(ins);
-    events->push_back(Slice(op.name, r, op.comm ? kMeasuredComm : kMeasuredCompute, t.start_ms(), t.end_ms(),
-                            t.index(), ins.micro_batch()));
+    Slice(op.name, r, op.comm ? kMeasuredComm : kMeasuredCompute, t.start_ms(), t.end_ms(), t.index(),
+          ins.micro_batch(), trace);
     (*measured)[t.index()] = {t.start_ms(), t.end_ms()};
   }
   return absl::OkStatus();
@@ -112,13 +98,12 @@ absl::Status AppendRankSlices(const proto::ExecutionPlan& plan, const proto::Ite
 
 // Rank r's measured and planned peak memory, at the start and the end of the iteration.
 void AppendMemoryCounters(const proto::ExecutionPlan& plan, const proto::IterationReport& report, int r,
-                          std::vector<std::string>* events) {
+                          ChromeTraceWriter* trace) {
   const double end_us = std::max(1.0, Us(report.iteration_ms()));
+  const double measured = std::isfinite(report.peak_memory_mb()) ? report.peak_memory_mb() : 0.0;
+  const double planned = std::isfinite(plan.predicted_peak_memory_mb()) ? plan.predicted_peak_memory_mb() : 0.0;
   for (double ts : {0.0, end_us}) {
-    events->push_back(absl::StrFormat(
-        R"j({"ph":"C","name":"peak memory (MB)","pid":%d,"ts":%.3f,"args":{"measured":%.3f,"planned":%.3f}})j", r, ts,
-        std::isfinite(report.peak_memory_mb()) ? report.peak_memory_mb() : 0.0,
-        std::isfinite(plan.predicted_peak_memory_mb()) ? plan.predicted_peak_memory_mb() : 0.0));
+    trace->Counter("peak memory (MB)", r, ts, {{"measured", measured}, {"planned", planned}});
   }
 }
 
@@ -126,7 +111,7 @@ void AppendMemoryCounters(const proto::ExecutionPlan& plan, const proto::Iterati
 // meets the k-th receive (its wait) at b from a of that kind and
 // micro-batch. Returns how many arrows were drawn.
 int AppendFlows(const proto::GetIterationResponse& it, const std::vector<MeasuredTimes>& measured,
-                std::vector<std::string>* events) {
+                ChromeTraceWriter* trace) {
   const int world = it.plans_size();
   std::map<planner::TransferKey, std::vector<int>> sends, recvs;  // -> instruction indices, in plan order
   for (int r = 0; r < world; ++r) {
@@ -151,12 +136,8 @@ int AppendFlows(const proto::GetIterationResponse& it, const std::vector<Measure
       // Each end sits inside its slice, which it binds to.
       const double s_ts = Us(s->second.first) + 0.25;
       const double f_ts = Us(f->second.first) + 0.25;
-      events->push_back(absl::StrFormat(
-          R"j({"ph":"s","id":%d,"name":%s,"cat":"transfer","pid":%d,"tid":%d,"ts":%.3f})j", flow, Quote(name), a,
-          kMeasuredComm, s_ts));
-      events->push_back(absl::StrFormat(
-          R"j({"ph":"f","bp":"e","id":%d,"name":%s,"cat":"transfer","pid":%d,"tid":%d,"ts":%.3f})j", flow, Quote(name),
-          b, kMeasuredComm, f_ts));
+      trace->FlowStart(flow, name, "transfer", a, kMeasuredComm, s_ts);
+      trace->FlowEnd(flow, name, "transfer", b, kMeasuredComm, f_ts);
     }
   }
   return flow;
@@ -263,7 +244,7 @@ absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* 
     return absl::InvalidArgumentError(
         absl::StrCat("trace: ", it.plans_size(), " plans and ", it.reports_size(), " reports"));
   }
-  std::vector<std::string> events;
+  ChromeTraceWriter trace(/*display_time_unit=*/"ms");
   std::vector<MeasuredTimes> measured(world);  // by rank
   for (int r = 0; r < world; ++r) {
     const proto::ExecutionPlan& plan = it.plans(r);
@@ -272,16 +253,13 @@ absl::Status IterationTrace(const proto::GetIterationResponse& it, std::string* 
       return absl::InvalidArgumentError(absl::StrCat("trace: entry ", r, " holds the plan of rank ", plan.rank(),
                                                      " and the report of rank ", report.rank()));
     }
-    AppendRankNames(plan, r, &events);
-    if (absl::Status s = AppendRankSlices(plan, report, r, &events, &measured[r]); !s.ok()) return s;
-    AppendMemoryCounters(plan, report, r, &events);
+    AppendRankNames(plan, r, &trace);
+    if (absl::Status s = AppendRankSlices(plan, report, r, &trace, &measured[r]); !s.ok()) return s;
+    AppendMemoryCounters(plan, report, r, &trace);
   }
-  const int flow = AppendFlows(it, measured, &events);
-  json->clear();
-  absl::StrAppend(json, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-  for (size_t i = 0; i < events.size(); ++i) absl::StrAppend(json, events[i], i + 1 < events.size() ? ",\n" : "\n");
-  absl::StrAppend(json, "]}\n");
-  if (stats != nullptr) *stats = {static_cast<int>(events.size()), flow};
+  const int flow = AppendFlows(it, measured, &trace);
+  *json = trace.Finish();
+  if (stats != nullptr) *stats = {trace.events(), flow};
   return absl::OkStatus();
 }
 

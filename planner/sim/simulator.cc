@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "src/common/chrome_trace.h"
 
 namespace dynapipe::planner {
 
@@ -162,25 +162,21 @@ absl::StatusOr<SimResult> Simulate(const PipelineTimes& t, const DeviceOrders& o
   return std::move(run.result());
 }
 
-std::string ChromeTrace(const SimResult& r, const std::string& label, int pid_offset) {
-  std::string out;
-  auto event = [&out](const std::string& name, int pid, int tid, double start_ms, double end_ms) {
-    absl::StrAppendFormat(&out, "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-                          out.empty() ? "" : ",\n", name, pid, tid, start_ms * 1e3, (end_ms - start_ms) * 1e3);
+void AppendChromeTrace(const SimResult& r, const std::string& label, int pid_offset, ChromeTraceWriter* trace) {
+  auto slice = [trace](const std::string& name, int pid, int tid, double start_ms, double end_ms) {
+    trace->Complete(name, /*cat=*/"", pid, tid, start_ms * 1e3, (end_ms - start_ms) * 1e3);
   };
   for (size_t d = 0; d < r.ops.size(); ++d) {
     const int pid = pid_offset + static_cast<int>(d);
-    absl::StrAppendFormat(&out, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"%s device %d\"}}",
-                          out.empty() ? "" : ",\n", pid, label, d);
+    trace->ProcessName(pid, absl::StrCat(label, " device ", d));
     for (const OpTiming& o : r.ops[d]) {
-      event(absl::StrCat(o.op.kind ? "B" : "F", o.op.mb, " c", o.op.chunk), pid, 0, o.start_ms, o.end_ms);
+      slice(absl::StrCat(o.op.kind ? "B" : "F", o.op.mb, " c", o.op.chunk), pid, 0, o.start_ms, o.end_ms);
     }
   }
   for (const Transfer& x : r.transfers) {
-    event(absl::StrCat(x.producer.kind ? "grad " : "act ", x.producer.mb, " -> ", x.dst), pid_offset + x.src, 1,
+    slice(absl::StrCat(x.producer.kind ? "grad " : "act ", x.producer.mb, " -> ", x.dst), pid_offset + x.src, 1,
           x.start_ms, x.end_ms);
   }
-  return out;
 }
 
 }  // namespace dynapipe::planner

@@ -14,6 +14,10 @@
 
 #include "absl/status/statusor.h"
 
+namespace dynapipe {
+class ChromeTraceWriter;  // src/common/chrome_trace.h
+}  // namespace dynapipe
+
 namespace dynapipe::planner {
 
 struct SimOp {
@@ -69,8 +73,9 @@ struct SimResult {
 // orders are malformed; FAILED_PRECONDITION if they deadlock.
 absl::StatusOr<SimResult> Simulate(const PipelineTimes& times, const DeviceOrders& orders, bool record);
 
-// Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one process
-// per device, compute and communication threads.
-std::string ChromeTrace(const SimResult& result, const std::string& label, int pid_offset = 0);
+// Appends the recorded schedule to a Chrome trace (Perfetto /
+// chrome://tracing): a process per device, "<label> device <d>", numbered
+// from `pid_offset`, with its compute (thread 0) and sends (thread 1).
+void AppendChromeTrace(const SimResult& result, const std::string& label, int pid_offset, ChromeTraceWriter* trace);
 
 }  // namespace dynapipe::planner
