@@ -19,11 +19,13 @@
 ABSL_FLAG(std::string, listen, std::string(dynapipe::rpc::kDefaultPlannerAddress),
           "gRPC address (host:port; port 0 picks one)");
 ABSL_FLAG(int, http_port, dynapipe::rpc::kPlannerStatusPort, "status endpoint port (0 picks one, -1 disables)");
-ABSL_FLAG(std::string, http_host, "127.0.0.1", "status endpoint address");
+ABSL_FLAG(std::string, http_host, dynapipe::planner::service::PlannerServer::Options().http_host,
+          "status endpoint address");
 ABSL_FLAG(std::string, redis, absl::StrCat("127.0.0.1:", dynapipe::store::kDefaultRedisPort), "Redis host:port");
 ABSL_FLAG(std::string, redis_password_file, "",
           "file (mode 0600) holding the Redis password (else $DYNAPIPE_REDIS_PASSWORD)");
-ABSL_FLAG(std::string, redis_prefix, "dynapipe:", "prefix of every Redis key");
+ABSL_FLAG(std::string, redis_prefix, dynapipe::planner::service::PlannerServer::Options().redis_prefix,
+          "prefix of every Redis key");
 ABSL_FLAG(std::string, token_file, "",
           "file (mode 0600) holding the shared API token; without one, only loopback addresses unless --insecure");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (enables TLS with --tls-key)");

@@ -14,6 +14,7 @@
 #include "src/http/status_server.h"
 #include "src/rpc/auth.h"
 #include "src/store/redis_plan_store.h"
+#include "src/rpc/defaults.h"
 
 namespace dynapipe::planner::service {
 
@@ -21,7 +22,7 @@ class PlannerServer {
  public:
   struct Options {
     std::string listen = "127.0.0.1:0";  // gRPC address; port 0 picks a free one
-    std::string http_host = "127.0.0.1";
+    std::string http_host{rpc::kLoopbackHost};
     int http_port = 0;  // -1: no status endpoint
     store::RedisOptions redis;
     std::string redis_prefix = "dynapipe:";

@@ -27,6 +27,7 @@
 #include "runtime/comm/comm.h"
 #include "runtime/memory/buffer_pool.h"
 #include "runtime/model/stage.h"
+#include "src/rpc/defaults.h"
 
 namespace dynapipe::runtime {
 
@@ -59,7 +60,7 @@ struct ConnectOptions {
   int rank = 0;
   int size = 1;
   std::string job_prefix;                  // unique per job attempt
-  std::string listen_address = "127.0.0.1";  // Gloo: the interface peers connect to
+  std::string listen_address{rpc::kLoopbackHost};  // Gloo: the interface peers connect to
   absl::Duration connect_timeout = comm::kDefaultConnectTimeout;
 };
 

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "runtime/comm/comm.h"
+#include "src/rpc/defaults.h"
 
 namespace dynapipe::runtime::comm {
 
@@ -39,7 +40,7 @@ struct GlooOptions {
   // sharing a store do not read each other's stale addresses.
   std::string job_prefix;
   // Local address to listen on and advertise to peers.
-  std::string interface_address = "127.0.0.1";
+  std::string interface_address{rpc::kLoopbackHost};
   // Bounds connecting the world mesh and each group's mesh (all ranks must
   // arrive within it).
   absl::Duration connect_timeout = kDefaultConnectTimeout;

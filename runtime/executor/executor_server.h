@@ -15,13 +15,14 @@
 #include "runtime/backend/backend.h"
 #include "runtime/executor/executor.h"
 #include "src/http/status_server.h"
+#include "src/rpc/defaults.h"
 
 namespace dynapipe::runtime::executor {
 
 struct ExecutorServerOptions {
   ExecutorOptions executor;
   BackendOptions backend;
-  std::string http_host = "127.0.0.1";  // the status endpoint's address
+  std::string http_host{rpc::kLoopbackHost};  // the status endpoint's address
   int http_port = 0;      // 0 picks a free port, -1 disables the endpoint
   std::string port_file;  // where the endpoint's port is written (atomically), if set
 };

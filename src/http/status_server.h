@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/rpc/defaults.h"
 
 namespace dynapipe::http {
 
@@ -29,7 +30,7 @@ struct RequestHead;
 class StatusServer {
  public:
   struct Options {
-    std::string host = "127.0.0.1";
+    std::string host{rpc::kLoopbackHost};
     int port = 0;  // 0: pick a free port
     std::function<std::string()> health;   // "" = healthy, else the reason
     std::function<std::string()> status;   // JSON object

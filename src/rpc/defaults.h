@@ -11,6 +11,10 @@
 
 namespace dynapipe::rpc {
 
+// What every listening socket binds by default (status endpoints, Gloo's
+// transport): loopback, so nothing is reachable from the network unless an
+// operator says so (exposure.h).
+inline constexpr std::string_view kLoopbackHost = "127.0.0.1";
 inline constexpr std::string_view kDefaultPlannerAddress = "127.0.0.1:50051";
 inline constexpr int kPlannerStatusPort = 8080;
 inline constexpr int kExecutorStatusPortBase = 8081;
