@@ -29,14 +29,15 @@ absl::StatusOr<BatchDump> DumpPlans(const proto::JobSpec& job, const std::string
   if (iterations <= 0) return absl::InvalidArgumentError("iterations: must be positive");
   proto::JobSpec spec = job;
   spec.set_iterations(std::max<int64_t>(spec.iterations(), iterations));
-  ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "dump", data_root));
+  ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::NormalizedJobSpec::Normalize(spec));
+  ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(normalized, "dump", data_root));
   if (rt->world() != 1) {
     return absl::InvalidArgumentError(absl::StrCat("parallelism: the dump is one stage's view; got pp ",
                                                    rt->planner->config().pp, " x dp ", rt->planner->config().dp));
   }
-  const proto::JobSpec& s = rt->spec;  // normalised
-  ASSIGN_OR_RETURN(const std::string dataset_path, ConfinedPath(data_root, s.dataset().path()));
-  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(dataset_path));
+  const proto::JobSpec& s = rt->spec.proto();
+  ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(rt->spec, data_root));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(paths.dataset));
   BatchDump d;
   d.job_name = s.name();
   d.method = proto::BatchingSpec::Method_Name(s.batching().method());

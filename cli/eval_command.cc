@@ -29,7 +29,8 @@ absl::Status Eval(const Args& a, std::ostream& out) {
     return absl::InvalidArgumentError(absl::StrCat("--iteration: must be a checkpoint's iteration (0 or more), got ",
                                                    iteration));
   }
-  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::LoadJobSpec(a.Str("job")));
+  ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::LoadJobSpec(a.Str("job")));
+  const proto::JobSpec& spec = normalized.proto();
   const std::string dir = a.Str("checkpoint", spec.checkpoint().dir());
   const int world = spec.parallelism().pp() * spec.parallelism().dp();
   if (!a.Has("iteration")) {

@@ -190,14 +190,21 @@ void NoteTimesAndModel(const JobRuntime& rt, const Ranks& ranks, LocalRunResult*
 
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
                                         runtime::executor::WorkerOptions options, runtime::BackendOptions backend_options) {
+  ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::NormalizedJobSpec::Normalize(spec));
+  return RunLocal(normalized, data_root, count, std::move(options), std::move(backend_options));
+}
+
+absl::StatusOr<LocalRunResult> RunLocal(const spec::NormalizedJobSpec& spec, const std::string& data_root,
+                                        int64_t count, runtime::executor::WorkerOptions options,
+                                        runtime::BackendOptions backend_options) {
   ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
-  ASSIGN_OR_RETURN(const std::string dataset_path, ConfinedPath(data_root, rt->spec.dataset().path()));
-  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(dataset_path));
+  ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(spec, data_root));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(paths.dataset));
   const int world = rt->world();
   LocalRunResult out;
   SizePerIteration(count, &out);
   PlanExchange exchange(count, world);
-  const int64_t ahead = rt->refit ? std::min<int64_t>(count, rt->spec.planner_lookahead()) : count;
+  const int64_t ahead = rt->refit ? std::min<int64_t>(count, rt->spec->planner_lookahead()) : count;
   for (int64_t i = 0; i < ahead; ++i) RETURN_IF_ERROR(PlanIteration(*rt, i, exchange, out));
   if (count == 0) return out;
 

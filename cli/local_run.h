@@ -14,6 +14,7 @@
 #include "proto/job.pb.h"
 #include "runtime/backend/backend.h"
 #include "runtime/executor/worker.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::cli {
 
@@ -40,6 +41,11 @@ struct LocalRunResult {
 // daemon: the first planner_lookahead iterations are planned before the
 // ranks start, iteration i + planner_lookahead once every rank has reported
 // iteration i and the refit has seen it. Otherwise every plan is made first.
+absl::StatusOr<LocalRunResult> RunLocal(const spec::NormalizedJobSpec& spec, const std::string& data_root,
+                                        int64_t count, runtime::executor::WorkerOptions options = {},
+                                        runtime::BackendOptions backend = {});
+// The same from a spec as written (tests, benchmarks that edit a loaded
+// spec): normalised here, where it enters.
 absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::string& data_root, int64_t count,
                                         runtime::executor::WorkerOptions options = {}, runtime::BackendOptions backend = {});
 

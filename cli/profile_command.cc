@@ -72,7 +72,8 @@ absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const 
         "--device: '", device, "' is not available in this program",
         device == "cuda" ? " (use dynapipe-gpu-profile from a CUDA build or bundle)" : " (cpu or cuda)"));
   }
-  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::LoadJobSpec(a.Str("job")));
+  ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::LoadJobSpec(a.Str("job")));
+  const proto::JobSpec& spec = normalized.proto();
   ASSIGN_OR_RETURN(const runtime::model::GptConfig config, runtime::model::GptConfig::FromSpec(spec.model()));
   const proto::BatchingSpec& b = spec.batching();
   const int step = b.round_multiple();

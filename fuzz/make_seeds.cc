@@ -259,7 +259,8 @@ absl::StatusOr<PlanSet> Plans(const Dirs& d, proto::JobSpec spec) {
   RETURN_IF_ERROR(WriteFileAtomic(path, lengths));
   spec.mutable_dataset()->set_path(path);
   spec.mutable_dataset()->set_format(proto::DatasetSpec::lengths);
-  ASSIGN_OR_RETURN(auto runtime, planner::service::BuildJobRuntime(spec, kPlanJob, d.scratch));
+  ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::NormalizedJobSpec::Normalize(spec));
+  ASSIGN_OR_RETURN(auto runtime, planner::service::BuildJobRuntime(normalized, kPlanJob, d.scratch));
   ASSIGN_OR_RETURN(const planner::IterationPlan plan, runtime->planner->Plan(runtime->batch(kPlanIteration), kPlanIteration));
   PlanSet set;
   for (const proto::ExecutionPlan& p : plan.plans) set.add_plans(p.SerializeAsString());

@@ -66,8 +66,8 @@ absl::Status ValidateGenerated(std::span<const Sample> samples, IterationPlan& b
 
 }  // namespace
 
-absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& spec) {
-  ASSIGN_OR_RETURN(const proto::JobSpec job, spec::NormalizeJobSpec(spec));
+absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const spec::NormalizedJobSpec& spec) {
+  const proto::JobSpec& job = spec.proto();
   PlannerConfig c;
   c.job_id = job.name().empty() ? "offline" : job.name();
   c.model = job.model();

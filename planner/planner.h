@@ -53,7 +53,7 @@ struct PlannerConfig {
 
 // The planning part of a JobSpec, after spec::NormalizeJobSpec (defaults and
 // checks live there). INVALID_ARGUMENT names the offending field.
-absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const proto::JobSpec& job);
+absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const spec::NormalizedJobSpec& job);
 
 struct PlanTimings {
   double partition_ms = 0, schedule_ms = 0, instructions_ms = 0, validate_ms = 0, total_ms = 0;

@@ -12,6 +12,7 @@
 #include "planner/plan/validate.h"
 #include "planner/testing/test_specs.h"
 #include "src/plan/plan_seal.h"
+#include "src/spec/normalized_for_test.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -257,7 +258,7 @@ TEST_CASE("On CPU devices a checkpointing job's state includes the checkpoint's 
   job.set_memory_limit_mb(80000);
   auto config_of = [&](const std::string& device) {
     job.mutable_cluster()->mutable_device()->set_name(device);
-    auto c = PlannerConfigFromJob(job);
+    auto c = PlannerConfigFromJob(spec::NormalizedForTest(job));
     INFO(c.status());
     REQUIRE(c.ok());
     return *c;

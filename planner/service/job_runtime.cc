@@ -18,13 +18,12 @@ namespace {
 // The job's cost model: its measured profile (with the terms it measured,
 // when it has them), else the analytic model of its device.
 absl::StatusOr<std::shared_ptr<const LayerCostModel>> LoadCostModel(const proto::JobSpec& spec,
-                                                                    const std::string& data_root) {
+                                                                    const spec::JobPaths& paths) {
   if (spec.cost_profile_path().empty()) {
     ASSIGN_OR_RETURN(auto model, AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {}));
     return std::shared_ptr<const LayerCostModel>(std::move(model));
   }
-  ASSIGN_OR_RETURN(const std::string path,
-                   Annotate(ConfinedPath(data_root, spec.cost_profile_path()), "cost_profile_path"));
+  const std::string& path = paths.cost_profile;
   proto::CostProfile profile;
   RETURN_IF_ERROR(Annotate(LoadProtoFileQuietly(path, &profile), "cost_profile_path"));
   const auto& m = spec.model();
@@ -51,9 +50,8 @@ absl::StatusOr<std::shared_ptr<const LayerCostModel>> LoadCostModel(const proto:
 // The samples' lengths, from an indexed dataset (whose token ids the model's
 // vocabulary must cover) or a lengths file.
 absl::StatusOr<std::vector<data::RawLength>> ReadSampleLengths(const proto::JobSpec& spec,
+                                                               const std::string& dataset_path,
                                                                const std::string& data_root) {
-  ASSIGN_OR_RETURN(const std::string dataset_path,
-                   Annotate(ConfinedPath(data_root, spec.dataset().path()), "dataset.path"));
   if (spec.dataset().format() != proto::DatasetSpec::indexed) {
     auto lengths = data::ReadLengths(dataset_path, /*indexed=*/false);
     if (!lengths.ok()) return Annotate(lengths.status(), "dataset.path");
@@ -108,24 +106,21 @@ absl::StatusOr<std::vector<std::vector<Sample>>> GlobalBatches(const proto::JobS
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::JobSpec& raw_spec,
+absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const spec::NormalizedJobSpec& normalized,
                                                                  const std::string& job_id,
                                                                  const std::string& data_root) {
-  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::NormalizeJobSpec(raw_spec));
-  ASSIGN_OR_RETURN(PlannerConfig config, PlannerConfigFromJob(spec));
+  const proto::JobSpec& spec = normalized.proto();
+  ASSIGN_OR_RETURN(PlannerConfig config, PlannerConfigFromJob(normalized));
   config.job_id = job_id;
   // Every path a job names stays under data_root.
-  if (!spec.checkpoint().dir().empty()) {
-    RETURN_IF_ERROR(Annotate(ConfinedPath(data_root, spec.checkpoint().dir()).status(), "checkpoint.dir"));
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<const LayerCostModel> cost, LoadCostModel(spec, data_root));
-  auto runtime = std::make_shared<JobRuntime>();
-  runtime->spec = spec;
+  ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(normalized, data_root));
+  ASSIGN_OR_RETURN(std::shared_ptr<const LayerCostModel> cost, LoadCostModel(spec, paths));
+  auto runtime = std::make_shared<JobRuntime>(normalized);
   ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));
   if (spec.cost_refit().mode() == proto::CostRefitSpec::on) {
     runtime->refit = std::make_shared<JobRefit>(runtime->planner, spec.cost_refit());
   }
-  ASSIGN_OR_RETURN(const std::vector<data::RawLength> raw, ReadSampleLengths(spec, data_root));
+  ASSIGN_OR_RETURN(const std::vector<data::RawLength> raw, ReadSampleLengths(spec, paths.dataset, data_root));
   ASSIGN_OR_RETURN(runtime->batches, GlobalBatches(spec, config, raw));
   return std::shared_ptr<const JobRuntime>(std::move(runtime));
 }

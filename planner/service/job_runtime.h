@@ -15,11 +15,13 @@
 #include "planner/planner.h"
 #include "planner/service/job_refit.h"
 #include "proto/job.pb.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::planner::service {
 
 struct JobRuntime {
-  proto::JobSpec spec;
+  explicit JobRuntime(spec::NormalizedJobSpec s) : spec(std::move(s)) {}
+  spec::NormalizedJobSpec spec;
   std::shared_ptr<const Planner> planner;  // on the job's base cost model
   std::shared_ptr<JobRefit> refit;         // null when cost_refit.mode is off
   std::vector<std::vector<Sample>> batches;  // iteration i uses batches[i % size]
@@ -31,11 +33,11 @@ struct JobRuntime {
   }
 };
 
-// Normalises the spec (spec::NormalizeJobSpec; INVALID_ARGUMENT names the
-// field), confines its paths to `data_root`, loads the dataset's lengths
-// (checking the model's vocabulary covers an indexed dataset's) and builds
-// the planner. `spec` in the result is the normalised one.
-absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const proto::JobSpec& spec, const std::string& job_id,
+// Confines the spec's paths to `data_root` (spec::ConfineJobPaths), loads
+// the dataset's lengths (checking the model's vocabulary covers an indexed
+// dataset's) and builds the planner; INVALID_ARGUMENT names the field.
+absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const spec::NormalizedJobSpec& spec,
+                                                                 const std::string& job_id,
                                                                  const std::string& data_root);
 
 }  // namespace dynapipe::planner::service

@@ -9,7 +9,10 @@ namespace dynapipe::planner::service {
 absl::StatusOr<std::shared_ptr<const JobRuntime>> JobRuntimes::Get(const std::string& job) {
   if (auto rt = Loaded(job)) return rt;
   ASSIGN_OR_RETURN(const proto::JobStatus status, store_->GetJob(job));
-  ASSIGN_OR_RETURN(auto rt, BuildJobRuntime(status.spec(), job, data_root_));
+  // A stored spec is normalised where it is loaded (a planner of another
+  // version may have stored it).
+  ASSIGN_OR_RETURN(const spec::NormalizedJobSpec spec, spec::NormalizedJobSpec::Normalize(status.spec()));
+  ASSIGN_OR_RETURN(auto rt, BuildJobRuntime(spec, job, data_root_));
   MutexLock lock(&mu_);
   return loaded_.emplace(job, std::move(rt)).first->second;
 }

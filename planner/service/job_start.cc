@@ -8,12 +8,15 @@
 
 namespace dynapipe::planner::service {
 
-absl::StatusOr<StartPoint> StartOf(const proto::JobSpec& spec, const std::string& data_root, store::PlanStore& store) {
+absl::StatusOr<StartPoint> StartOf(const spec::NormalizedJobSpec& normalized, const std::string& data_root,
+                                   store::PlanStore& store) {
+  const proto::JobSpec& spec = normalized.proto();
   StartPoint start;
   const std::string& dir = spec.checkpoint().dir();
   if (dir.empty()) return start;
   const int world = spec.parallelism().pp() * spec.parallelism().dp();
-  ASSIGN_OR_RETURN(const std::string on_disk, Annotate(ConfinedPath(data_root, dir), "checkpoint.dir"));
+  ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(normalized, data_root));
+  const std::string& on_disk = paths.checkpoint_dir;
   // Any shard at all: something a run from iteration 0 would overwrite.
   ASSIGN_OR_RETURN(const checkpoint_layout::ShardMap shards, checkpoint_layout::ShardsOnDisk(on_disk));
   if (!spec.checkpoint().resume()) {
@@ -35,7 +38,7 @@ absl::StatusOr<StartPoint> StartOf(const proto::JobSpec& spec, const std::string
     // No complete checkpoint, but shards: debris of this very job (a run that
     // died while writing its first checkpoint) is started over; anything
     // else would be overwritten, so it is refused.
-    const uint64_t fingerprint = checkpoint::JobFingerprint(spec);
+    const uint64_t fingerprint = checkpoint::JobFingerprint(normalized);
     for (const auto& [iteration, ranks] : shards) {
       for (const int rank : ranks) {
         const absl::StatusOr<checkpoint::ShardInfo> info =

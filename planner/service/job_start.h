@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
+#include "src/spec/job_spec.h"
 #include "src/store/plan_store.h"
 
 namespace dynapipe::planner::service {
@@ -21,6 +22,7 @@ struct StartPoint {
 // `data_root`: where a relative checkpoint.dir resolves (and what confines it).
 // INVALID_ARGUMENT if no iteration is left to run; FAILED_PRECONDITION if
 // the directory holds checkpoints the job would overwrite.
-absl::StatusOr<StartPoint> StartOf(const proto::JobSpec& spec, const std::string& data_root, store::PlanStore& store);
+absl::StatusOr<StartPoint> StartOf(const spec::NormalizedJobSpec& spec, const std::string& data_root,
+                                   store::PlanStore& store);
 
 }  // namespace dynapipe::planner::service

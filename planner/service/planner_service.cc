@@ -106,9 +106,10 @@ void PlannerService::OnEvent(const std::string& event) {
 absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::SubmitJobRequest& req) {
   // Everything that can be wrong with the job is found before it is stored,
   // and what is stored has every default written out.
-  ASSIGN_OR_RETURN(const proto::JobSpec spec, spec::NormalizeJobSpec(req.spec()));
-  RETURN_IF_ERROR(BuildJobRuntime(spec, "validation", options_.data_root).status());
-  ASSIGN_OR_RETURN(const StartPoint start, StartOf(spec, options_.data_root, *store_));
+  ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::NormalizedJobSpec::Normalize(req.spec()));
+  RETURN_IF_ERROR(BuildJobRuntime(normalized, "validation", options_.data_root).status());
+  ASSIGN_OR_RETURN(const StartPoint start, StartOf(normalized, options_.data_root, *store_));
+  const proto::JobSpec& spec = normalized.proto();
   ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start.iteration, NowMs()));
   registry_.JobSubmitted();
   spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, spec.name(), spec.iterations(),

@@ -19,6 +19,7 @@
 #include "src/common/clock.h"
 #include "src/common/file_util.h"
 #include "src/store/memory_plan_store.h"
+#include "src/spec/normalized_for_test.h"
 
 namespace dynapipe::planner::service {
 namespace {
@@ -309,8 +310,8 @@ TEST_CASE("Resume without a store record starts after the newest complete checkp
     ref.params = {{"w", values}};
     REQUIRE(checkpoint::WriteShard(root + "/" + dir, ref).ok());
   };
-  real_shard("own", checkpoint::JobFingerprint(spec));
-  real_shard("other", checkpoint::JobFingerprint(spec) + 1);
+  real_shard("own", checkpoint::JobFingerprint(spec::NormalizedForTest(spec)));
+  real_shard("other", checkpoint::JobFingerprint(spec::NormalizedForTest(spec)) + 1);
   spec.mutable_checkpoint()->set_dir("own");
   auto own = Submit(svc, spec);
   REQUIRE(own.ok());

@@ -9,6 +9,7 @@
 #include "runtime/comm/kv_store.h"
 #include "src/common/proto_io.h"
 #include "src/testing/temp_dir.h"
+#include "src/spec/normalized_for_test.h"
 
 namespace dynapipe::runtime::executor {
 namespace {
@@ -36,7 +37,7 @@ struct Rank {
     backend = *CreateBackend({.kind = proto::Backend::cpu});
     comm = *backend->Connect({.rank = 0, .size = 1, .job_prefix = "t/"}, &kv);
     const int32_t layers[] = {0, 1};
-    worker = *Worker::Create(Spec(), layers, 0, 1, 1, comm.get(), nullptr, backend.get(), {});
+    worker = *Worker::Create(spec::NormalizedForTest(Spec()), layers, 0, 1, 1, comm.get(), nullptr, backend.get(), {});
   }
 };
 
@@ -44,7 +45,7 @@ checkpoint::ShardInfo Info() {
   checkpoint::ShardInfo info;
   info.rank = 0;
   info.world = 1;
-  info.job_fingerprint = checkpoint::JobFingerprint(Spec());
+  info.job_fingerprint = checkpoint::JobFingerprint(spec::NormalizedForTest(Spec()));
   return info;
 }
 

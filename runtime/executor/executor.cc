@@ -241,7 +241,7 @@ absl::Status Executor::RunJob(const proto::Assignment& a) {
 // What a running job's iterations work with (RunJobSteps owns all of it).
 struct Executor::RunningJob {
   const proto::Assignment& assignment;
-  const proto::JobSpec& spec;
+  const spec::NormalizedJobSpec& spec;
   const std::string& ckpt_dir;
   Worker& worker;
   Checkpointer& checkpointer;
@@ -251,7 +251,7 @@ namespace {
 
 // The checkpoint shard of the rank `a` assigns, as its first plan places it.
 checkpoint::ShardInfo ShardInfoOf(const proto::Assignment& a, const proto::ExecutionPlan& first,
-                                  const proto::JobSpec& spec) {
+                                  const spec::NormalizedJobSpec& spec) {
   checkpoint::ShardInfo info;
   info.rank = a.rank();
   info.pp_rank = first.pp_rank();
@@ -301,7 +301,7 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
   };
   absl::StatusOr<JobInputs> inputs = LoadJob(a);
   if (!inputs.ok()) return fail(inputs.status());
-  const proto::JobSpec& spec = inputs->spec;
+  const spec::NormalizedJobSpec& spec = inputs->spec;
 
   BootstrapStore store(client_.get(), job);
   auto comm = ConnectJob(a, &store);
@@ -318,7 +318,7 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
 
   PlanPrefetcher plans(
       job, a.rank(), [this, job, rank = a.rank()](int64_t i) { return client_->FetchPlan(job, i, rank, kPlanWait); },
-      spec.iterations(), options_.prefetch,
+      spec->iterations(), options_.prefetch,
       [this] {
         MutexLock l(&mu_);
         return stop_job_;
@@ -347,7 +347,7 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
   }
 
   const RunningJob running{a, spec, inputs->ckpt_dir, **worker, checkpointer};
-  for (; iteration < spec.iterations(); ++iteration) {
+  for (; iteration < spec->iterations(); ++iteration) {
     absl::StatusOr<proto::ExecutionPlan> plan = iteration == first_iteration ? std::move(first) : plans.Next(iteration);
     if (!plan.ok()) return fail(Annotate(plan.status(), absl::StrCat("plan of iteration ", iteration)));
     if (!std::equal(plan->layers().begin(), plan->layers().end(), layers.begin(), layers.end())) {
@@ -365,27 +365,23 @@ absl::StatusOr<Executor::JobInputs> Executor::LoadJob(const proto::Assignment& a
   if (auto s = backend_->BindThread(); !s.ok()) return s;
   auto status = client_->Get(a.job_id());
   if (!status.ok()) return status.status();
-  auto normalized = spec::NormalizeJobSpec(status->spec());
+  // The stored spec is normalised where it is loaded.
+  auto normalized = spec::NormalizedJobSpec::Normalize(status->spec());
   if (!normalized.ok()) return normalized.status();
-  JobInputs in;
-  in.spec = std::move(*normalized);
+  JobInputs in(std::move(*normalized));
   {
     MutexLock l(&mu_);
-    running_job_iterations_ = in.spec.iterations();
+    running_job_iterations_ = in.spec->iterations();
   }
   // Paths stay under --data_root here too, whatever the planner let through.
-  auto dataset_path = ConfinedPath(options_.data_root, in.spec.dataset().path());
-  if (!dataset_path.ok()) return Annotate(dataset_path.status(), "dataset.path");
-  if (!in.spec.checkpoint().dir().empty()) {
-    auto dir = ConfinedPath(options_.data_root, in.spec.checkpoint().dir());
-    if (!dir.ok()) return Annotate(dir.status(), "checkpoint.dir");
-    in.ckpt_dir = *dir;
-  }
+  auto paths = spec::ConfineJobPaths(in.spec, options_.data_root);
+  if (!paths.ok()) return paths.status();
+  in.ckpt_dir = paths->checkpoint_dir;
   // Links inside the directory lead nowhere else.
-  if (auto s = data::CheckDatasetConfined(options_.data_root, *dataset_path); !s.ok()) {
+  if (auto s = data::CheckDatasetConfined(options_.data_root, paths->dataset); !s.ok()) {
     return Annotate(s, "dataset.path");
   }
-  auto dataset = data::Dataset::Open(*dataset_path);
+  auto dataset = data::Dataset::Open(paths->dataset);
   if (!dataset.ok()) return Annotate(dataset.status(), "dataset");
   in.dataset = std::move(*dataset);
   return in;
@@ -408,7 +404,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Executor::ConnectJob(const p
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> Executor::CreateWorker(const proto::Assignment& a,
-                                                               const proto::JobSpec& spec,
+                                                               const spec::NormalizedJobSpec& spec,
                                                                const proto::ExecutionPlan& first,
                                                                std::span<const int32_t> layers,
                                                                comm::Communicator* comm,
@@ -426,8 +422,8 @@ absl::Status Executor::CompleteIteration(const RunningJob& job, int64_t iteratio
                                          IterationResult& result) {
   const proto::Assignment& a = job.assignment;
   proto::IterationReport r = IterationReportOf(a, iteration, plan, result);
-  const int64_t interval = job.spec.checkpoint().interval();
-  const bool last = iteration + 1 == job.spec.iterations();
+  const int64_t interval = job.spec->checkpoint().interval();
+  const bool last = iteration + 1 == job.spec->iterations();
   const bool save = interval > 0 && !job.ckpt_dir.empty() && ((iteration + 1) % interval == 0 || last);
   if (save && last) {
     // The job ends with this report: the shard must be on disk before it.
@@ -454,7 +450,7 @@ absl::Status Executor::CompleteIteration(const RunningJob& job, int64_t iteratio
       return Annotate(s, "checkpoint");
     }
   }
-  RecordIteration(a.job_id(), iteration, job.spec.iterations(), a, result, plan.predicted_iteration_ms(), save);
+  RecordIteration(a.job_id(), iteration, job.spec->iterations(), a, result, plan.predicted_iteration_ms(), save);
   return absl::OkStatus();
 }
 

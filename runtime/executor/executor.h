@@ -26,6 +26,8 @@
 #include "src/common/mutex.h"
 #include "src/http/metrics.h"
 #include "src/rpc/planner_client.h"
+#include "src/spec/job_spec.h"
+#include "src/rpc/defaults.h"
 
 namespace dynapipe::runtime::executor {
 
@@ -34,7 +36,7 @@ struct ExecutorOptions {
   std::string node = "local";
   int device = 0;
   std::string data_root;        // relative dataset paths resolve here
-  std::string listen_address = "127.0.0.1";  // for peers' connections
+  std::string listen_address{rpc::kLoopbackHost};  // for peers' connections
   absl::Duration comm_timeout = comm::kDefaultCommTimeout;
   absl::Duration connect_timeout = comm::kDefaultConnectTimeout;
   int prefetch = 2;             // plans fetched ahead of the running iteration
@@ -73,7 +75,8 @@ class Executor {
   // RunJobSteps' phases. Each returns what fails the job; RunJobSteps
   // reports it.
   struct JobInputs {
-    proto::JobSpec spec;                     // normalised
+    explicit JobInputs(spec::NormalizedJobSpec s) : spec(std::move(s)) {}
+    spec::NormalizedJobSpec spec;
     std::string ckpt_dir;                    // under --data_root; empty: no checkpoints
     std::unique_ptr<data::Dataset> dataset;  // opened under --data_root
   };
@@ -87,7 +90,7 @@ class Executor {
   absl::StatusOr<std::unique_ptr<comm::Communicator>> ConnectJob(const proto::Assignment& a,
                                                                  comm::KeyValueStore* store);
   // The rank's worker for the layers of its first plan.
-  absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const proto::Assignment& a, const proto::JobSpec& spec,
+  absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const proto::Assignment& a, const spec::NormalizedJobSpec& spec,
                                                        const proto::ExecutionPlan& first,
                                                        std::span<const int32_t> layers, comm::Communicator* comm,
                                                        const data::Dataset* dataset);

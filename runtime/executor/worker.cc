@@ -107,10 +107,12 @@ Worker::~Worker() {
   chunks_.clear();  // stashed activations go back to the pool before anything else goes
 }
 
-absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const proto::JobSpec& spec, std::span<const int32_t> layers,
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const spec::NormalizedJobSpec& normalized,
+                                                       std::span<const int32_t> layers,
                                                        int rank, int pp_size, int dp_size, comm::Communicator* comm,
                                                        const data::Dataset* dataset, Backend* backend,
                                                        WorkerOptions options) {
+  const proto::JobSpec& spec = normalized.proto();
   ASSIGN_OR_RETURN(const model::GptConfig config, model::GptConfig::FromSpec(spec.model()));
   if (layers.empty()) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": plan assigns no layers"));
   if (comm == nullptr || comm->size() != pp_size * dp_size || comm->rank() != rank) {

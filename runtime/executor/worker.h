@@ -29,6 +29,7 @@
 #include "src/data/dataset.h"
 #include "runtime/executor/grad_reducer.h"
 #include "runtime/model/stage.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::runtime::executor {
 
@@ -56,11 +57,11 @@ struct IterationResult {
 
 class Worker {
  public:
-  // `spec` is normalised (spec::NormalizeJobSpec): the worker reads plain
-  // fields. `layers`: the model layers this rank runs, in order (from its
+  // The worker reads the normalised spec's plain fields. `layers`: the model layers this rank runs, in order (from its
   // plans). `backend` makes the stages and holds their memory; it and `comm` (made
   // by the same backend) must outlive the worker.
-  static absl::StatusOr<std::unique_ptr<Worker>> Create(const proto::JobSpec& spec, std::span<const int32_t> layers,
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(const spec::NormalizedJobSpec& spec,
+                                                        std::span<const int32_t> layers,
                                                         int rank, int pp_size, int dp_size, comm::Communicator* comm,
                                                         const data::Dataset* dataset, Backend* backend,
                                                         WorkerOptions options);

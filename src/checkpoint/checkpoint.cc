@@ -384,10 +384,9 @@ absl::StatusOr<Shard> ReadShard(absl::string_view dir, int64_t iteration, int ra
   return shard;
 }
 
-uint64_t JobFingerprint(const proto::JobSpec& raw) {
+uint64_t JobFingerprint(const spec::NormalizedJobSpec& normalized) {
   // Defaults written out, so a spec and its normalised form are one job.
-  const auto normalized = spec::NormalizeJobSpec(raw);
-  const proto::JobSpec& spec = normalized.ok() ? *normalized : raw;
+  const proto::JobSpec& spec = normalized.proto();
   proto::JobSpec canonical;
   *canonical.mutable_model() = spec.model();
   canonical.mutable_model()->clear_name();

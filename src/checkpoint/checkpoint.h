@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "proto/job.pb.h"
 #include "src/common/checkpoint_layout.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::checkpoint {
 
@@ -88,7 +89,7 @@ using checkpoint_layout::LatestCompleteOnDisk;
 // how gradients travel, not what a rank keeps). The same for the same spec in every
 // process (deterministic serialization; fields left at 0 do not count, so
 // adding a proto field does not change old fingerprints).
-uint64_t JobFingerprint(const proto::JobSpec& spec);
+uint64_t JobFingerprint(const spec::NormalizedJobSpec& spec);
 
 // FAILED_PRECONDITION, naming the field, unless `got` (read from a shard)
 // belongs to the same job layout and rank as `want` (job_fingerprint, world,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "src/common/file_util.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
 
@@ -340,10 +341,29 @@ absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {
   return spec;
 }
 
-absl::StatusOr<proto::JobSpec> LoadJobSpec(const std::string& path) {
+absl::StatusOr<NormalizedJobSpec> NormalizedJobSpec::Normalize(proto::JobSpec spec) {
+  ASSIGN_OR_RETURN(proto::JobSpec normalized, NormalizeJobSpec(std::move(spec)));
+  return NormalizedJobSpec(std::move(normalized));
+}
+
+absl::StatusOr<NormalizedJobSpec> LoadJobSpec(const std::string& path) {
   proto::JobSpec spec;
   RETURN_IF_ERROR(LoadProtoFile(path, &spec));
-  return Annotate(NormalizeJobSpec(std::move(spec)), path);
+  return Annotate(NormalizedJobSpec::Normalize(std::move(spec)), path);
+}
+
+absl::StatusOr<JobPaths> ConfineJobPaths(const NormalizedJobSpec& spec, const std::string& data_root) {
+  JobPaths out;
+  if (!spec->checkpoint().dir().empty()) {
+    ASSIGN_OR_RETURN(out.checkpoint_dir,
+                     Annotate(ConfinedPath(data_root, spec->checkpoint().dir()), "checkpoint.dir"));
+  }
+  if (!spec->cost_profile_path().empty()) {
+    ASSIGN_OR_RETURN(out.cost_profile,
+                     Annotate(ConfinedPath(data_root, spec->cost_profile_path()), "cost_profile_path"));
+  }
+  ASSIGN_OR_RETURN(out.dataset, Annotate(ConfinedPath(data_root, spec->dataset().path()), "dataset.path"));
+  return out;
 }
 
 }  // namespace dynapipe::spec

@@ -2,10 +2,12 @@
 
 // The one place a JobSpec's defaults are declared and its fields checked.
 // NormalizeJobSpec runs where a spec enters the system (Submit, `dynapipe
-// submit`, local runs, the worker) and returns the spec with every default
-// written out, so code downstream reads plain fields and never substitutes a
-// default of its own. It is pure (no I/O): checks that need files (the path
-// under --data_root, the dataset's vocabulary) live with the file readers.
+// submit`, a spec file, a local run, a stored spec an executor or planner
+// loads) and returns the spec with every default written out, wrapped as a
+// NormalizedJobSpec: code downstream takes that type, reads plain fields and
+// never normalises again or substitutes a default of its own. It is pure (no
+// I/O): checks that need files (the path under --data_root, the dataset's
+// vocabulary) live with the file readers (ConfineJobPaths below).
 
 #include <cstdint>
 #include <string>
@@ -89,8 +91,32 @@ inline constexpr double kMaxWeightDecay = 10;
 // Idempotent: normalising a normalised spec returns it unchanged.
 absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec);
 
+// A spec NormalizeJobSpec accepted. Only Normalize makes one, so holding one
+// proves the spec was normalised once, where it entered.
+class NormalizedJobSpec {
+ public:
+  static absl::StatusOr<NormalizedJobSpec> Normalize(proto::JobSpec spec);
+  const proto::JobSpec& proto() const { return spec_; }
+  const proto::JobSpec* operator->() const { return &spec_; }
+
+ private:
+  explicit NormalizedJobSpec(proto::JobSpec spec) : spec_(std::move(spec)) {}
+  proto::JobSpec spec_;
+};
+
 // A job spec file (text proto or JSON), normalised; errors name the file.
-absl::StatusOr<proto::JobSpec> LoadJobSpec(const std::string& path);
+absl::StatusOr<NormalizedJobSpec> LoadJobSpec(const std::string& path);
+
+// The files a job names, confined to `data_root` (ConfinedPath: no ".." and
+// no link leads out); each error names its field. Empty when the field is
+// unset (checkpoint.dir, cost_profile_path). The one place the planner and
+// the executors confine a job's paths.
+struct JobPaths {
+  std::string checkpoint_dir;
+  std::string cost_profile;
+  std::string dataset;
+};
+absl::StatusOr<JobPaths> ConfineJobPaths(const NormalizedJobSpec& spec, const std::string& data_root);
 
 // OK when `path` can name a file under a root: non-empty, at most
 // kMaxPathBytes, no NUL or control characters, no ".." component.

@@ -17,6 +17,7 @@
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
 #include "tests/hostile/data_root.h"
+#include "src/spec/normalized_for_test.h"
 
 namespace dynapipe::testing::hostile {
 namespace {
@@ -82,7 +83,7 @@ absl::Status WriteModelShard(const proto::JobSpec& spec, const std::string& dir,
   shard.iteration = iteration;
   shard.rank = rank;
   shard.world = world;
-  shard.job_fingerprint = checkpoint::JobFingerprint(spec);
+  shard.job_fingerprint = checkpoint::JobFingerprint(spec::NormalizedForTest(spec));
   shard.params = params;
   shard.adam_m = params;
   shard.adam_v = params;

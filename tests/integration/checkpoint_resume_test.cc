@@ -10,6 +10,7 @@
 #include "src/checkpoint/checkpoint.h"
 #include "src/store/redis_plan_store.h"
 #include "tests/integration/control_plane_fixture.h"
+#include "src/spec/normalized_for_test.h"
 
 namespace dynapipe::testing {
 namespace {
@@ -32,7 +33,7 @@ TEST_CASE("A checkpoint counts once every rank reports its shard; a resubmitted 
   proto::JobSpec spec = SmallJob(2, 1, 10, 2);
   spec.mutable_checkpoint()->set_dir(dir);
   spec.mutable_checkpoint()->set_interval(2);
-  const uint64_t fingerprint = ckpt::JobFingerprint(spec);
+  const uint64_t fingerprint = ckpt::JobFingerprint(spec::NormalizedForTest(spec));
   store::RedisOptions ro;
   ro.port = s.redis->port();
   store::RedisPlanStore store(ro);  // the planner's own keys, read directly
@@ -114,7 +115,7 @@ TEST_CASE("A checkpoint counts once every rank reports its shard; a resubmitted 
     auto shard = ckpt::ReadShard(dir, a.start_iteration() - 1, a.rank());
     REQUIRE(shard.ok());
     ckpt::ShardInfo want;
-    want.job_fingerprint = ckpt::JobFingerprint(client->Get(*second)->spec());
+    want.job_fingerprint = ckpt::JobFingerprint(spec::NormalizedForTest(client->Get(*second)->spec()));
     want.world = a.world_size();
     want.rank = a.rank();
     want.pp_rank = a.pp_rank();

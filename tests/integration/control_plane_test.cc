@@ -24,6 +24,7 @@
 #include "src/data/synth.h"
 #include "src/testing/redis_server.h"
 #include "tests/integration/control_plane_fixture.h"
+#include "src/spec/normalized_for_test.h"
 
 namespace dynapipe::testing {
 namespace {
@@ -43,7 +44,7 @@ TEST_CASE("Submitted jobs are planned ahead and each rank fetches exactly the of
   CHECK(client->Get(*id)->plans_ready() == 2);
 
   // Offline: the same planner library on the same inputs.
-  auto config = planner::PlannerConfigFromJob(spec);
+  auto config = planner::PlannerConfigFromJob(spec::NormalizedForTest(spec));
   REQUIRE(config.ok());
   config->job_id = *id;
   auto cost = planner::AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {});
