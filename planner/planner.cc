@@ -115,6 +115,12 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(const PlannerConfig& co
   return std::unique_ptr<Planner>(new Planner(config, std::make_shared<PipelineModel>(std::move(pm))));
 }
 
+std::unique_ptr<Planner> Planner::ForJob(const std::string& job_id) const {
+  PlannerConfig config = config_;
+  config.job_id = job_id;
+  return std::unique_ptr<Planner>(new Planner(std::move(config), model_));
+}
+
 Planner::Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> model)
     : config_(std::move(config)), model_(std::move(model)), comm_(config_.cluster),
       costs_(std::make_unique<ShapeCosts>(model_)) {}

@@ -99,6 +99,11 @@ class Planner {
   const PlannerConfig& config() const { return config_; }
   const PipelineModel& model() const { return *model_; }
 
+  // The same planner (pipeline model, costs, every setting) stamping its
+  // plans with `job_id`: a planner validated before the job had an id serves
+  // the job without being built again.
+  std::unique_ptr<Planner> ForJob(const std::string& job_id) const;
+
  private:
   Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> model);
   // Candidate micro-batch sets of a method under recomputation `r`.

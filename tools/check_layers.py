@@ -77,6 +77,11 @@ def query_graph():
     return edges, exempt
 
 
+def workspace():
+    """(layers, edges, exempt) of this workspace: the declaration and the build graph."""
+    return (Layers(load_layers()),) + query_graph()
+
+
 def check(layers, edges, exempt):
     problems = []
     packages = set()
@@ -161,8 +166,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--self-test', action='store_true')
     args = parser.parse_args()
-    layers = Layers(load_layers())
-    edges, exempt = query_graph()
+    layers, edges, exempt = workspace()
     problems = check(layers, edges, exempt)
     if args.self_test:
         problems += self_test(layers, edges, exempt)

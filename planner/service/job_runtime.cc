@@ -125,4 +125,12 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const spec::No
   return std::shared_ptr<const JobRuntime>(std::move(runtime));
 }
 
+std::shared_ptr<const JobRuntime> ForJob(const JobRuntime& rt, const std::string& job_id) {
+  auto out = std::make_shared<JobRuntime>(rt.spec);
+  out->planner = rt.planner->ForJob(job_id);
+  if (rt.refit) out->refit = std::make_shared<JobRefit>(out->planner, rt.spec->cost_refit());
+  out->batches = rt.batches;
+  return out;
+}
+
 }  // namespace dynapipe::planner::service

@@ -40,4 +40,8 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const spec::No
                                                                  const std::string& job_id,
                                                                  const std::string& data_root);
 
+// `rt` (built before its job had an id, to validate a submission) for job
+// `job_id`: the same spec, pipeline model and batches, with a fresh cost refit.
+std::shared_ptr<const JobRuntime> ForJob(const JobRuntime& rt, const std::string& job_id);
+
 }  // namespace dynapipe::planner::service

@@ -17,6 +17,11 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> JobRuntimes::Get(const std::st
   return loaded_.emplace(job, std::move(rt)).first->second;
 }
 
+void JobRuntimes::Adopt(const std::string& job, std::shared_ptr<const JobRuntime> rt) {
+  MutexLock lock(&mu_);
+  loaded_.emplace(job, std::move(rt));
+}
+
 std::shared_ptr<const JobRuntime> JobRuntimes::Loaded(const std::string& job) const {
   MutexLock lock(&mu_);
   auto it = loaded_.find(job);

@@ -21,6 +21,8 @@ class JobRuntimes {
 
   // The job's runtime, built from the store's spec if not loaded.
   absl::StatusOr<std::shared_ptr<const JobRuntime>> Get(const std::string& job);
+  // Keeps `rt` as job's runtime (built for its submission) unless one is loaded.
+  void Adopt(const std::string& job, std::shared_ptr<const JobRuntime> rt);
   // The job's runtime if loaded here, else null (nothing is built).
   std::shared_ptr<const JobRuntime> Loaded(const std::string& job) const;
   // Drops the runtimes of jobs that ended or are gone from the store; a plan

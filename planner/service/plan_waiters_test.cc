@@ -1,4 +1,5 @@
 #include "planner/service/plan_waiters.h"
+#include "src/testing/eventually.h"
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -7,15 +8,7 @@
 namespace dynapipe::planner::service {
 namespace {
 
-// Polls `cond` for up to 5 s.
-template <typename F>
-bool Eventually(F cond) {
-  for (int i = 0; i < 500; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return cond();
-}
+using ::dynapipe::testing::Eventually;
 
 // Runs the waiters on their own thread for the test's lifetime.
 struct Running {

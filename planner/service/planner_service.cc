@@ -107,10 +107,14 @@ absl::StatusOr<proto::SubmitJobResponse> PlannerService::Submit(const proto::Sub
   // Everything that can be wrong with the job is found before it is stored,
   // and what is stored has every default written out.
   ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::NormalizedJobSpec::Normalize(req.spec()));
-  RETURN_IF_ERROR(BuildJobRuntime(normalized, "validation", options_.data_root).status());
+  // Validated by building what planning it needs (reading the dataset once):
+  // kept for the job once it has an id.
+  ASSIGN_OR_RETURN(const std::shared_ptr<const JobRuntime> validated,
+                   BuildJobRuntime(normalized, "validation", options_.data_root));
   ASSIGN_OR_RETURN(const StartPoint start, StartOf(normalized, options_.data_root, *store_));
   const proto::JobSpec& spec = normalized.proto();
   ASSIGN_OR_RETURN(std::string id, store_->CreateJob(spec, start.iteration, NowMs()));
+  runtimes_.Adopt(id, ForJob(*validated, id));
   registry_.JobSubmitted();
   spdlog::info("job {} submitted: {} ({} iterations, pp {} x dp {})", id, spec.name(), spec.iterations(),
                spec.parallelism().pp(), spec.parallelism().dp());

@@ -14,20 +14,14 @@
 #include "src/spec/job_spec.h"
 #include "src/store/memory_plan_store.h"
 #include "src/testing/status_require.h"
+#include "src/testing/eventually.h"
 
 namespace dynapipe::planner::service {
 namespace {
 
-using Catch::Matchers::Contains;
+using ::dynapipe::testing::Eventually;
 
-template <typename F>
-bool Eventually(F cond) {
-  for (int i = 0; i < 1000; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return cond();
-}
+using Catch::Matchers::Contains;
 
 // A 2-stage GPT job of 6 iterations on 300 sample lengths, planned 2 ahead.
 proto::JobSpec Job(const std::string& dataset) {

@@ -21,6 +21,8 @@ proto::JobSpec Spec() {
     model { name: "t" kind: gpt num_layers: 2 hidden: 32 heads: 4 ffn: 64 vocab: 40 max_positions: 32
             tie_embeddings: true }
     parallelism { pp: 1 dp: 1 }
+    dataset { path: "unused" }  # no plans run
+    cluster { device { name: "cpu" peak_tflops: 1 memory_bandwidth_gbps: 10 memory_mb: 4096 } }
     iterations: 4
     seed: 9
   )pb", "spec", &spec).ok());

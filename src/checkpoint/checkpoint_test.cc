@@ -329,7 +329,7 @@ TEST_CASE("JobFingerprint tells models and layouts apart; CheckSameJob names the
   spec.mutable_cluster()->mutable_device()->set_peak_tflops(1);
   spec.mutable_cluster()->mutable_device()->set_memory_bandwidth_gbps(1);
   spec.mutable_cluster()->mutable_device()->set_memory_mb(1000);
-  spec.mutable_cluster()->set_devices_per_node(2);
+  spec.mutable_cluster()->set_devices_per_node(8);  // room for every layout below
   const uint64_t base = JobFingerprint(spec::NormalizedForTest(spec));
   proto::JobSpec same = spec;
   same.mutable_model()->set_name("renamed");

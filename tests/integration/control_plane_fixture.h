@@ -20,6 +20,7 @@
 #include "proto/job.pb.h"
 #include "src/rpc/planner_client.h"
 #include "src/testing/redis_server.h"
+#include "src/testing/eventually.h"
 
 namespace dynapipe::testing {
 
@@ -129,16 +130,5 @@ struct Stack {
 // Aborts the test (REQUIRE) if anything fails to start.
 Stack StartStack(const std::string& token = "", absl::Duration heartbeat_timeout = absl::Seconds(10),
                  bool persistent = false, int planning_threads = 2);
-
-// Polls `pred` every 20 ms until it holds or `limit` passes.
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(20)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return pred();
-}
 
 }  // namespace dynapipe::testing
