@@ -28,6 +28,7 @@
 #include "src/common/thread_pool.h"
 #include "src/common/timer_thread.h"
 #include "src/http/metrics.h"
+#include "src/rpc/defaults.h"
 #include "src/rpc/executor_credential.h"
 #include "src/store/plan_store.h"
 
@@ -39,7 +40,7 @@ struct ServiceOptions {
   int planning_threads = 2;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration plan_ttl = absl::Hours(1);     // stored plans and reports expire
-  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_interval = rpc::kDefaultHeartbeatInterval;
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   // Records of executors lost this long are dropped (an executor that comes
   // back registers again).
@@ -59,7 +60,7 @@ struct ServiceOptions {
   // Status calls (Get, List, Executors, /status, /metrics) answer within
   // this: from the store when it answers in time, else from the last known
   // state, marked stale.
-  absl::Duration status_budget = absl::Milliseconds(150);
+  absl::Duration status_budget = AnswerWithinOptions().budget;
   Clock* clock = Clock::Real();
 };
 

@@ -126,7 +126,7 @@ class Executor {
 
   mutable Mutex mu_;
   std::string executor_id_ ABSL_GUARDED_BY(mu_);
-  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = rpc::kDefaultHeartbeatInterval;
   proto::Assignment assignment_ ABSL_GUARDED_BY(mu_);  // latest from the planner
   std::string running_job_ ABSL_GUARDED_BY(mu_);
   comm::Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;  // of the running job

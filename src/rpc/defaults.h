@@ -29,6 +29,10 @@ inline constexpr int kDefaultPlannerGraceS = 60;
 inline constexpr int kDefaultCallTimeoutS = 10;
 inline constexpr absl::Duration kDefaultCallTimeout = absl::Seconds(kDefaultCallTimeoutS);
 
+// How often executors send heartbeats: the planner tells each executor at
+// registration (ServiceOptions::heartbeat_interval); executors use it until then.
+inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(1);
+
 // The status port of the executor driving device `device`.
 constexpr int ExecutorStatusPort(int device) { return kExecutorStatusPortBase + device; }
 
