@@ -1,10 +1,12 @@
 #pragma once
 
-// The planner daemon's logic, free of gRPC types: job control, plan
-// generation ahead of training, plan serving with waits, executor
-// registration and liveness, bootstrap exchange, status and metrics. State
-// lives in the PlanStore (Redis), so several processes can serve the same
-// jobs and a restarted process resumes them.
+// The planner daemon's logic, free of gRPC types. PlannerService is the job
+// registry (submit, status, cancel, reports, history, watch, bootstrap) and
+// wires the parts that each do one job under their own lock: JobRuntimes
+// (jobs loaded here), PlanningScheduler (plans ahead), PlanWaiters (calls
+// that wait), ExecutorRegistry (executors, gangs, liveness) and StatusView
+// (/status, /metrics). State lives in the PlanStore (Redis), so several
+// processes can serve the same jobs and a restarted process resumes them.
 
 #include <atomic>
 #include <functional>
@@ -90,8 +92,8 @@ class PlannerService {
   void ListWithin(std::function<void(absl::StatusOr<proto::ListJobsResponse>)> done);
   void ExecutorsWithin(std::function<void(absl::StatusOr<proto::ListExecutorsResponse>)> done);
 
-  // JobService. Submit normalises the spec (spec::NormalizeJobSpec) and
-  // stores it so. With checkpoint.resume the job starts after the latest
+  // JobService. Submit normalises the spec (spec::NormalizedJobSpec),
+  // validates it by building its runtime (kept for the job) and stores it. With checkpoint.resume the job starts after the latest
   // complete checkpoint of checkpoint.dir: the store's record, else the shards
   // on disk (INVALID_ARGUMENT if no iteration is left). A job that would
   // overwrite checkpoints already in its dir is refused (FAILED_PRECONDITION).
@@ -198,7 +200,6 @@ class PlannerService {
   Mutex store_id_mu_;
   std::string store_id_ ABSL_GUARDED_BY(store_id_mu_);
   int64_t store_losses_ ABSL_GUARDED_BY(store_id_mu_) = 0;
-
 
   absl::Time started_;
   std::atomic<bool> stopping_{false};
