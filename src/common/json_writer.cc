@@ -39,28 +39,15 @@ void JsonWriter::Separate() {
   }
 }
 
-JsonWriter& JsonWriter::BeginObject() {
+JsonWriter& JsonWriter::Open(char bracket) {
   Separate();
-  out_ += '{';
+  out_ += bracket;
   has_items_.push_back(false);
   return *this;
 }
 
-JsonWriter& JsonWriter::EndObject() {
-  out_ += '}';
-  has_items_.pop_back();
-  return *this;
-}
-
-JsonWriter& JsonWriter::BeginArray() {
-  Separate();
-  out_ += '[';
-  has_items_.push_back(false);
-  return *this;
-}
-
-JsonWriter& JsonWriter::EndArray() {
-  out_ += ']';
+JsonWriter& JsonWriter::Close(char bracket) {
+  out_ += bracket;
   has_items_.pop_back();
   return *this;
 }

@@ -23,10 +23,10 @@ std::string JsonString(std::string_view v);
 
 class JsonWriter {
  public:
-  JsonWriter& BeginObject();
-  JsonWriter& EndObject();
-  JsonWriter& BeginArray();
-  JsonWriter& EndArray();
+  JsonWriter& BeginObject() { return Open('{'); }
+  JsonWriter& EndObject() { return Close('}'); }
+  JsonWriter& BeginArray() { return Open('['); }
+  JsonWriter& EndArray() { return Close(']'); }
   // The key of the next value (inside an object).
   JsonWriter& Key(std::string_view key);
 
@@ -52,6 +52,8 @@ class JsonWriter {
  private:
   // Writes the separator a new value or key needs in the current container.
   void Separate();
+  JsonWriter& Open(char bracket);
+  JsonWriter& Close(char bracket);
 
   std::string out_;
   std::vector<bool> has_items_;  // per open container: something written already
