@@ -2,12 +2,10 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "planner/service/failures.h"
 #include "planner/service/job_start.h"
 #include "planner/service/metric_buckets.h"
