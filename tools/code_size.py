@@ -71,7 +71,6 @@ def strip(text):
 
 
 _SCOPE = re.compile(r'\b(namespace|extern\s+""|class|struct|union|enum)\b')
-_NAME = re.compile(r'([~\w:<>]+)\s*\($')
 
 
 def functions(text):
@@ -93,14 +92,15 @@ def functions(text):
                 continue
             head = code[head_start:i]
             flat = ' '.join(head.split())
-            if _SCOPE.search(flat) and '(' not in flat.split('{')[0].split(_SCOPE.search(flat).group(0))[0][-1:]:
-                kind = 'scope' if ')' not in flat or _SCOPE.search(flat).start() < flat.find('(') else 'function'
+            scope = _SCOPE.search(flat)
+            paren = flat.find('(')
+            if scope and (paren < 0 or scope.start() < paren):  # namespace, class, struct, enum
+                kind = 'scope'
             elif ')' in flat and not flat.rstrip().endswith('='):
                 kind = 'function'
             else:
                 kind = 'other'
             if kind == 'function':
-                paren = flat.find('(')
                 m = re.search(r'([~\w:]+(?:<[^()]*>)?)\s*$', flat[:paren]) if paren >= 0 else None
                 starts.append((m.group(1) if m else '?', line))
             stack.append(kind)
