@@ -57,6 +57,8 @@ std::string IterationJson(const IterationPlan& p, size_t samples) {
     w.EndArray();
   }
   w.Str("recompute", planner::RecomputeName(p.recompute)).Int("simulations", p.simulations);
+  w.Int("candidates", p.candidates).Int("candidates_pruned", p.candidates_pruned);
+  w.Fixed("dp_imbalance", p.dp_imbalance, kRatioDecimals);
   w.Key("plan_ms").BeginObject().Fixed("partition", p.timings.partition_ms, kMsDecimals);
   w.Fixed("schedule", p.timings.schedule_ms, kMsDecimals).Fixed("instructions", p.timings.instructions_ms, kMsDecimals);
   w.Fixed("validate", p.timings.validate_ms, kMsDecimals).Fixed("total", p.timings.total_ms, kMsDecimals);
@@ -80,12 +82,14 @@ std::string IterationText(const IterationPlan& p, size_t samples) {
   for (auto k : p.schedules) schedules.push_back(planner::ScheduleName(k));
   return absl::StrFormat(
       "iter %d: %d samples, %d tokens, %d micro-batches [%s]\n"
-      "  predicted %.2f ms, padding efficiency %.3f, peak MB per stage [%s], schedule %s, recompute %s\n"
-      "  plan %.2f ms (partition %.2f, schedule %.2f, instructions %.2f, validate %.2f; %d simulations)\n",
+      "  predicted %.2f ms, padding efficiency %.3f, peak MB per stage [%s], schedule %s, recompute %s%s\n"
+      "  plan %.2f ms (partition %.2f, schedule %.2f, instructions %.2f, validate %.2f; %d simulations, "
+      "%d of %d splits pruned)\n",
       p.iteration, samples, p.tokens, count, absl::StrJoin(mbs, " "), p.predicted_ms, p.padding_efficiency,
       absl::StrJoin(peaks, " "), absl::StrJoin(schedules, ","), planner::RecomputeName(p.recompute),
-      p.timings.total_ms, p.timings.partition_ms, p.timings.schedule_ms, p.timings.instructions_ms,
-      p.timings.validate_ms, p.simulations);
+      p.groups.size() > 1 ? absl::StrFormat(", dp imbalance %.3f", p.dp_imbalance) : "", p.timings.total_ms,
+      p.timings.partition_ms, p.timings.schedule_ms, p.timings.instructions_ms, p.timings.validate_ms, p.simulations,
+      p.candidates_pruned, p.candidates);
 }
 
 struct MethodResult {
@@ -97,6 +101,12 @@ struct MethodResult {
     double e = 0;
     for (const auto& p : plans) e += p.padding_efficiency;
     return plans.empty() ? 0 : e / plans.size();
+  }
+  // Slowest data-parallel group over the mean, median and worst over iterations.
+  std::vector<double> imbalances() const {
+    std::vector<double> v;
+    for (const auto& p : plans) v.push_back(p.dp_imbalance);
+    return v;
   }
 };
 
@@ -252,7 +262,8 @@ void PrintSummary(const MethodResult& main, const std::string& cost_description,
     w.Fixed("validate", Median(valid), kMsDecimals).EndObject();
     w.Fixed("median_predicted_iteration_ms", Median(pred), kMsDecimals);
     w.Fixed("tokens_per_s", main.tokens_per_s(), kRateDecimals);
-    w.Fixed("padding_efficiency", main.padding_efficiency(), kRatioDecimals).EndObject();
+    w.Fixed("padding_efficiency", main.padding_efficiency(), kRatioDecimals);
+    w.Fixed("median_dp_imbalance", Median(main.imbalances()), kRatioDecimals).EndObject();
     out << w.str() << "\n";
   } else {
     out << absl::StrFormat(
@@ -271,23 +282,30 @@ void PrintComparison(const std::vector<MethodResult>& results, size_t iterations
     if (r.batching == Batching::kPacking) packing = r.tokens_per_s();
   }
   if (!json) {
-    out << absl::StrFormat("%d iterations, cost model %s\n%-12s %14s %12s %12s %18s\n", iterations, cost_description,
-                           "method", "tokens/s", "vs packing", "padding eff", "median iter ms");
+    out << absl::StrFormat("%d iterations, cost model %s\n%-17s %14s %12s %12s %18s %13s\n", iterations,
+                           cost_description, "method", "tokens/s", "vs packing", "padding eff", "median iter ms",
+                           "dp imbalance");
   }
   for (const auto& r : results) {
-    std::vector<double> pred;
-    for (const auto& p : r.plans) pred.push_back(p.predicted_ms);
+    std::vector<double> pred, plan_ms;
+    for (const auto& p : r.plans) {
+      pred.push_back(p.predicted_ms);
+      plan_ms.push_back(p.timings.total_ms);
+    }
     const double rel = packing > 0 ? r.tokens_per_s() / packing : 0;
     if (json) {
       JsonWriter w;
       w.BeginObject().Str("method", planner::BatchingName(r.batching));
       w.Fixed("tokens_per_s", r.tokens_per_s(), kRateDecimals).Fixed("relative_to_packing", rel, kRatioDecimals);
       w.Fixed("padding_efficiency", r.padding_efficiency(), kRatioDecimals);
-      w.Fixed("median_predicted_iteration_ms", Median(pred), kMsDecimals).EndObject();
+      w.Fixed("median_predicted_iteration_ms", Median(pred), kMsDecimals);
+      w.Fixed("median_dp_imbalance", Median(r.imbalances()), kRatioDecimals);
+      w.Fixed("max_dp_imbalance", Percentile(r.imbalances(), 1.0), kRatioDecimals);
+      w.Fixed("median_plan_ms", Median(plan_ms), kMsDecimals).EndObject();
       out << w.str() << "\n";
     } else {
-      out << absl::StrFormat("%-12s %14.0f %11.2fx %12.3f %18.2f\n", planner::BatchingName(r.batching),
-                             r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred));
+      out << absl::StrFormat("%-17s %14.0f %11.2fx %12.3f %18.2f %13.3f\n", planner::BatchingName(r.batching),
+                             r.tokens_per_s(), rel, r.padding_efficiency(), Median(pred), Median(r.imbalances()));
     }
   }
 }
@@ -307,7 +325,13 @@ std::string PlanUsage() {
   --mem-limit-mb X          memory per device (default: the device's)
   --cluster FILE            ClusterSpec (devices per node, bandwidths, latencies)
   --profile FILE | --device NAME   measured CostProfile JSON, or analytic model of h100|h200|a100|cpu
-  --batching METHOD         dynamic|packing|padding|token_based|fixed_mbs (default dynamic)
+  --batching METHOD         dynamic|packing|padding|token_based|fixed_mbs|packing_balanced|wlb
+                            (default dynamic; packing_balanced: packing with data-parallel groups
+                            balanced by tokens, as Megatron-Core; wlb: packing balanced by a
+                            linear-plus-quadratic cost, as WLB-LLM)
+  --ablate PARTS            switch parts of dynamic off, comma list: baselines (the other methods'
+                            splits among its candidates), balanced (the varlen cost-balanced
+                            partitioner), group_balance (partitioners' data-parallel groups)
   --micro-batch-size N      padding / fixed_mbs size (default: best power of two)
   --micro-batch-tokens N    token_based budget (default: best power of two x 1024)
   --schedule S              auto|1f1b|interleaved_1f1b|wait_free_cyclic (default auto)
@@ -332,7 +356,7 @@ int RunPlanCommand(const std::vector<std::string>& argv, std::ostream& out, std:
                                         "max-seqlen", "global-batch-tokens", "mem-limit-mb", "cluster", "profile",
                                         "device", "batching", "micro-batch-size", "micro-batch-tokens", "schedule",
                                         "recompute", "permutations", "tolerance", "iters", "threads", "dump-plans",
-                                        "trace", "seed", "round", "attention"};
+                                        "trace", "seed", "round", "attention", "ablate"};
   const std::set<std::string> switches = {"json", "compare", "zero1", "help"};
   auto fail = [&err](const absl::Status& s) {
     err << "dynapipe plan: " << s.message() << "\n";

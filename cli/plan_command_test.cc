@@ -112,7 +112,7 @@ TEST_CASE("--json prints one object per iteration with the documented fields, th
   CHECK(summary.fields().contains("median_plan_ms"));
 }
 
-TEST_CASE("--compare --json ranks dynamic ahead of packing, padding and token-based") {
+TEST_CASE("--compare --json ranks dynamic ahead of every method") {
   const Run r = Plan({"--lengths", kFlan, "--model", "gpt-6.7b", "--stages", "8", "--max-seqlen", "8192",
                       "--device", "h100", "--iters", "4", "--compare", "--json"});
   INFO(r.err);
@@ -124,12 +124,29 @@ TEST_CASE("--compare --json ranks dynamic ahead of packing, padding and token-ba
     tps[m] = o.fields().at("tokens_per_s").number_value();
     rel[m] = o.fields().at("relative_to_packing").number_value();
     CHECK(o.fields().contains("padding_efficiency"));
+    CHECK(o.fields().at("median_dp_imbalance").number_value() >= 1.0);
   }
-  REQUIRE(tps.size() == 5);
+  REQUIRE(tps.size() == 7);
   CHECK(rel["packing"] == Catch::Detail::Approx(1.0));
   CHECK(tps["dynamic"] > tps["packing"]);
   CHECK(tps["dynamic"] > tps["padding"]);
-  CHECK(tps["dynamic"] > tps["token_based"]);
+  // The other methods' splits are among dynamic's candidates.
+  for (const auto& [method, rate] : tps) CHECK(tps["dynamic"] >= rate * (1 - 1e-6));
+}
+
+TEST_CASE("--compare names the attention kernel the cost model prices, and the data-parallel imbalance") {
+  for (const std::string kernel : {"varlen", "materialized"}) {
+    const Run r = Plan({"--lengths", kFlan, "--model", "gpt-350m", "--stages", "2", "--dp", "2", "--max-seqlen",
+                        "2048", "--device", "h100", "--iters", "2", "--compare", "--attention", kernel});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Contains(kernel == "varlen" ? "(fused attention)" : "(materialized attention)"));
+    CHECK_THAT(r.out, Contains("dp imbalance"));
+    CHECK_THAT(r.out, Contains("packing_balanced") && Contains("wlb"));
+  }
+  const Run bad = Plan({"--lengths", kFlan, "--model", "gpt-350m", "--ablate", "everything"});
+  CHECK(bad.rc == 2);
+  CHECK_THAT(bad.err, Contains("--ablate: unknown part \"everything\""));
 }
 
 TEST_CASE("--dump-plans writes every rank's plan, and the plans validate from disk; --trace writes JSON") {

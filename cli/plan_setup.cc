@@ -3,6 +3,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/cost_model/profile_cost_model.h"
 #include "src/common/proto_io.h"
@@ -192,8 +194,22 @@ absl::Status MethodsFromArgs(const Args& args, planner::PlannerConfig& c) {
     }
   }
   if (!found) {
-    return absl::InvalidArgumentError(absl::StrCat("--batching: unknown method \"", batching,
-                                                   "\" (dynamic, packing, padding, token_based, fixed_mbs)"));
+    std::vector<std::string> names;
+    for (int b = 0; b < planner::kNumBatchings; ++b) names.push_back(planner::BatchingName(static_cast<planner::Batching>(b)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batching: unknown method \"", batching, "\" (", absl::StrJoin(names, ", "), ")"));
+  }
+  for (absl::string_view part : absl::StrSplit(args.Str("ablate"), ',', absl::SkipEmpty())) {
+    if (part == "baselines") {
+      c.parts.baselines = false;
+    } else if (part == "balanced") {
+      c.parts.balanced = false;
+    } else if (part == "group_balance") {
+      c.parts.group_balance = false;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--ablate: unknown part \"", part, "\" (baselines, balanced, group_balance)"));
+    }
   }
   const std::string schedule = args.Str("schedule", "auto");
   if (schedule == "1f1b") {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "planner/candidates.h"
 #include "planner/plan/instructions.h"
 #include "planner/plan/validate.h"
 #include "planner/schedule_search.h"
@@ -25,6 +26,8 @@ absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m) {
     case proto::BatchingSpec::padding: return Batching::kPadding;
     case proto::BatchingSpec::token_based: return Batching::kTokenBased;
     case proto::BatchingSpec::fixed_mbs: return Batching::kFixedMbs;
+    case proto::BatchingSpec::packing_balanced: return Batching::kPackingBalanced;
+    case proto::BatchingSpec::wlb: return Batching::kWlb;
     default: break;
   }
   return absl::InvalidArgumentError("batching.method: unknown value");
@@ -125,89 +128,15 @@ Planner::Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> mode
     : config_(std::move(config)), model_(std::move(model)), comm_(config_.cluster),
       costs_(std::make_unique<ShapeCosts>(model_)) {}
 
-absl::StatusOr<std::vector<std::vector<MicroBatch>>> Planner::Candidates(std::span<const Sample> samples, Batching b,
-                                                                         Recompute r, uint64_t seed,
-                                                                         bool* memory_bound) const {
-  *memory_bound = true;
-  const bool ed = model_->encoder_decoder();
-  const int n = static_cast<int>(samples.size());
-  std::vector<std::vector<MicroBatch>> out;
-  // Prices `mbs` as executors compute them and adds them to `splits` if
-  // every micro-batch fits in memory on its own. False when it did not fit
-  // (larger sizes only need more memory) or was a single micro-batch
-  // (larger sizes give the same split): no larger size is worth trying.
-  auto add_split = [&](std::vector<MicroBatch> mbs, std::vector<std::vector<MicroBatch>>& splits) {
-    ApplyWork(samples, config_.work, std::span<MicroBatch>(mbs));
-    for (const MicroBatch& mb : mbs) {
-      auto c = costs_->Get(mb.shape, r);
-      if (!c.ok() || !costs_->Fits(**c, /*preferred=*/false)) return false;
-    }
-    splits.push_back(std::move(mbs));
-    return splits.back().size() > 1;
-  };
-  if (b == Batching::kDynamic) {
-    const std::vector<int> order = OrderSamples(samples, ed, seed);
-    DpOptions dp{config_.pp, model_->chunks_per_device(), config_.dp, config_.tolerance};
-    DynamicOptions opt{config_.round_multiple, config_.tolerance, 0, config_.dp_candidates};
-    DynamicStats stats;
-    auto result = DynamicBatches(samples, order, *costs_, r, dp, opt, &stats);
-    *memory_bound = stats.memory_bound;
-    if (!result.ok() || !config_.work.varlen_attention || ed) return result;
-    // With varlen attention a packed row computes neither padding nor
-    // attention across its samples, and rows of equal length make even
-    // pipeline stages, so packing's splits compete with the DP's (the
-    // schedule search keeps whichever the cost model predicts faster). Only
-    // splits whose micro-batches are no larger than the DP's largest: the
-    // cost model has not seen how much slower per token much larger
-    // micro-batches run, and would pick them on extrapolation.
-    int64_t largest = 0;
-    for (const auto& split : *result) {
-      for (const MicroBatch& mb : split) largest = std::max(largest, static_cast<int64_t>(mb.shape.mbs) * mb.shape.seq);
-    }
-    for (int rows = 1; static_cast<int64_t>(rows) * config_.max_seq_len <= largest; rows *= 2) {
-      if (!add_split(PackingBatches(samples, rows, config_.max_seq_len, config_.round_multiple, ed), *result)) break;
-    }
-    return result;
-  }
-  // Fixed-size methods: the configured size, or every power of two whose
-  // largest micro-batch fits in memory on its own.
-  const std::vector<int> order = OrderSamples(samples, ed, seed);
-  for (int64_t size = 1; size <= std::max(n, 1); size *= 2) {
-    std::vector<MicroBatch> mbs;
-    switch (b) {
-      case Batching::kPadding:
-        mbs = PaddingBatches(samples, config_.micro_batch_size > 0 ? config_.micro_batch_size : static_cast<int>(size),
-                             config_.round_multiple, ed);
-        break;
-      case Batching::kPacking:
-        mbs = PackingBatches(samples, static_cast<int>(size), config_.max_seq_len, config_.round_multiple, ed);
-        break;
-      case Batching::kFixedMbs:
-        mbs = FixedBatches(samples, order, config_.micro_batch_size > 0 ? config_.micro_batch_size : static_cast<int>(size),
-                           config_.round_multiple, ed);
-        break;
-      case Batching::kTokenBased:
-        mbs = TokenBasedBatches(samples, order,
-                                config_.micro_batch_tokens > 0 ? config_.micro_batch_tokens : size * 1024,
-                                config_.round_multiple, ed);
-        break;
-      case Batching::kDynamic: break;
-    }
-    const bool fixed = (b == Batching::kTokenBased && config_.micro_batch_tokens > 0) ||
-                       ((b == Batching::kPadding || b == Batching::kFixedMbs) && config_.micro_batch_size > 0);
-    if (!add_split(std::move(mbs), out) || fixed) break;
-  }
-  if (out.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(BatchingName(b), ": even the smallest micro-batch does not fit in ",
-                                                      static_cast<int64_t>(config_.memory_limit_mb), " MB with ",
-                                                      RecomputeName(r), " recomputation"));
-  }
-  return out;
-}
-
 std::vector<std::vector<int>> Planner::SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const {
   const int D = config_.dp;
   std::vector<std::vector<int>> groups(D);
+  const bool chosen = config_.parts.group_balance && !mbs.empty() &&
+                      std::all_of(mbs.begin(), mbs.end(), [D](const MicroBatch& mb) { return mb.group >= 0 && mb.group < D; });
+  if (chosen) {
+    for (size_t i = 0; i < mbs.size(); ++i) groups[mbs[i].group].push_back(static_cast<int>(i));
+    return groups;
+  }
   if (D == 1) {
     for (size_t i = 0; i < mbs.size(); ++i) groups[0].push_back(static_cast<int>(i));
     return groups;
@@ -245,14 +174,14 @@ struct Planner::Search {
   std::vector<PipelineTimes> best_times;
   absl::Status last_error = absl::OkStatus();
   double partition_ms = 0, schedule_ms = 0;
-  int simulations = 0;
+  int simulations = 0, candidates = 0, pruned = 0;
 };
 
 bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recompute r, Search& s) const {
   ++s.best.recompute_levels_tried;
   auto t0 = std::chrono::steady_clock::now();
-  bool memory_bound = true;
-  auto candidates = Candidates(samples, s.batching, r, seed, &memory_bound);
+  CandidateMaker maker(config_, *costs_, samples, r, seed);
+  auto candidates = maker.Make(s.batching);
   s.partition_ms += MsSince(t0);
   if (!candidates.ok()) {
     s.last_error = candidates.status();
@@ -261,46 +190,54 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   t0 = std::chrono::steady_clock::now();
   int memory_rejections = 0;
   bool all_found = true;
-  for (const std::vector<MicroBatch>& mbs : *candidates) {
+  for (const std::vector<MicroBatch>& mbs : candidates->splits) {
     if (!SearchCandidate(mbs, r, s, &memory_rejections)) all_found = false;
   }
   s.schedule_ms += MsSince(t0);
-  return !memory_bound && memory_rejections == 0 && all_found;
+  return !candidates->memory_bound && memory_rejections == 0 && all_found;
 }
 
 bool Planner::SearchCandidate(const std::vector<MicroBatch>& mbs, Recompute r, Search& s,
                               int* memory_rejections) const {
   const int D = config_.dp;
+  ++s.candidates;
   const auto split = SplitGroups(mbs, r);
-  std::vector<GroupSchedule> found(D);
   std::vector<PipelineTimes> times(D);
   std::vector<std::vector<MicroBatch>> group_mbs(D);
-  double slowest = 0;
-  bool ok = true;
-  for (int g = 0; g < D && ok; ++g) {
+  const double allreduce = AllReduceMs();
+  double bound = 0;
+  for (int g = 0; g < D; ++g) {
     for (int i : split[g]) group_mbs[g].push_back(mbs[i]);
     auto gt = GroupTimes(group_mbs[g], *costs_, r, comm_, g);
     if (!gt.ok()) {
       s.last_error = gt.status();
-      ok = false;
-      break;
+      return false;
     }
     times[g] = std::move(*gt);
+    bound = std::max(bound, MakespanLowerBound(times[g]));
+  }
+  // No schedule of this split can beat the plan in hand (the margin keeps
+  // rounding from skipping an equal one).
+  if ((bound + allreduce) * (1 - 1e-9) > s.best.predicted_ms) {
+    ++s.pruned;
+    return true;
+  }
+  std::vector<GroupSchedule> found(D);
+  double slowest = 0;
+  for (int g = 0; g < D; ++g) {
     found[g] = SearchSchedule(times[g], config_.memory_limit_mb, s.options);
     s.simulations += found[g].simulations;
     *memory_rejections += found[g].memory_rejections;
-    ok = found[g].found;
+    if (!found[g].found) {
+      if (s.last_error.ok()) {
+        s.last_error = absl::FailedPreconditionError(absl::StrCat(
+            BatchingName(s.batching), " with ", RecomputeName(r), " recomputation: no schedule fits in ",
+            static_cast<int64_t>(config_.memory_limit_mb), " MB per device"));
+      }
+      return false;
+    }
     slowest = std::max(slowest, found[g].makespan_ms);
   }
-  if (!ok) {
-    if (s.last_error.ok()) {
-      s.last_error = absl::FailedPreconditionError(absl::StrCat(
-          BatchingName(s.batching), " with ", RecomputeName(r), " recomputation: no schedule fits in ",
-          static_cast<int64_t>(config_.memory_limit_mb), " MB per device"));
-    }
-    return false;
-  }
-  const double allreduce = AllReduceMs();
   if (slowest + allreduce < s.best.predicted_ms) {
     s.best.predicted_ms = slowest + allreduce;
     s.best.allreduce_ms = allreduce;
@@ -340,6 +277,12 @@ absl::Status Planner::Resimulate(const Search& s, bool record, IterationPlan& be
     for (int d = 0; d < S; ++d) best.peak_mb[d] = std::max(best.peak_mb[d], sim->peak_mb[d]);
     best.sims.push_back(std::move(*sim));
   }
+  double slowest = 0, sum = 0;
+  for (const SimResult& sim : best.sims) {
+    slowest = std::max(slowest, sim.makespan_ms);
+    sum += sim.makespan_ms;
+  }
+  best.dp_imbalance = sum > 0 ? slowest * D / sum : 1;
   return absl::OkStatus();
 }
 
@@ -394,6 +337,8 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
   best.iteration = iteration;
   best.batching = batching;
   best.simulations = s.simulations;
+  best.candidates = s.candidates;
+  best.candidates_pruned = s.pruned;
   const bool ed = model_->encoder_decoder();
   for (const Sample& smp : samples) best.tokens += smp.input + (ed ? smp.target : 0);
   std::vector<MicroBatch> all;

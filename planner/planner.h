@@ -24,6 +24,18 @@
 
 namespace dynapipe::planner {
 
+// Parts of the dynamic method that can be switched off, to measure what each
+// brings (`dynapipe plan --ablate`); all on in production.
+struct DynamicParts {
+  // Every baseline's splits among dynamic's candidates.
+  bool baselines = true;
+  // The varlen partitioner: micro-batches of mixed lengths balanced by cost.
+  bool balanced = true;
+  // Data-parallel groups as the balancing partitioners chose them, rather
+  // than split by the planner's longest-first rule.
+  bool group_balance = true;
+};
+
 struct PlannerConfig {
   std::string job_id = "offline";
   proto::ModelSpec model;
@@ -49,6 +61,7 @@ struct PlannerConfig {
   bool checkpoint_copy_on_device = false;
   proto::ClusterSpec cluster;
   WorkModel work;  // what executors compute of a micro-batch (from model.attention)
+  DynamicParts parts;
 };
 
 // The planning part of a JobSpec, after spec::NormalizeJobSpec (defaults and
@@ -68,10 +81,14 @@ struct IterationPlan {
   std::vector<SimResult> sims;                  // per dp group (recorded)
   double predicted_ms = 0;                      // slowest group + gradient all-reduce
   double allreduce_ms = 0;
+  // Slowest data-parallel group's simulated pipeline over the mean (1: even).
+  double dp_imbalance = 1;
   std::vector<double> peak_mb;                  // per pipeline stage, max over groups
   double padding_efficiency = 0;
   int64_t tokens = 0;                           // real tokens in the iteration
   int simulations = 0;
+  int candidates = 0;         // splits considered
+  int candidates_pruned = 0;  // of those, skipped by the makespan lower bound
   int recompute_levels_tried = 0;
   PlanTimings timings;
   std::vector<proto::ExecutionPlan> plans;      // index = global rank
@@ -106,19 +123,17 @@ class Planner {
 
  private:
   Planner(PlannerConfig config, std::shared_ptr<const PipelineModel> model);
-  // Candidate micro-batch sets of a method under recomputation `r`.
-  // `memory_bound` reports whether memory limited the candidates.
-  absl::StatusOr<std::vector<std::vector<MicroBatch>>> Candidates(std::span<const Sample> samples, Batching b,
-                                                                  Recompute r, uint64_t seed,
-                                                                  bool* memory_bound) const;
-  std::vector<std::vector<int>> SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const;
 
   // The schedule search's state across levels and candidates (planner.cc).
   struct Search;
+  // Which data-parallel group runs each micro-batch: the partitioner's choice
+  // where it made one, else longest first onto the least loaded group.
+  std::vector<std::vector<int>> SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const;
   // Searches recomputation level `r`; true when deeper levels cannot be faster.
   bool SearchLevel(std::span<const Sample> samples, uint64_t seed, Recompute r, Search& s) const;
   // Schedules one candidate split on every group and keeps it if fastest so
-  // far; false when a group has no schedule that fits.
+  // far (skipped when its makespan lower bound cannot beat the best); false
+  // when a group has no schedule that fits.
   bool SearchCandidate(const std::vector<MicroBatch>& mbs, Recompute r, Search& s, int* memory_rejections) const;
   // The per-iteration gradient all-reduce (or measured iteration overhead).
   double AllReduceMs() const;

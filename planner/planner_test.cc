@@ -4,6 +4,9 @@
 #include "planner/planner.h"
 
 #include <catch2/catch.hpp>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include <random>
 
 #include "planner/cost_model/analytic_cost_model.h"
@@ -63,7 +66,9 @@ AttentionPlanners MakeAttentionPlanners(int max_seq_len) {
   PlannerConfig config = SmallGptConfig(2, 2);
   config.max_seq_len = max_seq_len;
   AttentionPlanners planners;
+  config.model.set_attention(proto::AttentionKernel::materialized);
   planners.materialized = MakePlanner(config);
+  config.model.set_attention(proto::AttentionKernel::varlen);
   config.work.varlen_attention = true;
   planners.varlen = MakePlanner(config);
   return planners;
@@ -140,13 +145,11 @@ TEST_CASE("Every batching method yields valid plans on the same batch") {
     CHECK(ValidatePlans(plan->plans).ok());
     ms[b] = plan->predicted_ms;
   }
-  // Dynamic beats padding and packing outright. Sorted fixed-size and
-  // token-budget splits are contiguous splits of the same order, so the DP's
-  // space contains them; its objective only estimates the simulated time, so
-  // on a small batch one of them may simulate slightly faster.
+  // Dynamic beats padding and packing outright, and every other method's
+  // splits are among its candidates.
   CHECK(ms[0] < ms[static_cast<int>(Batching::kPadding)]);
   CHECK(ms[0] < ms[static_cast<int>(Batching::kPacking)]);
-  CHECK(ms[0] <= 1.05 * *std::min_element(ms.begin(), ms.end()));
+  CHECK(ms[0] <= (1 + 1e-9) * *std::min_element(ms.begin(), ms.end()));
 }
 
 TEST_CASE("Varlen attention: every method stays valid and packing no longer pays for pairs across samples") {
@@ -168,51 +171,82 @@ TEST_CASE("Varlen attention: every method stays valid and packing no longer pays
   const int packing = static_cast<int>(Batching::kPacking), padding = static_cast<int>(Batching::kPadding);
   // Packed rows of 4096 tokens hold many samples: most of their pairs are gone.
   CHECK(ms[packing] < 0.8 * masked[packing]);
-  // Sorted micro-batches hold samples of similar lengths: little to save.
+  // Dynamic gains too (fused kernels skip the causal half and mixed rows
+  // are priced by their pairs), and stays ahead of every varlen method.
   CHECK(ms[0] <= masked[0]);
-  CHECK(ms[0] > 0.7 * masked[0]);
+  CHECK(ms[0] <= ms[packing] * (1 + 1e-9));
   CHECK(ms[0] < ms[padding]);
 }
 
-TEST_CASE("Varlen dynamic plans weigh packing's splits no larger than the DP's own micro-batches") {
-  const int max_seq_len = 512;
-  const auto [materialized, varlen] = MakeAttentionPlanners(max_seq_len);
-  auto grid_tokens = [](const IterationPlan& plan, bool* any_packed) {
-    int64_t largest = 0;
-    for (const auto& group : plan.groups) {
-      for (const MicroBatch& mb : group) {
-        largest = std::max(largest, static_cast<int64_t>(mb.shape.mbs) * mb.shape.seq);
-        *any_packed = *any_packed || mb.packed;
+// The analytic models of the devices plans are made for (figures as
+// `dynapipe plan --device` has them).
+proto::DeviceSpec Device(const std::string& name) {
+  proto::DeviceSpec d;
+  d.set_name(name);
+  const bool cpu = name == "cpu";
+  d.set_peak_tflops(cpu ? 0.1 : 989);
+  d.set_memory_bandwidth_gbps(cpu ? 20 : name == "h200" ? 4800 : 3350);
+  return d;
+}
+
+struct MethodTimes {
+  int cases = 0;
+  int violations = 0;  // some other method predicted faster than dynamic
+  std::string first;   // the first violation, for the failure message
+};
+
+// Over random batches, both attention kernels, CPU / H100 / H200 models and
+// several layouts: every method's predicted iteration against dynamic's.
+MethodTimes CompareWithEveryMethod(const DynamicParts& parts) {
+  MethodTimes out;
+  std::mt19937 rng(23);
+  for (const std::string device : {"cpu", "h100", "h200"}) {
+    for (const bool varlen : {true, false}) {
+      for (const auto& [pp, dp] : {std::pair{1, 1}, {2, 2}, {4, 1}, {4, 2}}) {
+        PlannerConfig config = SmallGptConfig(pp, dp);
+        *config.cluster.mutable_device() = Device(device);
+        config.max_seq_len = 1024;
+        config.model.set_attention(varlen ? proto::AttentionKernel::varlen : proto::AttentionKernel::materialized);
+        config.work.varlen_attention = varlen;
+        config.parts = parts;
+        auto planner = MakePlanner(config);
+        for (int trial = 0; trial < 2; ++trial) {
+          const auto batch = RandomBatch(rng, 24 + 40 * trial, config.max_seq_len);
+          PlanRequest request;
+          request.build_plans = false;
+          request.record = false;
+          auto dynamic = planner->Plan(batch, trial, Batching::kDynamic, request);
+          REQUIRE(dynamic.ok());
+          ++out.cases;
+          for (int b = 1; b < kNumBatchings; ++b) {
+            auto other = planner->Plan(batch, trial, static_cast<Batching>(b), request);
+            if (!other.ok()) continue;  // nothing of this method fits
+            if (dynamic->predicted_ms > other->predicted_ms * (1 + 1e-9)) {
+              if (out.violations++ == 0) {
+                out.first = absl::StrCat(device, varlen ? " varlen" : " materialized", " pp ", pp, " dp ", dp,
+                                         " trial ", trial, ": ", BatchingName(static_cast<Batching>(b)), " ",
+                                         other->predicted_ms, " ms < dynamic ", dynamic->predicted_ms, " ms");
+              }
+            }
+          }
+        }
       }
     }
-    return largest;
-  };
-  int compared = 0;
-  for (uint32_t seed = 1; seed <= 60; ++seed) {
-    INFO("seed " << seed);
-    std::mt19937 rng(seed);
-    const auto batch = RandomBatch(rng, 96, max_seq_len);
-    // Packed rows would attend across samples: never with a materialised kernel.
-    auto grid = materialized->Plan(batch, 0, Batching::kDynamic, {});
-    REQUIRE(grid.ok());
-    bool packed = false;
-    grid_tokens(*grid, &packed);
-    CHECK_FALSE(packed);
-
-    auto dynamic = varlen->Plan(batch, 0, Batching::kDynamic, {});
-    auto packing = varlen->Plan(batch, 0, Batching::kPacking, {});
-    REQUIRE(dynamic.ok());
-    REQUIRE(packing.ok());
-    CHECK(ValidatePlans(dynamic->plans).ok());
-    bool ignored = false;
-    // Packing's split was one of dynamic's candidates when its micro-batches
-    // are no larger than dynamic's largest: dynamic is predicted no slower.
-    if (grid_tokens(*packing, &ignored) <= grid_tokens(*dynamic, &ignored)) {
-      ++compared;
-      CHECK(dynamic->predicted_ms <= packing->predicted_ms * (1 + 1e-9));
-    }
   }
-  CHECK(compared >= 3);
+  return out;
+}
+
+TEST_CASE("Dynamic is never predicted slower than any other method on the same batch", "[property]") {
+  const MethodTimes all = CompareWithEveryMethod(DynamicParts{});
+  INFO(all.first);
+  CHECK(all.cases == 3 * 2 * 4 * 2);
+  CHECK(all.violations == 0);
+  // Mutation check: the DP alone (without the other methods' splits among
+  // its candidates) is beaten somewhere, so the property above is not vacuous.
+  DynamicParts dp_only;
+  dp_only.baselines = false;
+  dp_only.balanced = false;
+  CHECK(CompareWithEveryMethod(dp_only).violations > 0);
 }
 
 TEST_CASE("A sample too long for memory is named, with the limit") {
@@ -399,7 +433,7 @@ TEST_CASE("Buffer slots are reused: far fewer slots than buffers") {
               ins.op_case() == proto::Instruction::kRecvGradStart || ins.op_case() == proto::Instruction::kForward ||
               ins.op_case() == proto::Instruction::kBackward;
   }
-  CHECK(p.micro_batches_size() > 8);
+  CHECK(p.micro_batches_size() >= 8);
   CHECK(p.num_buffer_slots() * 4 < writes);
 }
 

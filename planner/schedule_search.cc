@@ -61,6 +61,33 @@ PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order) {
   return t;
 }
 
+double MakespanLowerBound(const PipelineTimes& t) {
+  const int D = t.num_devices, C = t.num_chunks;
+  std::vector<int> first_chunk(D, C);
+  for (int c = C - 1; c >= 0; --c) first_chunk[t.chunk_device[c]] = c;
+  std::vector<double> work(D, 0);
+  std::vector<double> fill(D, std::numeric_limits<double>::infinity()), drain = fill;
+  for (int m = 0; m < t.num_mb; ++m) {
+    double fw_before = 0, bw_before = 0;  // through chunks [0, c)
+    for (int c = 0; c < C; ++c) {
+      const int d = t.chunk_device[c];
+      if (c == first_chunk[d]) {
+        fill[d] = std::min(fill[d], fw_before);
+        drain[d] = std::min(drain[d], bw_before);
+      }
+      const size_t i = t.At(m, c);
+      work[d] += t.fw_ms[i] + t.bw_ms[i];
+      fw_before += t.fw_ms[i];
+      bw_before += t.bw_ms[i];
+    }
+  }
+  double bound = 0;
+  for (int d = 0; d < D; ++d) {
+    if (first_chunk[d] < C && t.num_mb > 0) bound = std::max(bound, work[d] + fill[d] + drain[d]);
+  }
+  return bound;
+}
+
 namespace {
 
 std::vector<std::vector<int>> Orders(int n, const SearchOptions& o) {

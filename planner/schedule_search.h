@@ -40,6 +40,13 @@ absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeC
 // Reorders the micro-batches of `base` by `order`.
 PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order);
 
+// A lower bound on any schedule's simulated makespan for `t`: on each device
+// its own work, plus the fastest micro-batch's forward and backward through
+// the chunks before the device's first (nothing on the device can start
+// earlier, nor its last backward hand on faster). A candidate whose bound is
+// no better than a plan in hand cannot win and need not be searched.
+double MakespanLowerBound(const PipelineTimes& t);
+
 // The search described above. found = false when nothing fits in memory.
 GroupSchedule SearchSchedule(const PipelineTimes& base, double memory_limit_mb, const SearchOptions& options);
 

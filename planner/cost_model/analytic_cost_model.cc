@@ -34,7 +34,11 @@ absl::StatusOr<std::unique_ptr<AnalyticCostModel>> AnalyticCostModel::Create(
   m->attn_eff_ = Or(options.attention_efficiency(), 0.4);
   m->mem_eff_ = Or(options.memory_efficiency(), 0.7);
   m->overhead_ms_ = options.layer_overhead_ms() > 0 ? options.layer_overhead_ms() : 0.03;
-  m->fused_ = options.attention() == proto::AnalyticCostOptions::fused;
+  // Unset: what the model's kernel does (varlen is FlashAttention's fused
+  // kernel; materialized, or a model that names none, writes the scores).
+  m->fused_ = options.attention() == proto::AnalyticCostOptions::unspecified
+                  ? model.attention() == proto::AttentionKernel::varlen
+                  : options.attention() == proto::AnalyticCostOptions::fused;
   m->bytes_ = options.bytes_per_element() > 0 ? options.bytes_per_element()
               : model.dtype() == proto::DType::fp32 ? 4
                                                     : 2;

@@ -38,6 +38,11 @@ PlannerConfig Config(int pp, int dp) {
   c.max_seq_len = 512;
   c.memory_limit_mb = 4096;
   c.recompute = proto::RecomputeLevel::none;
+  // The refit learns from the shapes plans use: the DP's own splits vary
+  // with every batch, where the whole of dynamic may settle on one packed
+  // shape that cannot tell the token and attention terms apart.
+  c.parts.baselines = false;
+  c.parts.balanced = false;
   c.cluster.set_devices_per_node(4);
   c.cluster.mutable_device()->set_name("cpu");
   c.cluster.mutable_device()->set_peak_tflops(0.05);

@@ -27,6 +27,9 @@ struct MicroBatch {
   Shape shape;                  // padded tensor shape: rows x seq (x dec_seq)
   std::vector<Placement> samples;
   bool packed = false;          // rows hold several samples (packing baseline)
+  // The data-parallel group a partitioner that balances groups chose; -1:
+  // the planner splits micro-batches over groups.
+  int group = -1;
 };
 
 // Tokens whose loss counts. Decoder-only: the sequence ends with `target`

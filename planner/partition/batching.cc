@@ -33,6 +33,8 @@ const char* BatchingName(Batching b) {
     case Batching::kPadding: return "padding";
     case Batching::kTokenBased: return "token_based";
     case Batching::kFixedMbs: return "fixed_mbs";
+    case Batching::kPackingBalanced: return "packing_balanced";
+    case Batching::kWlb: return "wlb";
   }
   return "?";
 }

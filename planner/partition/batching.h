@@ -16,8 +16,16 @@
 
 namespace dynapipe::planner {
 
-enum class Batching { kDynamic = 0, kPacking = 1, kPadding = 2, kTokenBased = 3, kFixedMbs = 4 };
-inline constexpr int kNumBatchings = 5;
+enum class Batching {
+  kDynamic = 0,
+  kPacking = 1,
+  kPadding = 2,
+  kTokenBased = 3,
+  kFixedMbs = 4,
+  kPackingBalanced = 5,  // Megatron-Core: THD packing, groups balanced by tokens
+  kWlb = 6,              // WLB-LLM: packing balanced by a linear-plus-quadratic cost
+};
+inline constexpr int kNumBatchings = 7;
 const char* BatchingName(Batching b);
 
 // Orders samples so neighbours have similar lengths: decoder-only by length;

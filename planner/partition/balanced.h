@@ -1,0 +1,77 @@
+#pragma once
+
+// Micro-batches of mixed lengths balanced by predicted cost. With a varlen
+// attention kernel a micro-batch costs its tokens (the linear layers, padding
+// included) and its attention pairs (the sum of n^2 over its samples), not
+// its padded grid, so samples of different lengths can share rows and
+// micro-batches of equal cost make even pipeline stages. Also the two packing
+// baselines that balance data-parallel groups: Megatron-Core's THD packing
+// with token-balanced groups, and WLB-LLM's packing balanced by a
+// linear-plus-quadratic cost.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/partition/batch.h"
+#include "planner/partition/shape_costs.h"
+
+namespace dynapipe::planner {
+
+// A sample's predicted cost on the slowest device, up to a per-micro-batch
+// constant: per_token_ms per token plus per_pair_ms per attention pair.
+struct CostWeights {
+  double per_token_ms = 0;
+  double per_pair_ms = 0;
+  double Of(const Sample& s, bool encoder_decoder) const {
+    const double enc = s.input, dec = encoder_decoder ? s.target : 0;
+    return per_token_ms * (enc + dec) + per_pair_ms * enc * enc;
+  }
+};
+
+// The weights `costs` implies at rows of `row_len` tokens: differences of the
+// pipeline's slowest-device time between rows of one long sample, of many
+// one-token samples, and two such rows. Attention pairs cost nothing extra
+// unless the pipeline's work model computes only pairs inside a sample
+// (varlen, decoder-only). OUT_OF_RANGE passes through from the cost model.
+absl::StatusOr<CostWeights> CostWeightsOf(ShapeCosts& costs, Recompute r, int row_len, int round_multiple);
+
+// `items` (indices into samples) as one packed micro-batch: first-fit-
+// decreasing into rows of at most `max_row` tokens (each side for
+// encoder-decoder models). `tight`: the row count and row length with the
+// smallest grid that fits (as THD kernels see a micro-batch, padding only at
+// row ends); otherwise rows of exactly max_row, as many as first-fit needs.
+// Every item must be at most max_row long. Shape::cells is left 0 (ApplyWork
+// sets it).
+MicroBatch PackRows(std::span<const Sample> samples, std::vector<int> items, int max_row, int round_multiple,
+                    bool encoder_decoder, bool tight);
+
+// Dynamic's varlen partitioner: `groups` x `per_group` micro-batches, each
+// group's in execution order, each packed tight by PackRows. Weight targets:
+// 1 per micro-batch, except `edge` (0 < edge <= 1) for a group's first and
+// last when it has three or more: a pipeline fills behind its first
+// micro-batch's forward and drains behind its last one's backward, so light
+// micro-batches there shorten the bubble while the middle ones stay large
+// enough to run efficiently. Samples, heaviest first, go to the micro-batch
+// with the lowest load over target; with edge 1 the groups get equal loads.
+std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int groups, int per_group,
+                                        const CostWeights& w, int row_len, int round_multiple, bool encoder_decoder,
+                                        double edge = 1.0);
+
+// Megatron-Core's balanced THD packing: samples dealt to data-parallel groups
+// by tokens (longest first onto the group with fewest tokens), then each
+// group's samples packed first-fit-decreasing into rows of row_len, `rows`
+// rows per micro-batch.
+std::vector<MicroBatch> PackingBalancedBatches(std::span<const Sample> samples, int rows, int row_len,
+                                               int round_multiple, bool encoder_decoder, int groups);
+
+// WLB-LLM's packing: micro-batches hold at most rows x row_len tokens; as
+// many as packing needs, rounded up to a multiple of `groups`; samples,
+// heaviest first by `w`, onto the lightest micro-batch with room (a new one
+// when none has). Rows of row_len; micro-batches dealt to groups as in
+// BalancedBatches.
+std::vector<MicroBatch> WlbBatches(std::span<const Sample> samples, int rows, int row_len, int round_multiple,
+                                   const CostWeights& w, bool encoder_decoder, int groups);
+
+}  // namespace dynapipe::planner

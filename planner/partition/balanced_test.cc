@@ -1,0 +1,183 @@
+// The cost-balanced partitioners: every sample placed once inside its row,
+// micro-batches and groups balanced by what they are balanced by, capacity
+// and counts as documented, weights read from the cost model.
+#include "planner/partition/balanced.h"
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "planner/cost_model/analytic_cost_model.h"
+#include "planner/partition/batching.h"
+
+namespace dynapipe::planner {
+namespace {
+
+std::vector<Sample> Samples(std::mt19937& rng, int n, int max_len, bool with_targets) {
+  std::lognormal_distribution<double> len(5.0, 1.0);
+  std::vector<Sample> s;
+  for (int i = 0; i < n; ++i) {
+    const int l = std::clamp(static_cast<int>(len(rng)), 1, max_len);
+    s.push_back({100 + i, l, with_targets ? std::clamp(l / 3, 1, max_len) : 0});
+  }
+  return s;
+}
+
+// Every sample exactly once, inside its row, segments of a row disjoint.
+void CheckCover(const std::vector<Sample>& s, const std::vector<MicroBatch>& mbs, bool ed) {
+  std::multiset<int> seen;
+  for (const MicroBatch& mb : mbs) {
+    CHECK(mb.packed);
+    CHECK(mb.shape.mbs >= 1);
+    CHECK(mb.shape.seq % 8 == 0);
+    std::vector<int> enc_end(mb.shape.mbs, 0), dec_total(mb.shape.mbs, 0);
+    for (const Placement& p : mb.samples) {
+      seen.insert(p.sample);
+      REQUIRE(p.row < mb.shape.mbs);
+      CHECK(p.offset >= enc_end[p.row]);
+      enc_end[p.row] = p.offset + s[p.sample].input;
+      CHECK(enc_end[p.row] <= mb.shape.seq);
+      dec_total[p.row] += ed ? s[p.sample].target : 0;
+      CHECK(dec_total[p.row] <= mb.shape.dec_seq);
+    }
+  }
+  CHECK(seen.size() == s.size());
+  for (size_t i = 0; i < s.size(); ++i) CHECK(seen.count(static_cast<int>(i)) == 1);
+}
+
+std::shared_ptr<const PipelineModel> Pipeline(bool varlen) {
+  proto::ModelSpec model;
+  model.set_kind(proto::ModelKind::gpt);
+  model.set_num_layers(8);
+  model.set_hidden(1024);
+  model.set_heads(16);
+  model.set_vocab(32000);
+  model.set_max_positions(8192);
+  model.set_attention(varlen ? proto::AttentionKernel::varlen : proto::AttentionKernel::materialized);
+  proto::DeviceSpec dev;
+  dev.set_peak_tflops(300);
+  dev.set_memory_bandwidth_gbps(2000);
+  auto cost = AnalyticCostModel::Create(model, dev, {});
+  REQUIRE(cost.ok());
+  auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
+                                  {.limit_mb = 60000}, WorkModel{varlen});
+  REQUIRE(pm.ok());
+  return std::make_shared<PipelineModel>(std::move(*pm));
+}
+
+TEST_CASE("PackRows: tight grids hold every sample, never more than rows of the full length") {
+  std::mt19937 rng(1);
+  for (const bool ed : {false, true}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      const auto s = Samples(rng, 1 + static_cast<int>(rng() % 60), 2048, ed);
+      std::vector<int> items(s.size());
+      for (size_t i = 0; i < s.size(); ++i) items[i] = static_cast<int>(i);
+      const MicroBatch tight = PackRows(s, items, 2048, 8, ed, /*tight=*/true);
+      const MicroBatch full = PackRows(s, items, 2048, 8, ed, /*tight=*/false);
+      CheckCover(s, {tight}, ed);
+      CheckCover(s, {full}, ed);
+      CHECK(full.shape.seq == 2048);
+      CHECK(tight.shape.seq <= 2048);
+      int64_t tokens = 0;
+      for (const Sample& x : s) tokens += x.input;
+      const auto grid = [](const Shape& sh) { return static_cast<int64_t>(sh.mbs) * (sh.seq + sh.dec_seq); };
+      CHECK(grid(tight.shape) >= tokens);
+      CHECK(grid(tight.shape) <= grid(full.shape));
+    }
+  }
+  // Three samples of 1000 fit one row of 3000, not rows of 2048.
+  const std::vector<Sample> three = {{0, 1000, 0}, {1, 1000, 0}, {2, 1000, 0}};
+  const MicroBatch m = PackRows(three, {0, 1, 2}, 4096, 8, false, true);
+  CHECK(m.shape == Shape{1, 3000, 0});
+}
+
+TEST_CASE("BalancedBatches: groups of near-equal weight, per_group micro-batches each, lighter at the edges") {
+  std::mt19937 rng(2);
+  const CostWeights w{1e-3, 1e-6};
+  for (int trial = 0; trial < 30; ++trial) {
+    const auto s = Samples(rng, 200, 1024, false);
+    const int groups = 1 + trial % 4, per_group = 2 + trial % 5;
+    const double edge = trial % 3 == 0 ? 1.0 : trial % 3 == 1 ? 0.5 : 0.25;
+    INFO("groups " << groups << " per_group " << per_group << " edge " << edge);
+    const auto mbs = BalancedBatches(s, groups, per_group, w, 1024, 8, false, edge);
+    CheckCover(s, mbs, false);
+    REQUIRE(mbs.size() == static_cast<size_t>(groups * per_group));
+    double heaviest_sample = 0;
+    for (const Sample& x : s) heaviest_sample = std::max(heaviest_sample, w.Of(x, false));
+    std::vector<std::vector<double>> loads(groups);  // per group, in execution order
+    for (const MicroBatch& mb : mbs) {
+      REQUIRE(mb.group >= 0);
+      REQUIRE(mb.group < groups);
+      double load = 0;
+      for (const Placement& p : mb.samples) load += w.Of(s[p.sample], false);
+      loads[mb.group].push_back(load);
+    }
+    std::vector<double> totals;
+    for (const auto& g : loads) {
+      REQUIRE(g.size() == static_cast<size_t>(per_group));
+      totals.push_back(std::accumulate(g.begin(), g.end(), 0.0));
+      // Longest-processing-time first against the targets: each micro-batch
+      // within one sample of its share.
+      const double unit = totals.back() / (per_group >= 3 ? per_group - 2 + 2 * edge : per_group);
+      for (int b = 0; b < per_group; ++b) {
+        const double share = (per_group >= 3 && (b == 0 || b == per_group - 1) ? edge : 1.0) * unit;
+        CHECK(std::abs(g[b] - share) <= heaviest_sample + 1e-9);
+      }
+    }
+    const auto [lo, hi] = std::minmax_element(totals.begin(), totals.end());
+    CHECK(*hi - *lo <= heaviest_sample + 1e-9);
+  }
+}
+
+TEST_CASE("PackingBalancedBatches: groups get near-equal tokens; WlbBatches respect their capacity") {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 20; ++trial) {
+    const auto s = Samples(rng, 150, 2048, false);
+    const int groups = 1 + trial % 4, rows = 1 << (trial % 3);
+    const auto pb = PackingBalancedBatches(s, rows, 2048, 8, false, groups);
+    CheckCover(s, pb, false);
+    std::vector<int64_t> tokens(groups, 0);
+    int longest = 0;
+    for (const Sample& x : s) longest = std::max(longest, x.input);
+    for (const MicroBatch& mb : pb) {
+      REQUIRE(mb.group >= 0);
+      CHECK(mb.shape.mbs <= rows);
+      for (const Placement& p : mb.samples) tokens[mb.group] += s[p.sample].input;
+    }
+    const auto [lo, hi] = std::minmax_element(tokens.begin(), tokens.end());
+    CHECK(*hi - *lo <= longest);
+
+    const auto wlb = WlbBatches(s, rows, 2048, 8, CostWeights{1e-3, 1e-6}, false, groups);
+    CheckCover(s, wlb, false);
+    CHECK(wlb.size() % groups == 0);
+    for (const MicroBatch& mb : wlb) {
+      int64_t t = 0;
+      for (const Placement& p : mb.samples) t += s[p.sample].input;
+      CHECK(t <= static_cast<int64_t>(rows) * 2048);
+      CHECK(mb.shape.seq == 2048);
+    }
+  }
+}
+
+TEST_CASE("CostWeightsOf: attention pairs cost only with a varlen kernel") {
+  ShapeCosts varlen(Pipeline(true)), grid(Pipeline(false));
+  auto v = CostWeightsOf(varlen, Recompute::kNone, 2048, 8);
+  auto g = CostWeightsOf(grid, Recompute::kNone, 2048, 8);
+  REQUIRE(v.ok());
+  REQUIRE(g.ok());
+  CHECK(v->per_token_ms > 0);
+  CHECK(v->per_pair_ms > 0);
+  CHECK(g->per_pair_ms == 0);
+  // The weights reproduce the model: a row of one 2048-token sample against
+  // a row of 2048 one-token samples differs by the pairs between them.
+  auto one = varlen.Time(WorkShape({1, 2048, 0}, 2048LL * 2048, varlen.model().work()), Recompute::kNone);
+  auto many = varlen.Time(WorkShape({1, 2048, 0}, 2048, varlen.model().work()), Recompute::kNone);
+  REQUIRE(one.ok());
+  REQUIRE(many.ok());
+  CHECK(one->time_ms - many->time_ms == Catch::Detail::Approx(v->per_pair_ms * (2048.0 * 2048 - 2048)));
+}
+
+}  // namespace
+}  // namespace dynapipe::planner
