@@ -58,7 +58,7 @@ Shape ShapeOf(const proto::MicroBatch& mb, const WorkModel& work) {
 
 // A chunk's base costs and features for one micro-batch shape.
 struct ChunkSample {
-  double base_fw = 0, base_bw = 0, tokens = 0, attention = 0;
+  double base_fw = 0, base_bw = 0, tokens = 0, attention = 0, size = 0;
 };
 
 absl::StatusOr<ChunkSample> ChunkSampleOf(const Chunk& c, const LayerCostModel& base, const Shape& shape,
@@ -73,6 +73,7 @@ absl::StatusOr<ChunkSample> ChunkSampleOf(const Chunk& c, const LayerCostModel& 
     out.base_bw += n * l->bw_ms;
     out.tokens += n * f.tokens;
     out.attention += n * f.attention;
+    out.size += n * f.size;
   }
   return out;
 }
@@ -88,17 +89,18 @@ bool PipelineSpans(const RefitTerms& terms, const IterationSamples& s, double* s
 }
 
 double PassTime(const PassFit& p, const ComputeSample& s) {
-  return p.scale * s.base_ms + p.token_ms * s.tokens + p.attention_ms * s.attention + p.micro_batch_ms;
+  return p.scale * s.base_ms + p.token_ms * s.tokens + p.attention_ms * s.attention + p.size_ms * s.size +
+         p.micro_batch_ms;
 }
 
 PassFit FitPass(std::span<const IterationSamples* const> window, bool backward, const PassFit& prior,
                 double ridge) {
   NnlsProblem p;
-  p.num_features = 4;
+  p.num_features = 5;
   for (const IterationSamples* it : window) {
     for (const ComputeSample& s : it->compute) {
       if (s.backward != backward) continue;
-      const double row[4] = {s.base_ms, s.tokens, s.attention, 1.0};
+      const double row[5] = {s.base_ms, s.tokens, s.attention, 1.0, s.size};
       p.AddRow(row, s.measured_ms);
     }
   }
@@ -108,11 +110,13 @@ PassFit FitPass(std::span<const IterationSamples* const> window, bool backward, 
   double measured = 0, base = 0;
   for (int i = 0; i < p.rows(); ++i) {
     measured += p.y[i];
-    base += p.x[static_cast<size_t>(i) * 4];
+    base += p.x[static_cast<size_t>(i) * 5];
   }
-  const double prior_w[4] = {base > 0 ? measured / base : 1.0, 0, 0, 0};
+  // The size term keeps what earlier fits learned: once plans settle on one
+  // size, the window no longer shows how a token's cost grows with it.
+  const double prior_w[5] = {base > 0 ? measured / base : 1.0, 0, 0, 0, prior.size_ms};
   const std::vector<double> w = SolveNnls(p, prior_w, ridge);
-  return {w[0], w[1], w[2], w[3]};
+  return {w[0], w[1], w[2], w[3], w[4]};
 }
 
 // Fills out->groups (and the layout) from the plans: each group's
@@ -149,8 +153,8 @@ absl::Status AddReplay(const PipelineModel& layout, const LayerCostModel& base,
           absl::StatusOr<ChunkSample> cs = ChunkSampleOf(layout.chunks()[c], base, shape, r);
           if (!cs.ok()) return cs.status();
           const size_t i = static_cast<size_t>(m) * C + c;
-          g.fw[i] = {false, cs->base_fw, cs->tokens, cs->attention, 0};
-          g.bw[i] = {true, cs->base_bw, cs->tokens, cs->attention, 0};
+          g.fw[i] = {false, cs->base_fw, cs->tokens, cs->attention, cs->size, 0};
+          g.bw[i] = {true, cs->base_bw, cs->tokens, cs->attention, cs->size, 0};
           g.boundary_mb[i] = layout.BoundaryMb(shape, c);
         }
       }
@@ -245,7 +249,7 @@ void BoundStep(std::span<const IterationSamples* const> kept, const RefitTerms& 
     auto mix = [t](double a, double b) { return a + t * (b - a); };
     auto mix_pass = [&](const PassFit& a, const PassFit& b) {
       return PassFit{mix(a.scale, b.scale), mix(a.token_ms, b.token_ms), mix(a.attention_ms, b.attention_ms),
-                     mix(a.micro_batch_ms, b.micro_batch_ms)};
+                     mix(a.micro_batch_ms, b.micro_batch_ms), mix(a.size_ms, b.size_ms)};
     };
     fit.fw = mix_pass(prior.fw, fit.fw);
     fit.bw = mix_pass(prior.bw, fit.bw);
@@ -380,7 +384,7 @@ absl::Status ReportReader::AddCompute(const proto::InstructionTiming& t, const p
   }
   const bool backward = ins.op_case() == proto::Instruction::kBackward;
   const ChunkSample& cs = it->second;
-  out_.compute.push_back({backward, backward ? cs.base_bw : cs.base_fw, cs.tokens, cs.attention, ms});
+  out_.compute.push_back({backward, backward ? cs.base_bw : cs.base_fw, cs.tokens, cs.attention, cs.size, ms});
   if (!backward) ++out_.units;
   return absl::OkStatus();
 }

@@ -35,7 +35,7 @@ namespace dynapipe::planner {
 struct ComputeSample {
   bool backward = false;
   double base_ms = 0;  // the base model's layers, no overheads
-  double tokens = 0, attention = 0;  // LayerFeatures summed over the chunk
+  double tokens = 0, attention = 0, size = 0;  // LayerFeatures summed over the chunk
   double measured_ms = 0;
 };
 

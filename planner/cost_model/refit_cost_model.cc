@@ -8,9 +8,9 @@ namespace dynapipe::planner {
 LayerFeatures FeaturesOf(LayerKind kind, const Shape& shape) {
   const double b = shape.mbs, s = shape.seq, sd = shape.dec_seq;
   switch (kind) {
-    case LayerKind::kEncoder: return {b * s, shape.work_cells()};
+    case LayerKind::kEncoder: return {b * s, shape.work_cells(), b * s * b * s * kSizeUnit};
     // Self-attention over the decoder length plus cross-attention to the encoder.
-    case LayerKind::kDecoder: return {b * sd, b * sd * (sd + s)};
+    case LayerKind::kDecoder: return {b * sd, b * sd * (sd + s), b * sd * b * sd * kSizeUnit};
     case LayerKind::kEmbedding:
     case LayerKind::kPostprocess: break;
   }
@@ -25,12 +25,13 @@ proto::PassTerms PassToProto(const PassFit& p) {
   t.set_token_ms(p.token_ms);
   t.set_attention_ms(p.attention_ms);
   t.set_micro_batch_ms(p.micro_batch_ms);
+  t.set_size_ms(p.size_ms);
   return t;
 }
 
 PassFit PassFromProto(const proto::PassTerms& t, bool layout_matches) {
   if (!layout_matches) return PassFit{.micro_batch_ms = t.micro_batch_ms()};
-  return PassFit{t.scale(), t.token_ms(), t.attention_ms(), t.micro_batch_ms()};
+  return PassFit{t.scale(), t.token_ms(), t.attention_ms(), t.micro_batch_ms(), t.size_ms()};
 }
 
 }  // namespace
@@ -73,12 +74,12 @@ absl::StatusOr<LayerCost> RefitCostModel::Cost(LayerKind kind, const Shape& shap
   const LayerFeatures f = FeaturesOf(kind, shape);
   const PassFit& fw = terms_.fw;
   const PassFit& bw = terms_.bw;
-  const double fw_extra = fw.token_ms * f.tokens + fw.attention_ms * f.attention;
+  const double fw_extra = fw.token_ms * f.tokens + fw.attention_ms * f.attention + fw.size_ms * f.size;
   const double k = terms_.pipeline_factor;
   c.fw_ms = k * (fw.scale * c.fw_ms + fw_extra);
   // The base backward of kFull already includes its recomputed forward; the
   // fitted terms were measured under the plan's own recomputation level.
-  c.bw_ms = k * (bw.scale * c.bw_ms + bw.token_ms * f.tokens + bw.attention_ms * f.attention);
+  c.bw_ms = k * (bw.scale * c.bw_ms + bw.token_ms * f.tokens + bw.attention_ms * f.attention + bw.size_ms * f.size);
   return c;
 }
 

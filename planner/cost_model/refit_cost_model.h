@@ -3,7 +3,8 @@
 // A base cost model corrected by coefficients fitted to measured iterations
 // (planner/cost_model/cost_refit.h fits them). Per pass (forward, backward),
 // the time of a model chunk for one micro-batch is
-//   scale * base + token_ms * tokens + attention_ms * attention + micro_batch_ms
+//   scale * base + token_ms * tokens + attention_ms * attention
+//     + size_ms * size + micro_batch_ms
 // where tokens and attention sum LayerFeatures over the chunk's layers. Per
 // layer this is scale * base plus the token and attention terms of
 // transformer layers; the per-micro-batch constant (and the measured dispatch
@@ -24,6 +25,9 @@ struct PassFit {
   double token_ms = 0;        // per padded token per transformer layer
   double attention_ms = 0;    // per row x query length x key length per transformer layer
   double micro_batch_ms = 0;  // per micro-batch per chunk, inside the compute instruction
+  // Per unit of LayerFeatures::size: what each token costs more as its
+  // micro-batch grows (working sets past the caches on CPUs).
+  double size_ms = 0;
   bool operator==(const PassFit&) const = default;
 };
 
@@ -56,7 +60,9 @@ RefitTerms FromProto(const proto::MeasuredTerms& terms, bool layout_matches);
 struct LayerFeatures {
   double tokens = 0;
   double attention = 0;
+  double size = 0;  // tokens squared x kSizeUnit: per-token cost growing with the micro-batch
 };
+inline constexpr double kSizeUnit = 1e-4;
 LayerFeatures FeaturesOf(LayerKind kind, const Shape& shape);
 
 class RefitCostModel : public LayerCostModel {

@@ -101,8 +101,15 @@ absl::Status JobRefit::Report(const proto::IterationReport& report, const FetchP
   if (!next.ok()) return next.status();
   current_ = std::move(*next);
   if (explore_until_ < 0 || iteration < explore_until_) {
+    // Exploration plans with the DP's own splits, whose sizes change from
+    // batch to batch: the whole of dynamic may settle on one packed shape,
+    // and the fit needs micro-batches of many sizes to tell what a token
+    // costs in a large one from what it costs in a small one.
+    PlannerConfig explore_config = base.config();
+    explore_config.parts.baselines = false;
+    explore_config.parts.balanced = false;
     absl::StatusOr<std::unique_ptr<Planner>> explore = Planner::Create(
-        base.config(), std::make_shared<RefitCostModel>(base.model().shared_cost_model(), refit_.ExplorationTerms()));
+        explore_config, std::make_shared<RefitCostModel>(base.model().shared_cost_model(), refit_.ExplorationTerms()));
     if (!explore.ok()) return explore.status();
     explore_ = std::move(*explore);
   } else {
