@@ -167,6 +167,16 @@ def summarize(runs, dumps, peak, ours, torches):
                   fmt(med([mfu(x) for x in sides[eager].values()]), "{:.1%}"), pm, fmt(med(launch), "{:.2f}"),
                   fmt(loss_diff, "{:.2g}")]
         out.append("| " + " | ".join(cells) + " |")
+    # Issue 34's GPU check: dynamic's measured tokens/s at least packing's
+    # (the job's layout; the bench jobs run one stage).
+    for length in sorted({k[0] for k in by}):
+        r = None
+        dyn, pack = by.get((length, "dynamic", main), {}), by.get((length, "packing", main), {})
+        if dyn and pack:
+            r = med([tps(dyn[k]) / tps(pack[k]) for k in dyn if k in pack and tps(dyn[k]) and tps(pack[k])])
+        if r is not None:
+            out.append(f"\ndynamic vs packing ({main}), max length {length}: {r:.2f}x "
+                       f"({'meets' if r >= 1.0 else 'misses'} dynamic >= packing)")
     return out
 
 

@@ -89,26 +89,35 @@ void CandidateMaker::Balanced(CandidateSplits& out) {
   std::vector<int> counts;
   for (int m = 1; m <= std::min(most, 2 * S * C); ++m) counts.push_back(m);
   for (double m = 3.0 * S * C; m <= most; m *= 1.5) counts.push_back(static_cast<int>(m));
-  // The best few counts of each edge weight by RampEstimate, best first.
+  // Per edge weight, the best few counts by the weights alone (no packing),
+  // then those built and ranked by RampEstimate on the cost model.
+  double total = 0;
+  for (const Sample& smp : samples_) total += w->Of(smp, ed_);
+  const double group_load = total / D;
   const size_t keep = static_cast<size_t>(std::max(1, config_.dp_candidates));
   std::vector<std::pair<double, std::vector<MicroBatch>>> kept;
   for (const double edge : {1.0, 0.5, 0.25}) {
     if (edge < 1 && S == 1) continue;  // no bubble to shorten
-    std::vector<std::pair<double, std::vector<MicroBatch>>> scored;
+    std::vector<std::pair<double, int>> by_weights;
     for (int m : counts) {
       if (edge < 1 && m < 3) continue;  // no middle to keep large
-      std::vector<MicroBatch> mbs =
-          BalancedBatches(samples_, D, m, *w, config_.max_seq_len, config_.round_multiple, ed_, edge);
+      const double unit = group_load / (m >= 3 ? m - 2 + 2 * edge : m);
+      const double first = (m >= 3 ? edge : 1.0) * unit + w->per_micro_batch_ms;
+      const double work = group_load + m * w->per_micro_batch_ms;
+      by_weights.push_back({work + (S - 1) * (first + 2 * first) / (3.0 * C), m});
+    }
+    std::stable_sort(by_weights.begin(), by_weights.end());
+    for (size_t i = 0; i < std::min(keep, by_weights.size()); ++i) {
+      std::vector<MicroBatch> mbs = BalancedBatches(samples_, D, by_weights[i].second, *w, config_.max_seq_len,
+                                                    config_.round_multiple, ed_, edge);
       ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
       const std::optional<double> estimate = RampEstimate(mbs);
       if (!estimate.has_value()) {
         out.memory_bound = true;
         continue;
       }
-      scored.push_back({*estimate, std::move(mbs)});
+      kept.push_back({*estimate, std::move(mbs)});
     }
-    std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (size_t i = 0; i < std::min(keep, scored.size()); ++i) kept.push_back(std::move(scored[i]));
   }
   std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [estimate, mbs] : kept) out.splits.push_back(std::move(mbs));

@@ -105,6 +105,8 @@ absl::StatusOr<CostWeights> CostWeightsOf(ShapeCosts& costs, Recompute r, int ro
       w.per_token_ms = (two_short->time_ms - short_row->time_ms) / static_cast<double>(L + dec) -
                        w.per_pair_ms * L / static_cast<double>(L + dec);
       if (!(w.per_token_ms > 0)) w.per_token_ms = 1e-6;  // a model that does not grow with tokens: balance tokens
+      w.per_micro_batch_ms =
+          std::max(0.0, short_row->time_ms - w.per_token_ms * (L + dec) - w.per_pair_ms * static_cast<double>(L));
       return w;
     }
     for (const auto* s : {&one_long, &short_row, &two_short}) {

@@ -19,11 +19,13 @@
 
 namespace dynapipe::planner {
 
-// A sample's predicted cost on the slowest device, up to a per-micro-batch
-// constant: per_token_ms per token plus per_pair_ms per attention pair.
+// A sample's predicted cost on the slowest device: per_token_ms per token
+// plus per_pair_ms per attention pair (Of), and per_micro_batch_ms for each
+// micro-batch.
 struct CostWeights {
   double per_token_ms = 0;
   double per_pair_ms = 0;
+  double per_micro_batch_ms = 0;  // what a micro-batch costs beyond its tokens and pairs
   double Of(const Sample& s, bool encoder_decoder) const {
     const double enc = s.input, dec = encoder_decoder ? s.target : 0;
     return per_token_ms * (enc + dec) + per_pair_ms * enc * enc;
