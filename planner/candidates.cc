@@ -1,6 +1,7 @@
 #include "planner/candidates.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
@@ -96,20 +97,27 @@ void CandidateMaker::Balanced(CandidateSplits& out) {
   const double group_load = total / D;
   const size_t keep = static_cast<size_t>(std::max(1, config_.dp_candidates));
   std::vector<std::pair<double, std::vector<MicroBatch>>> kept;
-  for (const double edge : {1.0, 0.5, 0.25}) {
-    if (edge < 1 && S == 1) continue;  // no bubble to shorten
+  std::vector<Ramp> ramps = {Ramp{}};
+  if (S > 1) {  // a bubble to shorten: light first and last, or a ramp over the fill
+    for (const double edge : {0.5, 0.25, 0.1}) {
+      ramps.push_back(Ramp{edge, 1});
+      ramps.push_back(Ramp{edge, std::max(2, (S - 1) / C)});
+    }
+  }
+  for (const Ramp& ramp : ramps) {
     std::vector<std::pair<double, int>> by_weights;
     for (int m : counts) {
-      if (edge < 1 && m < 3) continue;  // no middle to keep large
-      const double unit = group_load / (m >= 3 ? m - 2 + 2 * edge : m);
-      const double first = (m >= 3 ? edge : 1.0) * unit + w->per_micro_batch_ms;
+      if (ramp.edge < 1 && m < 3) continue;  // no ramp
+      const std::vector<double> target = RampTargets(m, ramp);
+      const double unit = group_load / std::accumulate(target.begin(), target.end(), 0.0);
+      const double edge_ms = target.front() * unit + w->per_micro_batch_ms;
       const double work = group_load + m * w->per_micro_batch_ms;
-      by_weights.push_back({work + (S - 1) * (first + 2 * first) / (3.0 * C), m});
+      by_weights.push_back({work + (S - 1) * edge_ms / C, m});
     }
     std::stable_sort(by_weights.begin(), by_weights.end());
     for (size_t i = 0; i < std::min(keep, by_weights.size()); ++i) {
       std::vector<MicroBatch> mbs = BalancedBatches(samples_, D, by_weights[i].second, *w, config_.max_seq_len,
-                                                    config_.round_multiple, ed_, edge);
+                                                    config_.round_multiple, ed_, ramp);
       ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
       const std::optional<double> estimate = RampEstimate(mbs);
       if (!estimate.has_value()) {

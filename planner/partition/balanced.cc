@@ -1,6 +1,8 @@
 #include "planner/partition/balanced.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <queue>
 
@@ -87,6 +89,17 @@ std::vector<MicroBatch> PackAndDeal(std::span<const Sample> samples, std::vector
 
 }  // namespace
 
+std::vector<double> RampTargets(int count, const Ramp& ramp) {
+  std::vector<double> target(count, 1.0);
+  if (count < 3) return target;
+  const int length = std::max(1, ramp.length);
+  for (int k = 0; k < count; ++k) {
+    const int from_end = std::min(k, count - 1 - k);
+    if (from_end < length) target[k] = ramp.edge + (1.0 - ramp.edge) * from_end / length;
+  }
+  return target;
+}
+
 absl::StatusOr<CostWeights> CostWeightsOf(ShapeCosts& costs, Recompute r, int row_len, int round_multiple) {
   const WorkModel& work = costs.model().work();
   const bool ed = costs.model().encoder_decoder();
@@ -171,7 +184,7 @@ MicroBatch PackRows(std::span<const Sample> samples, std::vector<int> items, int
 
 std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int groups, int per_group,
                                         const CostWeights& w, int row_len, int round_multiple, bool encoder_decoder,
-                                        double edge) {
+                                        const Ramp& ramp) {
   per_group = std::max(1, std::min(per_group, static_cast<int>(samples.size()) / std::max(1, groups)));
   // Groups first (heaviest sample onto the lightest group), so their loads
   // differ by at most one sample; then each group's micro-batches.
@@ -183,23 +196,38 @@ std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int gro
     of_group[g].push_back(i);
     group_load[g] += w.Of(samples[i], encoder_decoder);
   }
-  std::vector<double> target(per_group, 1.0);
-  if (per_group >= 3) target.front() = target.back() = edge;
+  const std::vector<double> target = RampTargets(per_group, ramp);
+  // One min-heap of (load, micro-batch) per distinct target: a sample goes
+  // to the micro-batch whose load over target is lowest once it is added,
+  // so a heavy sample never lands in a light edge micro-batch while a
+  // middle one has room.
+  std::vector<double> levels(target.begin(), target.end());
+  std::sort(levels.begin(), levels.end());
+  levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
+  using Slot = std::pair<double, int>;
+  using MinHeap = std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>>;
   std::vector<MicroBatch> out;
-  using Slot = std::pair<double, int>;  // (load / target, micro-batch)
   for (int g = 0; g < groups; ++g) {
     std::vector<std::vector<int>> members(per_group);
-    std::vector<double> load(per_group, 0);
-    // Min-heap: the least filled micro-batch takes the next heaviest sample
-    // (of_group[g] keeps the heaviest-first order).
-    std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> least;
-    for (int b = 0; b < per_group; ++b) least.push({0.0, b});
-    for (int i : of_group[g]) {
-      const int b = least.top().second;
-      least.pop();
+    std::vector<MinHeap> heaps(levels.size());
+    for (int b = 0; b < per_group; ++b) {
+      heaps[std::lower_bound(levels.begin(), levels.end(), target[b]) - levels.begin()].push({0.0, b});
+    }
+    for (int i : of_group[g]) {  // heaviest first
+      const double wi = w.Of(samples[i], encoder_decoder);
+      size_t best = 0;
+      double best_ratio = std::numeric_limits<double>::infinity();
+      for (size_t l = 0; l < heaps.size(); ++l) {
+        const double ratio = (heaps[l].top().first + wi) / levels[l];
+        if (ratio < best_ratio) {
+          best_ratio = ratio;
+          best = l;
+        }
+      }
+      const auto [load, b] = heaps[best].top();
+      heaps[best].pop();
       members[b].push_back(i);
-      load[b] += w.Of(samples[i], encoder_decoder);
-      least.push({load[b] / target[b], b});
+      heaps[best].push({load + wi, b});
     }
     for (int b = 0; b < per_group; ++b) {
       if (members[b].empty()) continue;

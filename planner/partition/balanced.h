@@ -49,17 +49,29 @@ absl::StatusOr<CostWeights> CostWeightsOf(ShapeCosts& costs, Recompute r, int ro
 MicroBatch PackRows(std::span<const Sample> samples, std::vector<int> items, int max_row, int round_multiple,
                     bool encoder_decoder, bool tight);
 
+// Lighter micro-batches at both ends of a group's execution order. A
+// pipeline fills behind its first micro-batches' forwards and drains behind
+// its last ones' backwards (in 1F1B the first stage's cool-down waits on the
+// last S - 1), so light micro-batches there shorten the bubble while the
+// middle ones stay large enough to run efficiently.
+struct Ramp {
+  double edge = 1.0;  // the outermost micro-batch's weight (0 < edge <= 1)
+  int length = 1;     // micro-batches at each end rising linearly from edge toward 1
+};
+
+// Relative weights of `count` micro-batches in execution order: 1, except
+// the `ramp.length` outermost at each end, edge + (1 - edge) * k / length
+// for the k-th from its end; all 1 below three micro-batches.
+std::vector<double> RampTargets(int count, const Ramp& ramp);
+
 // Dynamic's varlen partitioner: `groups` x `per_group` micro-batches, each
-// group's in execution order, each packed tight by PackRows. Weight targets:
-// 1 per micro-batch, except `edge` (0 < edge <= 1) for a group's first and
-// last when it has three or more: a pipeline fills behind its first
-// micro-batch's forward and drains behind its last one's backward, so light
-// micro-batches there shorten the bubble while the middle ones stay large
-// enough to run efficiently. Samples, heaviest first, go to the micro-batch
-// with the lowest load over target; with edge 1 the groups get equal loads.
+// group's in execution order, each packed tight by PackRows, weighted
+// RampTargets(per_group, ramp). Samples go to groups heaviest first onto the
+// lightest (loads within one sample), then within a group heaviest first to
+// the micro-batch whose load over its weight is lowest once it is added.
 std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int groups, int per_group,
                                         const CostWeights& w, int row_len, int round_multiple, bool encoder_decoder,
-                                        double edge = 1.0);
+                                        const Ramp& ramp = {});
 
 // Megatron-Core's balanced THD packing: samples dealt to data-parallel groups
 // by tokens (longest first onto the group with fewest tokens), then each

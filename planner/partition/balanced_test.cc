@@ -93,15 +93,22 @@ TEST_CASE("PackRows: tight grids hold every sample, never more than rows of the 
   CHECK(m.shape == Shape{1, 3000, 0});
 }
 
-TEST_CASE("BalancedBatches: groups of near-equal weight, per_group micro-batches each, lighter at the edges") {
+TEST_CASE("RampTargets: linear from the edge weight over the ramp, 1 in the middle") {
+  CHECK(RampTargets(2, Ramp{0.25, 1}) == std::vector<double>{1, 1});
+  CHECK(RampTargets(5, Ramp{0.5, 1}) == std::vector<double>{0.5, 1, 1, 1, 0.5});
+  CHECK(RampTargets(7, Ramp{0.25, 2}) == std::vector<double>{0.25, 0.625, 1, 1, 1, 0.625, 0.25});
+  CHECK(RampTargets(4, Ramp{0.0, 3}) == std::vector<double>{0, 1.0 / 3, 1.0 / 3, 0});
+}
+
+TEST_CASE("BalancedBatches: groups of near-equal weight, per_group micro-batches each, weighted by the ramp") {
   std::mt19937 rng(2);
   const CostWeights w{1e-3, 1e-6};
   for (int trial = 0; trial < 30; ++trial) {
     const auto s = Samples(rng, 200, 1024, false);
-    const int groups = 1 + trial % 4, per_group = 2 + trial % 5;
-    const double edge = trial % 3 == 0 ? 1.0 : trial % 3 == 1 ? 0.5 : 0.25;
-    INFO("groups " << groups << " per_group " << per_group << " edge " << edge);
-    const auto mbs = BalancedBatches(s, groups, per_group, w, 1024, 8, false, edge);
+    const int groups = 1 + trial % 4, per_group = 2 + trial % 7;
+    const Ramp ramp{trial % 3 == 0 ? 1.0 : trial % 3 == 1 ? 0.5 : 0.25, 1 + trial % 3};
+    INFO("groups " << groups << " per_group " << per_group << " edge " << ramp.edge << " length " << ramp.length);
+    const auto mbs = BalancedBatches(s, groups, per_group, w, 1024, 8, false, ramp);
     CheckCover(s, mbs, false);
     REQUIRE(mbs.size() == static_cast<size_t>(groups * per_group));
     double heaviest_sample = 0;
@@ -114,16 +121,15 @@ TEST_CASE("BalancedBatches: groups of near-equal weight, per_group micro-batches
       for (const Placement& p : mb.samples) load += w.Of(s[p.sample], false);
       loads[mb.group].push_back(load);
     }
+    const std::vector<double> target = RampTargets(per_group, ramp);
+    const double weights = std::accumulate(target.begin(), target.end(), 0.0);
     std::vector<double> totals;
     for (const auto& g : loads) {
       REQUIRE(g.size() == static_cast<size_t>(per_group));
       totals.push_back(std::accumulate(g.begin(), g.end(), 0.0));
-      // Longest-processing-time first against the targets: each micro-batch
-      // within one sample of its share.
-      const double unit = totals.back() / (per_group >= 3 ? per_group - 2 + 2 * edge : per_group);
+      // Each micro-batch within one sample of its share.
       for (int b = 0; b < per_group; ++b) {
-        const double share = (per_group >= 3 && (b == 0 || b == per_group - 1) ? edge : 1.0) * unit;
-        CHECK(std::abs(g[b] - share) <= heaviest_sample + 1e-9);
+        CHECK(std::abs(g[b] - target[b] * totals.back() / weights) <= heaviest_sample + 1e-9);
       }
     }
     const auto [lo, hi] = std::minmax_element(totals.begin(), totals.end());
