@@ -22,7 +22,14 @@ absl::StatusOr<CandidateSplits> CandidateMaker::Make(Batching b) {
     if (!result.ok()) return result.status();
     out.splits = std::move(*result);
     out.memory_bound = stats.memory_bound;
-    if (config_.parts.balanced && config_.work.varlen_attention && !ed_) Balanced(out);
+    const bool varlen = config_.work.varlen_attention && !ed_;
+    if (config_.parts.balanced && varlen) Balanced(out);
+    // Ramped padded runs for decoder-only models (on the T5-3B-like set-ups
+    // of benchmarks/plan_baselines.py they won nothing and tripled planning).
+    if (config_.parts.balanced && !varlen && !ed_ && config_.pp > 1 && !out.splits.empty()) {
+      const int dp_count = static_cast<int>((out.splits.front().size() + config_.dp - 1) / config_.dp);
+      RampedPadded(dp_count, out);
+    }
     for (int other = 1; other < kNumBatchings && config_.parts.baselines; ++other) {
       Sizes(static_cast<Batching>(other), out);
     }
@@ -129,6 +136,27 @@ void CandidateMaker::Balanced(CandidateSplits& out) {
   }
   std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [estimate, mbs] : kept) out.splits.push_back(std::move(mbs));
+}
+
+void CandidateMaker::RampedPadded(int dp_count, CandidateSplits& out) {
+  const int S = config_.pp, C = costs_.model().chunks_per_device();
+  std::vector<std::pair<double, std::vector<MicroBatch>>> scored;
+  for (const double edge : {0.5, 0.25, 0.1}) {
+    for (const int length : {1, std::max(2, (S - 1) / C)}) {
+      for (const int m : {dp_count, dp_count + std::max(1, S / 2), dp_count + S}) {
+        if (m < 3) continue;
+        std::vector<MicroBatch> mbs =
+            RampedRuns(samples_, order_, config_.dp, m, Ramp{edge, length}, costs_, r_, config_.round_multiple);
+        if (mbs.empty()) continue;
+        ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
+        const std::optional<double> estimate = RampEstimate(mbs);
+        if (estimate.has_value()) scored.push_back({*estimate, std::move(mbs)});
+      }
+    }
+  }
+  std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const size_t keep = std::min(scored.size(), static_cast<size_t>(2 * std::max(1, config_.dp_candidates)));
+  for (size_t i = 0; i < keep; ++i) out.splits.push_back(std::move(scored[i].second));
 }
 
 std::optional<double> CandidateMaker::RampEstimate(std::span<const MicroBatch> mbs) {

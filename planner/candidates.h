@@ -47,6 +47,9 @@ class CandidateMaker {
   // Dynamic's varlen partitioner over micro-batch counts and edge weights,
   // the best few by RampEstimate.
   void Balanced(CandidateSplits& out);
+  // Ramped splits for padded kernels (RampedRuns) around the DP's
+  // micro-batch count `dp_count` per group, the best few by RampEstimate.
+  void RampedPadded(int dp_count, CandidateSplits& out);
   // A split's predicted iteration before simulation: the slowest group's
   // work plus its fill and drain; nullopt when a micro-batch does not fit.
   std::optional<double> RampEstimate(std::span<const MicroBatch> mbs);

@@ -238,6 +238,85 @@ std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int gro
   return out;
 }
 
+namespace {
+
+// Cuts `order` into at most `runs` contiguous runs, run k costing at most
+// target[k] * unit (a lone sample always forms a run); the run ends, or empty
+// when `runs` do not cover it or a lone sample does not fit.
+std::vector<int> CutRuns(std::span<const Sample> samples, std::span<const int> order, std::span<const double> target,
+                         double unit, ShapeCosts& costs, Recompute r, int round_multiple, bool ed) {
+  std::vector<int> ends;
+  size_t begin = 0;
+  for (size_t k = 0; k < target.size() && begin < order.size(); ++k) {
+    size_t end = begin + 1;
+    int enc = EncOf(samples[order[begin]]), dec = DecOf(samples[order[begin]], ed);
+    for (; end < order.size(); ++end) {
+      const Sample& next = samples[order[end]];
+      const int e = std::max(enc, EncOf(next)), d = std::max(dec, DecOf(next, ed));
+      const Shape shape{static_cast<int>(end + 1 - begin), RoundUp(e, round_multiple),
+                        d > 0 ? RoundUp(d, round_multiple) : 0};
+      auto t = costs.Time(shape, r);
+      if (!t.ok() || !t->fits[0] || t->time_ms > target[k] * unit) break;
+      enc = e;
+      dec = d;
+    }
+    auto lone = costs.Time(PaddedShape(samples, order.subspan(begin, 1), round_multiple, ed), r);
+    if (!lone.ok() || !lone->fits[0]) return {};
+    ends.push_back(static_cast<int>(end));
+    begin = end;
+  }
+  if (begin < order.size()) return {};
+  return ends;
+}
+
+}  // namespace
+
+std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<const int> order, int groups,
+                                   int per_group, const Ramp& ramp, ShapeCosts& costs, Recompute r,
+                                   int round_multiple) {
+  const bool ed = costs.model().encoder_decoder();
+  std::vector<std::vector<int>> of_group(groups);
+  for (size_t i = 0; i < order.size(); ++i) of_group[i % groups].push_back(order[i]);
+  // Targets ascending along the order; runs then placed outside in: the
+  // cheapest first, the next last, and so on.
+  std::vector<double> target = RampTargets(per_group, ramp);
+  std::sort(target.begin(), target.end());
+  std::vector<int> position(per_group);
+  for (int k = 0, lo = 0, hi = per_group - 1; k < per_group; ++k) position[k] = k % 2 == 0 ? lo++ : hi--;
+  std::vector<MicroBatch> out;
+  for (int g = 0; g < groups; ++g) {
+    const std::vector<int>& mine = of_group[g];
+    if (static_cast<int>(mine.size()) < per_group) return {};
+    // The smallest unit whose runs cover the group (bisection over cost).
+    double hi = 1;
+    std::vector<int> ends;
+    for (int i = 0; i < 60 && (ends = CutRuns(samples, mine, target, hi, costs, r, round_multiple, ed)).empty(); ++i) {
+      hi *= 2;
+    }
+    if (ends.empty()) return {};
+    double lo = 0;
+    for (int i = 0; i < 24; ++i) {
+      const double mid = 0.5 * (lo + hi);
+      std::vector<int> e = CutRuns(samples, mine, target, mid, costs, r, round_multiple, ed);
+      if (e.empty()) {
+        lo = mid;
+      } else {
+        hi = mid;
+        ends = std::move(e);
+      }
+    }
+    std::vector<MicroBatch> runs = FromSplit(samples, mine, ends, round_multiple, ed);
+    std::vector<MicroBatch> placed(per_group);
+    for (size_t k = 0; k < runs.size(); ++k) placed[position[k]] = std::move(runs[k]);
+    for (MicroBatch& mb : placed) {
+      if (mb.samples.empty()) continue;  // fewer runs than targets covered the group
+      mb.group = g;
+      out.push_back(std::move(mb));
+    }
+  }
+  return out;
+}
+
 std::vector<MicroBatch> PackingBalancedBatches(std::span<const Sample> samples, int rows, int row_len,
                                                int round_multiple, bool encoder_decoder, int groups) {
   std::vector<int> order(samples.size());

@@ -73,6 +73,18 @@ std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int gro
                                         const CostWeights& w, int row_len, int round_multiple, bool encoder_decoder,
                                         const Ramp& ramp = {});
 
+// The same ramps for padded kernels (materialised attention, encoder-decoder
+// models), where a micro-batch costs its padded grid and should hold samples
+// of similar lengths: samples in `order` (similar lengths adjacent) are dealt
+// round-robin to the groups, and each group's cut into `per_group`
+// contiguous runs whose padded cost (`costs`, the slowest device) follows
+// RampTargets: the cheapest targets on the shortest samples, placed at the
+// ends of the execution order. Empty when the group has fewer samples than
+// micro-batches, or a single sample does not fit in memory.
+std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<const int> order, int groups,
+                                   int per_group, const Ramp& ramp, ShapeCosts& costs, Recompute r,
+                                   int round_multiple);
+
 // Megatron-Core's balanced THD packing: samples dealt to data-parallel groups
 // by tokens (longest first onto the group with fewest tokens), then each
 // group's samples packed first-fit-decreasing into rows of row_len, `rows`

@@ -167,6 +167,42 @@ TEST_CASE("PackingBalancedBatches: groups get near-equal tokens; WlbBatches resp
   }
 }
 
+TEST_CASE("RampedRuns: contiguous runs of similar lengths per group, the cheapest at the ends") {
+  ShapeCosts costs(Pipeline(false));
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 10; ++trial) {
+    const auto s = Samples(rng, 120, 2048, false);
+    std::vector<int> order(s.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return s[a].input < s[b].input; });
+    const int groups = 1 + trial % 3, per_group = 5 + trial % 4;
+    const auto mbs = RampedRuns(s, order, groups, per_group, Ramp{0.25, 2}, costs, Recompute::kNone, 8);
+    REQUIRE_FALSE(mbs.empty());
+    std::multiset<int> seen;
+    std::vector<std::vector<double>> times(groups);
+    for (const MicroBatch& mb : mbs) {
+      CHECK_FALSE(mb.packed);
+      REQUIRE(mb.group >= 0);
+      int longest = 0;
+      for (const Placement& p : mb.samples) {
+        seen.insert(p.sample);
+        longest = std::max(longest, s[p.sample].input);
+      }
+      CHECK(mb.shape.seq == RoundUp(longest, 8));
+      auto t = costs.Time(mb.shape, Recompute::kNone);
+      REQUIRE(t.ok());
+      times[mb.group].push_back(t->time_ms);
+    }
+    CHECK(seen.size() == s.size());
+    for (const auto& g : times) {
+      REQUIRE(g.size() >= 3);
+      const double middle = *std::max_element(g.begin() + 1, g.end() - 1);
+      CHECK(g.front() <= middle);
+      CHECK(g.back() <= middle);
+    }
+  }
+}
+
 TEST_CASE("CostWeightsOf: attention pairs cost only with a varlen kernel") {
   ShapeCosts varlen(Pipeline(true)), grid(Pipeline(false));
   auto v = CostWeightsOf(varlen, Recompute::kNone, 2048, 8);
