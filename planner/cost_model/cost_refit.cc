@@ -20,6 +20,9 @@ constexpr int kPipelineMbRows = 6;
 constexpr double kPipelineMbSpread = 1.3;
 // Exploration's cost per micro-batch, at least this share of a chunk pass.
 constexpr double kExploreMbShare = 0.3;
+// Exploration toward smaller micro-batches: the size term's share of a
+// typical pass at least this.
+constexpr double kExploreSizeShare = 0.3;
 
 Recompute RecomputeOf(proto::RecomputeLevel::Value v) {
   switch (v) {
@@ -433,8 +436,15 @@ CostRefit::CostRefit(std::shared_ptr<const LayerCostModel> base, RefitOptions op
   options_.max_step = std::max(1.0, options_.max_step);
 }
 
-RefitTerms CostRefit::ExplorationTerms() const {
+RefitTerms CostRefit::ExplorationTerms(bool smaller) const {
   RefitTerms t = terms_;
+  if (smaller) {
+    // At the window's typical size the size term adds kExploreSizeShare of a
+    // pass; it grows with the square of the size, so smaller ones win.
+    t.fw.size_ms = std::max(2 * t.fw.size_ms, kExploreSizeShare * pass_per_size_);
+    t.bw.size_ms = std::max(2 * t.bw.size_ms, kExploreSizeShare * pass_per_size_);
+    return t;
+  }
   t.pipeline_mb_ms = std::max(2 * t.pipeline_mb_ms, kExploreMbShare * chunk_ms_);
   return t;
 }
@@ -496,11 +506,15 @@ void CostRefit::Refit() {
   // the median of measured over simulated over the window. Where the
   // history's micro-batch counts barely vary, the data cannot tell b from
   // k and the previous b stays (JobRefit explores to make them vary).
-  std::vector<double> passes;
+  std::vector<double> passes, per_size;
   for (const IterationSamples* s : kept) {
-    for (const ComputeSample& c : s->compute) passes.push_back(PassTime(c.backward ? fit.bw : fit.fw, c));
+    for (const ComputeSample& c : s->compute) {
+      passes.push_back(PassTime(c.backward ? fit.bw : fit.fw, c));
+      if (c.size > 0) per_size.push_back(passes.back() / c.size);
+    }
   }
   chunk_ms_ = Median(passes);
+  pass_per_size_ = Median(per_size);
   fit.pipeline_factor = 1;
   fit.pipeline_mb_ms = 0;  // the history is replayed without the term being fitted
   fit.pipeline_mb_ms = FitPipelineMbMs(history_, window_.back(), fit, prior.pipeline_mb_ms, options_.ridge);

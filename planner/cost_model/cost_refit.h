@@ -101,8 +101,10 @@ class CostRefit {
   int outliers() const { return outliers_; }
   // The current terms with a larger cost per micro-batch, to plan a few
   // iterations with (fewer, larger micro-batches) so that the pipeline's
-  // cost per micro-batch can be told from its cost per unit of work.
-  RefitTerms ExplorationTerms() const;
+  // cost per micro-batch can be told from its cost per unit of work; with
+  // `smaller`, a larger size term instead (more, smaller micro-batches), so
+  // that what a token costs in a small micro-batch is seen as well.
+  RefitTerms ExplorationTerms(bool smaller = false) const;
 
   // What `terms` predict for an iteration's compute and dispatch (ms, summed).
   static double PredictCompute(const RefitTerms& terms, const IterationSamples& s);
@@ -121,6 +123,7 @@ class CostRefit {
   static constexpr int kPipelineHistory = 32;
   std::deque<IterationSamples> history_;
   double chunk_ms_ = 0;  // median chunk pass under the last fit
+  double pass_per_size_ = 0;  // median of a chunk pass over its size feature
   RefitTerms terms_;
   bool fitted_ = false;
   int refits_ = 0;

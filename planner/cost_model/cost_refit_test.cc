@@ -281,6 +281,32 @@ TEST_CASE("Exploration plans with a larger cost per micro-batch: fewer micro-bat
   CHECK(exploring_mbs < fitted_mbs);
 }
 
+TEST_CASE("Exploration toward smaller micro-batches: a larger size term, more micro-batches") {
+  Harness h(2, 1);
+  CostRefit refit(h.base);
+  for (int i = 0; i < 6; ++i) refit.Add(h.Run(i));
+  REQUIRE(refit.fitted());
+  const RefitTerms smaller = refit.ExplorationTerms(/*smaller=*/true);
+  CHECK(smaller.fw.size_ms > refit.terms().fw.size_ms);
+  CHECK(smaller.pipeline_mb_ms == refit.terms().pipeline_mb_ms);
+  auto fitted = Planner::Create(h.config, refit.model());
+  auto exploring = Planner::Create(h.config, std::make_shared<RefitCostModel>(h.base, smaller));
+  REQUIRE(fitted.ok());
+  REQUIRE(exploring.ok());
+  std::mt19937 rng(12);
+  size_t fitted_mbs = 0, exploring_mbs = 0;
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<Sample> batch = Batch(rng);
+    auto a = (*fitted)->Plan(batch, 60 + i);
+    auto b = (*exploring)->Plan(batch, 60 + i);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    fitted_mbs += a->groups[0].size();
+    exploring_mbs += b->groups[0].size();
+  }
+  CHECK(exploring_mbs > fitted_mbs);
+}
+
 TEST_CASE("Pipeline factor takes in what instructions miss") {
   // Two refits see the same instructions; in the second, every iteration's
   // pipeline took 1.3x as long (waits no instruction time shows).

@@ -37,6 +37,9 @@ std::shared_ptr<const Planner> JobRefit::PlannerFor(int64_t iteration) {
   }
   planned_with_[iteration] = with;
   Trim(planned_with_, kKeep);
+  // Exploring iterations alternate: fewer, larger micro-batches, then more,
+  // smaller ones.
+  if (with == PlanModel::kExplore && iteration % 4 == 3 && explore_smaller_ != nullptr) return explore_smaller_;
   return with == PlanModel::kExplore ? explore_ : current_;
 }
 
@@ -112,8 +115,14 @@ absl::Status JobRefit::Report(const proto::IterationReport& report, const FetchP
         explore_config, std::make_shared<RefitCostModel>(base.model().shared_cost_model(), refit_.ExplorationTerms()));
     if (!explore.ok()) return explore.status();
     explore_ = std::move(*explore);
+    absl::StatusOr<std::unique_ptr<Planner>> smaller = Planner::Create(
+        explore_config,
+        std::make_shared<RefitCostModel>(base.model().shared_cost_model(), refit_.ExplorationTerms(/*smaller=*/true)));
+    if (!smaller.ok()) return smaller.status();
+    explore_smaller_ = std::move(*smaller);
   } else {
     explore_ = nullptr;
+    explore_smaller_ = nullptr;
   }
   return absl::OkStatus();
 }

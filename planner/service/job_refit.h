@@ -89,6 +89,7 @@ class JobRefit {
   CostRefit refit_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Planner> current_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Planner> explore_ ABSL_GUARDED_BY(mu_);  // null: not exploring
+  std::shared_ptr<const Planner> explore_smaller_ ABSL_GUARDED_BY(mu_);
   int64_t explore_until_ ABSL_GUARDED_BY(mu_) = -1;  // exploring plans up to this iteration
   int observed_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, PlanModel> planned_with_ ABSL_GUARDED_BY(mu_);
