@@ -143,7 +143,7 @@ void CandidateMaker::RampedPadded(int dp_count, CandidateSplits& out) {
   std::vector<std::pair<double, std::vector<MicroBatch>>> scored;
   for (const double edge : {0.5, 0.25, 0.1}) {
     for (const int length : {1, std::max(2, (S - 1) / C)}) {
-      for (const int m : {dp_count, dp_count + std::max(1, S / 2), dp_count + S}) {
+      for (const int m : {dp_count + std::max(1, S / 2), dp_count + S}) {  // a ramp needs more than the DP's count
         if (m < 3) continue;
         std::vector<MicroBatch> mbs =
             RampedRuns(samples_, order_, config_.dp, m, Ramp{edge, length}, costs_, r_, config_.round_multiple);

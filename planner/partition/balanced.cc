@@ -295,7 +295,7 @@ std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<co
     }
     if (ends.empty()) return {};
     double lo = 0;
-    for (int i = 0; i < 24; ++i) {
+    for (int i = 0; i < 14; ++i) {  // the unit within 2^-14 of the doubling's bracket
       const double mid = 0.5 * (lo + hi);
       std::vector<int> e = CutRuns(samples, mine, target, mid, costs, r, round_multiple, ed);
       if (e.empty()) {
