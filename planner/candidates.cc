@@ -9,7 +9,7 @@ namespace dynapipe::planner {
 
 CandidateMaker::CandidateMaker(const PlannerConfig& config, ShapeCosts& costs, std::span<const Sample> samples,
                                Recompute r, uint64_t seed)
-    : config_(config), costs_(costs), samples_(samples), r_(r), seed_(seed),
+    : config_(config), costs_(costs), samples_(samples), r_(r),
       ed_(costs.model().encoder_decoder()), order_(OrderSamples(samples, ed_, seed)) {}
 
 absl::StatusOr<CandidateSplits> CandidateMaker::Make(Batching b) {

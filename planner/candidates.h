@@ -61,7 +61,6 @@ class CandidateMaker {
   ShapeCosts& costs_;
   const std::span<const Sample> samples_;
   const Recompute r_;
-  const uint64_t seed_;
   const bool ed_;
   std::vector<int> order_;
   bool weights_done_ = false;

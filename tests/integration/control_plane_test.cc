@@ -44,10 +44,13 @@ TEST_CASE("Submitted jobs are planned ahead and each rank fetches exactly the of
   CHECK(client->Get(*id)->plans_ready() == 2);
 
   // Offline: the same planner library on the same inputs.
-  auto config = planner::PlannerConfigFromJob(spec::NormalizedForTest(spec));
+  // As the planner sees the job: normalized (defaults filled in, such as
+  // the attention kernel the cost model prices).
+  const spec::NormalizedJobSpec normalized = spec::NormalizedForTest(spec);
+  auto config = planner::PlannerConfigFromJob(normalized);
   REQUIRE(config.ok());
   config->job_id = *id;
-  auto cost = planner::AnalyticCostModel::Create(spec.model(), spec.cluster().device(), {});
+  auto cost = planner::AnalyticCostModel::Create(normalized.proto().model(), spec.cluster().device(), {});
   auto offline = planner::Planner::Create(*config, std::shared_ptr<const planner::LayerCostModel>(std::move(*cost)));
   REQUIRE(offline.ok());
   auto raw = data::ReadLengthsFile(spec.dataset().path());
