@@ -7,6 +7,19 @@
 
 namespace dynapipe::planner {
 
+namespace {
+
+// Splits with their estimated iteration times.
+using Scored = std::vector<std::pair<double, std::vector<MicroBatch>>>;
+
+// The `keep` best of `scored` by estimate, best first, into out.
+void KeepBest(Scored scored, size_t keep, CandidateSplits& out) {
+  std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < std::min(keep, scored.size()); ++i) out.splits.push_back(std::move(scored[i].second));
+}
+
+}  // namespace
+
 CandidateMaker::CandidateMaker(const PlannerConfig& config, ShapeCosts& costs, std::span<const Sample> samples,
                                Recompute r, uint64_t seed)
     : config_(config), costs_(costs), samples_(samples), r_(r),
@@ -103,14 +116,9 @@ void CandidateMaker::Balanced(CandidateSplits& out) {
   for (const Sample& smp : samples_) total += w->Of(smp, ed_);
   const double group_load = total / D;
   const size_t keep = static_cast<size_t>(std::max(1, config_.dp_candidates));
-  std::vector<std::pair<double, std::vector<MicroBatch>>> kept;
-  std::vector<Ramp> ramps = {Ramp{}};
-  if (S > 1) {  // a bubble to shorten: light first and last, or a ramp over the fill
-    for (const double edge : {0.5, 0.25, 0.1}) {
-      ramps.push_back(Ramp{edge, 1});
-      ramps.push_back(Ramp{edge, std::max(2, (S - 1) / C)});
-    }
-  }
+  Scored kept;
+  std::vector<Ramp> ramps = Ramps();
+  ramps.insert(ramps.begin(), Ramp{});  // even micro-batches
   for (const Ramp& ramp : ramps) {
     std::vector<std::pair<double, int>> by_weights;
     for (int m : counts) {
@@ -134,29 +142,39 @@ void CandidateMaker::Balanced(CandidateSplits& out) {
       kept.push_back({*estimate, std::move(mbs)});
     }
   }
-  std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [estimate, mbs] : kept) out.splits.push_back(std::move(mbs));
+  const size_t all = kept.size();
+  KeepBest(std::move(kept), all, out);
 }
 
 void CandidateMaker::RampedPadded(int dp_count, CandidateSplits& out) {
-  const int S = config_.pp, C = costs_.model().chunks_per_device();
-  std::vector<std::pair<double, std::vector<MicroBatch>>> scored;
-  for (const double edge : {0.5, 0.25, 0.1}) {
-    for (const int length : {1, std::max(2, (S - 1) / C)}) {
-      for (const int m : {dp_count + std::max(1, S / 2), dp_count + S}) {  // a ramp needs more than the DP's count
-        if (m < 3) continue;
-        std::vector<MicroBatch> mbs =
-            RampedRuns(samples_, order_, config_.dp, m, Ramp{edge, length}, costs_, r_, config_.round_multiple);
-        if (mbs.empty()) continue;
-        ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
-        const std::optional<double> estimate = RampEstimate(mbs);
-        if (estimate.has_value()) scored.push_back({*estimate, std::move(mbs)});
+  const int S = config_.pp;
+  Scored scored;
+  for (const Ramp& ramp : Ramps()) {
+    for (const int m : {dp_count + std::max(1, S / 2), dp_count + S}) {  // a ramp needs more than the DP's count
+      std::vector<MicroBatch> mbs = RampedRuns(samples_, order_, config_.dp, m, ramp, costs_, r_, config_.round_multiple);
+      if (mbs.empty()) continue;  // too few samples per group, or one that fits nowhere
+      ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
+      const std::optional<double> estimate = RampEstimate(mbs);
+      if (!estimate.has_value()) {
+        out.memory_bound = true;
+        continue;
       }
+      scored.push_back({*estimate, std::move(mbs)});
     }
   }
-  std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  const size_t keep = std::min(scored.size(), static_cast<size_t>(2 * std::max(1, config_.dp_candidates)));
-  for (size_t i = 0; i < keep; ++i) out.splits.push_back(std::move(scored[i].second));
+  KeepBest(std::move(scored), static_cast<size_t>(2 * std::max(1, config_.dp_candidates)), out);
+}
+
+std::vector<Ramp> CandidateMaker::Ramps() const {
+  std::vector<Ramp> ramps;
+  if (config_.pp <= 1) return ramps;  // no bubble to shorten
+  // Light first and last only, or a ramp over the fill.
+  const int fill = std::max(2, (config_.pp - 1) / costs_.model().chunks_per_device());
+  for (const double edge : {0.5, 0.25, 0.1}) {
+    ramps.push_back(Ramp{edge, 1});
+    ramps.push_back(Ramp{edge, fill});
+  }
+  return ramps;
 }
 
 std::optional<double> CandidateMaker::RampEstimate(std::span<const MicroBatch> mbs) {

@@ -50,6 +50,8 @@ class CandidateMaker {
   // Ramped splits for padded kernels (RampedRuns) around the DP's
   // micro-batch count `dp_count` per group, the best few by RampEstimate.
   void RampedPadded(int dp_count, CandidateSplits& out);
+  // The ramps tried at this depth of pipeline (none at one stage).
+  std::vector<Ramp> Ramps() const;
   // A split's predicted iteration before simulation: the slowest group's
   // work plus its fill and drain; nullopt when a micro-batch does not fit.
   std::optional<double> RampEstimate(std::span<const MicroBatch> mbs);
