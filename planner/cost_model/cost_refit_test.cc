@@ -6,6 +6,7 @@
 #include "planner/cost_model/cost_refit.h"
 
 #include <catch2/catch.hpp>
+#include <numeric>
 #include <random>
 
 #include "planner/cost_model/analytic_cost_model.h"
@@ -254,6 +255,22 @@ TEST_CASE("Refit learns that a token costs more in a larger micro-batch (caches 
   CHECK(plain.terms().fw.size_ms < 0.1 * refit.terms().fw.size_ms);
 }
 
+// Micro-batches of group 0 per batch, planned by `config` over `model`, for
+// six batches drawn with `seed` (iterations 50..55).
+std::vector<size_t> PlannedCounts(const PlannerConfig& config, std::shared_ptr<const LayerCostModel> model,
+                                  uint32_t seed) {
+  auto planner = Planner::Create(config, std::move(model));
+  REQUIRE(planner.ok());
+  std::mt19937 rng(seed);
+  std::vector<size_t> counts;
+  for (int i = 0; i < 6; ++i) {
+    auto plan = (*planner)->Plan(Batch(rng), 50 + i);
+    REQUIRE(plan.ok());
+    counts.push_back(plan->groups[0].size());
+  }
+  return counts;
+}
+
 TEST_CASE("Exploration plans with a larger cost per micro-batch: fewer micro-batches") {
   Harness h(2, 1);
   CostRefit refit(h.base);
@@ -261,24 +278,12 @@ TEST_CASE("Exploration plans with a larger cost per micro-batch: fewer micro-bat
   REQUIRE(refit.fitted());
   const RefitTerms explore = refit.ExplorationTerms();
   CHECK(explore.pipeline_mb_ms > refit.terms().pipeline_mb_ms);
-  auto fitted = Planner::Create(h.config, refit.model());
-  auto exploring = Planner::Create(h.config, std::make_shared<RefitCostModel>(h.base, explore));
-  REQUIRE(fitted.ok());
-  REQUIRE(exploring.ok());
+  const auto fitted = PlannedCounts(h.config, refit.model(), 11);
+  const auto exploring = PlannedCounts(h.config, std::make_shared<RefitCostModel>(h.base, explore), 11);
   // Over several batches: never more micro-batches, fewer in all.
-  std::mt19937 rng(11);
-  size_t fitted_mbs = 0, exploring_mbs = 0;
-  for (int i = 0; i < 6; ++i) {
-    const std::vector<Sample> batch = Batch(rng);
-    auto a = (*fitted)->Plan(batch, 50 + i);
-    auto b = (*exploring)->Plan(batch, 50 + i);
-    REQUIRE(a.ok());
-    REQUIRE(b.ok());
-    CHECK(b->groups[0].size() <= a->groups[0].size());
-    fitted_mbs += a->groups[0].size();
-    exploring_mbs += b->groups[0].size();
-  }
-  CHECK(exploring_mbs < fitted_mbs);
+  for (size_t i = 0; i < fitted.size(); ++i) CHECK(exploring[i] <= fitted[i]);
+  CHECK(std::accumulate(exploring.begin(), exploring.end(), size_t{0}) <
+        std::accumulate(fitted.begin(), fitted.end(), size_t{0}));
 }
 
 TEST_CASE("Exploration toward smaller micro-batches: a larger size term, more micro-batches") {
@@ -289,22 +294,10 @@ TEST_CASE("Exploration toward smaller micro-batches: a larger size term, more mi
   const RefitTerms smaller = refit.ExplorationTerms(/*smaller=*/true);
   CHECK(smaller.fw.size_ms > refit.terms().fw.size_ms);
   CHECK(smaller.pipeline_mb_ms == refit.terms().pipeline_mb_ms);
-  auto fitted = Planner::Create(h.config, refit.model());
-  auto exploring = Planner::Create(h.config, std::make_shared<RefitCostModel>(h.base, smaller));
-  REQUIRE(fitted.ok());
-  REQUIRE(exploring.ok());
-  std::mt19937 rng(12);
-  size_t fitted_mbs = 0, exploring_mbs = 0;
-  for (int i = 0; i < 6; ++i) {
-    const std::vector<Sample> batch = Batch(rng);
-    auto a = (*fitted)->Plan(batch, 60 + i);
-    auto b = (*exploring)->Plan(batch, 60 + i);
-    REQUIRE(a.ok());
-    REQUIRE(b.ok());
-    fitted_mbs += a->groups[0].size();
-    exploring_mbs += b->groups[0].size();
-  }
-  CHECK(exploring_mbs > fitted_mbs);
+  const auto fitted = PlannedCounts(h.config, refit.model(), 12);
+  const auto exploring = PlannedCounts(h.config, std::make_shared<RefitCostModel>(h.base, smaller), 12);
+  CHECK(std::accumulate(exploring.begin(), exploring.end(), size_t{0}) >
+        std::accumulate(fitted.begin(), fitted.end(), size_t{0}));
 }
 
 TEST_CASE("Pipeline factor takes in what instructions miss") {
