@@ -9,11 +9,8 @@ namespace dynapipe::planner {
 
 namespace {
 
-// Splits with their estimated iteration times.
-using Scored = std::vector<std::pair<double, std::vector<MicroBatch>>>;
-
 // The `keep` best of `scored` by estimate, best first, into out.
-void KeepBest(Scored scored, size_t keep, CandidateSplits& out) {
+void KeepBest(CandidateMaker::Scored scored, size_t keep, CandidateSplits& out) {
   std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 0; i < std::min(keep, scored.size()); ++i) out.splits.push_back(std::move(scored[i].second));
 }
@@ -131,15 +128,9 @@ void CandidateMaker::Balanced(CandidateSplits& out) {
     }
     std::stable_sort(by_weights.begin(), by_weights.end());
     for (size_t i = 0; i < std::min(keep, by_weights.size()); ++i) {
-      std::vector<MicroBatch> mbs = BalancedBatches(samples_, D, by_weights[i].second, *w, config_.max_seq_len,
-                                                    config_.round_multiple, ed_, ramp);
-      ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
-      const std::optional<double> estimate = RampEstimate(mbs);
-      if (!estimate.has_value()) {
-        out.memory_bound = true;
-        continue;
-      }
-      kept.push_back({*estimate, std::move(mbs)});
+      Score(BalancedBatches(samples_, D, by_weights[i].second, *w, config_.max_seq_len, config_.round_multiple, ed_,
+                            ramp),
+            kept, out);
     }
   }
   const size_t all = kept.size();
@@ -152,17 +143,20 @@ void CandidateMaker::RampedPadded(int dp_count, CandidateSplits& out) {
   for (const Ramp& ramp : Ramps()) {
     for (const int m : {dp_count + std::max(1, S / 2), dp_count + S}) {  // a ramp needs more than the DP's count
       std::vector<MicroBatch> mbs = RampedRuns(samples_, order_, config_.dp, m, ramp, costs_, r_, config_.round_multiple);
-      if (mbs.empty()) continue;  // too few samples per group, or one that fits nowhere
-      ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
-      const std::optional<double> estimate = RampEstimate(mbs);
-      if (!estimate.has_value()) {
-        out.memory_bound = true;
-        continue;
-      }
-      scored.push_back({*estimate, std::move(mbs)});
+      if (!mbs.empty()) Score(std::move(mbs), scored, out);  // empty: too few samples per group, or one fits nowhere
     }
   }
   KeepBest(std::move(scored), static_cast<size_t>(2 * std::max(1, config_.dp_candidates)), out);
+}
+
+void CandidateMaker::Score(std::vector<MicroBatch> mbs, Scored& scored, CandidateSplits& out) {
+  ApplyWork(samples_, config_.work, std::span<MicroBatch>(mbs));
+  const std::optional<double> estimate = RampEstimate(mbs);
+  if (!estimate.has_value()) {
+    out.memory_bound = true;
+    return;
+  }
+  scored.push_back({*estimate, std::move(mbs)});
 }
 
 std::vector<Ramp> CandidateMaker::Ramps() const {

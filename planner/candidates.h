@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,9 @@ struct CandidateSplits {
 
 class CandidateMaker {
  public:
+  // Splits with their estimated iteration times (RampEstimate).
+  using Scored = std::vector<std::pair<double, std::vector<MicroBatch>>>;
+
   CandidateMaker(const PlannerConfig& config, ShapeCosts& costs, std::span<const Sample> samples, Recompute r,
                  uint64_t seed);
 
@@ -50,6 +54,9 @@ class CandidateMaker {
   // Ramped splits for padded kernels (RampedRuns) around the DP's
   // micro-batch count `dp_count` per group, the best few by RampEstimate.
   void RampedPadded(int dp_count, CandidateSplits& out);
+  // Prices `mbs` as executors compute them and adds them to `scored` with
+  // their estimate; one that does not fit marks `out` memory-bound instead.
+  void Score(std::vector<MicroBatch> mbs, Scored& scored, CandidateSplits& out);
   // The ramps tried at this depth of pipeline (none at one stage).
   std::vector<Ramp> Ramps() const;
   // A split's predicted iteration before simulation: the slowest group's

@@ -11,6 +11,7 @@
 
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/partition/batching.h"
+#include "planner/testing/test_specs.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -47,19 +48,11 @@ void CheckCover(const std::vector<Sample>& s, const std::vector<MicroBatch>& mbs
   for (size_t i = 0; i < s.size(); ++i) CHECK(seen.count(static_cast<int>(i)) == 1);
 }
 
+// A GPT-like model on 4 stages of H100s, 60 GB each.
 std::shared_ptr<const PipelineModel> Pipeline(bool varlen) {
-  proto::ModelSpec model;
-  model.set_kind(proto::ModelKind::gpt);
-  model.set_num_layers(8);
-  model.set_hidden(1024);
-  model.set_heads(16);
-  model.set_vocab(32000);
-  model.set_max_positions(8192);
+  proto::ModelSpec model = testing::Gpt(8, 1024, 16);
   model.set_attention(varlen ? proto::AttentionKernel::varlen : proto::AttentionKernel::materialized);
-  proto::DeviceSpec dev;
-  dev.set_peak_tflops(300);
-  dev.set_memory_bandwidth_gbps(2000);
-  auto cost = AnalyticCostModel::Create(model, dev, {});
+  auto cost = AnalyticCostModel::Create(model, testing::H100(), {});
   REQUIRE(cost.ok());
   auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
                                   {.limit_mb = 60000}, WorkModel{varlen});
