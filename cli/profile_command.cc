@@ -30,11 +30,18 @@ constexpr char kUsage[] =
     "  cost profile; set the job's cost_profile_path to plan with it. Defaults: seq from the job's\n"
     "  round_multiple to max_seq_len about 1.5x apart; mbs 1, 2, 4, ...; shapes up to max_tokens\n"
     "  (default twice the job's global_batch_tokens).\n"
-    "  Then (cpu) trains the job itself for --iterations (default 12; 0: skip) under its own pp x dp\n"
+    "  Then (cpu) trains the job itself for --iterations (default 40; 0: skip) under its own pp x dp\n"
     "  on this machine, its dataset under --data-root (default .), and refits the profile to what\n"
     "  it measured: the per-micro-batch dispatch and hand-off, transfers, the work after the\n"
     "  pipeline and ranks sharing cores, which single-layer timings leave out. --out must then lie\n"
     "  under --data-root.\n";
+
+// Iterations trained to measure the terms layers leave out. The quickstart's
+// job planned from profiles measured over 12 iterations predicted 15.5-21.3
+// ms per iteration against 23.1-24.1 measured (the fit follows a few noisy
+// iterations on a shared CPU); over 40, 23.1-24.7 against 23.2-23.5
+// (2026-11-28: two profiles at 12, three at 40).
+constexpr int64_t kDefaultMeasureIterations = 40;
 
 // Trains `spec` planned with the profile at `out` for `iterations` and
 // returns the terms the cost refit measured.
@@ -110,7 +117,7 @@ absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const 
   };
   ASSIGN_OR_RETURN(proto::CostProfile profile, profiler->second(config, o));
   RETURN_IF_ERROR(Annotate(WriteFileAtomic(a.Str("out"), ToJson(profile, /*pretty=*/true) + "\n"), "--out"));
-  ASSIGN_OR_RETURN(const int64_t iterations, a.Int("iterations", 12));
+  ASSIGN_OR_RETURN(const int64_t iterations, a.Int("iterations", kDefaultMeasureIterations));
   if (iterations > 0 && device == "cpu") {
     err << absl::StrFormat("profile: training %d iterations under pp %d x dp %d to measure what layers leave out\n",
                            iterations, spec.parallelism().pp(), spec.parallelism().dp());

@@ -188,43 +188,63 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
     return false;
   }
   t0 = std::chrono::steady_clock::now();
-  int memory_rejections = 0;
+  // Every split's groups, times and makespan lower bound first, then the
+  // splits searched in order of their bounds: the likely best are searched
+  // first, and once a bound cannot beat the plan in hand neither can any
+  // after it.
+  std::vector<Candidate> prepared;
   bool all_found = true;
   for (const std::vector<MicroBatch>& mbs : candidates->splits) {
-    if (!SearchCandidate(mbs, r, s, &memory_rejections)) all_found = false;
+    std::optional<Candidate> c = Prepare(mbs, r, s);
+    if (c.has_value()) {
+      prepared.push_back(std::move(*c));
+    } else {
+      all_found = false;
+    }
+  }
+  std::stable_sort(prepared.begin(), prepared.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
+  const double allreduce = AllReduceMs();
+  int memory_rejections = 0;
+  for (size_t k = 0; k < prepared.size(); ++k) {
+    // The margin keeps rounding from skipping an equal plan.
+    if ((prepared[k].bound + allreduce) * (1 - 1e-9) > s.best.predicted_ms) {
+      s.pruned += static_cast<int>(prepared.size() - k);
+      break;
+    }
+    if (!SearchCandidate(prepared[k], r, allreduce, s, &memory_rejections)) all_found = false;
   }
   s.schedule_ms += MsSince(t0);
   return !candidates->memory_bound && memory_rejections == 0 && all_found;
 }
 
-bool Planner::SearchCandidate(const std::vector<MicroBatch>& mbs, Recompute r, Search& s,
-                              int* memory_rejections) const {
+std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>& mbs, Recompute r, Search& s) const {
   const int D = config_.dp;
   ++s.candidates;
   const auto split = SplitGroups(mbs, r);
-  std::vector<PipelineTimes> times(D);
-  std::vector<std::vector<MicroBatch>> group_mbs(D);
-  const double allreduce = AllReduceMs();
-  double bound = 0;
+  Candidate c;
+  c.costs.resize(D);
+  c.group_mbs.resize(D);
   for (int g = 0; g < D; ++g) {
-    for (int i : split[g]) group_mbs[g].push_back(mbs[i]);
-    auto gt = GroupTimes(group_mbs[g], *costs_, r, comm_, g);
-    if (!gt.ok()) {
-      s.last_error = gt.status();
-      return false;
+    for (int i : split[g]) c.group_mbs[g].push_back(mbs[i]);
+    auto costs = CostsOf(c.group_mbs[g], *costs_, r);
+    if (!costs.ok()) {
+      s.last_error = costs.status();
+      return std::nullopt;
     }
-    times[g] = std::move(*gt);
-    bound = std::max(bound, MakespanLowerBound(times[g]));
+    c.costs[g] = std::move(*costs);
+    c.bound = std::max(c.bound, MakespanLowerBound(c.costs[g], *model_));
   }
-  // No schedule of this split can beat the plan in hand (the margin keeps
-  // rounding from skipping an equal one).
-  if ((bound + allreduce) * (1 - 1e-9) > s.best.predicted_ms) {
-    ++s.pruned;
-    return true;
-  }
+  return c;
+}
+
+bool Planner::SearchCandidate(Candidate& c, Recompute r, double allreduce, Search& s, int* memory_rejections) const {
+  const int D = config_.dp;
   std::vector<GroupSchedule> found(D);
+  std::vector<PipelineTimes> times(D);
   double slowest = 0;
   for (int g = 0; g < D; ++g) {
+    times[g] = GroupTimes(c.group_mbs[g], c.costs[g], *model_, comm_, g);
     found[g] = SearchSchedule(times[g], config_.memory_limit_mb, s.options);
     s.simulations += found[g].simulations;
     *memory_rejections += found[g].memory_rejections;
@@ -244,7 +264,7 @@ bool Planner::SearchCandidate(const std::vector<MicroBatch>& mbs, Recompute r, S
     s.best.recompute = r;
     s.best.groups.assign(D, {});
     for (int g = 0; g < D; ++g) {
-      for (int i : found[g].order) s.best.groups[g].push_back(group_mbs[g][i]);
+      for (int i : found[g].order) s.best.groups[g].push_back(c.group_mbs[g][i]);
     }
     s.best_groups = std::move(found);
     s.best_times = std::move(times);

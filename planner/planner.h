@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "planner/partition/batching.h"
 #include "planner/partition/shape_costs.h"
 #include "planner/schedule/schedules.h"
+#include "planner/schedule_search.h"
 #include "planner/sim/simulator.h"
 #include "proto/job.pb.h"
 #include "proto/plan.pb.h"
@@ -131,10 +133,18 @@ class Planner {
   std::vector<std::vector<int>> SplitGroups(std::span<const MicroBatch> mbs, Recompute r) const;
   // Searches recomputation level `r`; true when deeper levels cannot be faster.
   bool SearchLevel(std::span<const Sample> samples, uint64_t seed, Recompute r, Search& s) const;
-  // Schedules one candidate split on every group and keeps it if fastest so
-  // far (skipped when its makespan lower bound cannot beat the best); false
-  // when a group has no schedule that fits.
-  bool SearchCandidate(const std::vector<MicroBatch>& mbs, Recompute r, Search& s, int* memory_rejections) const;
+  // A candidate split ready for the schedule search: its micro-batches per
+  // group, their costs, and the largest group's makespan lower bound.
+  struct Candidate {
+    std::vector<std::vector<MicroBatch>> group_mbs;
+    std::vector<GroupCosts> costs;
+    double bound = 0;
+  };
+  // The split's Candidate; nullopt (last_error set) when a shape has no cost.
+  std::optional<Candidate> Prepare(const std::vector<MicroBatch>& mbs, Recompute r, Search& s) const;
+  // Schedules a candidate on every group and keeps it if fastest so far;
+  // false when a group has no schedule that fits.
+  bool SearchCandidate(Candidate& c, Recompute r, double allreduce, Search& s, int* memory_rejections) const;
   // The per-iteration gradient all-reduce (or measured iteration overhead).
   double AllReduceMs() const;
   // Re-simulates the chosen schedules into `best` (sims, schedules, peak memory).

@@ -5,11 +5,23 @@
 #include <numeric>
 #include <random>
 
+#include "src/common/status_macros.h"
+
 namespace dynapipe::planner {
 
-absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r,
-                                         const CommModel& comm, int dp_rank) {
-  const PipelineModel& pm = costs.model();
+absl::StatusOr<GroupCosts> CostsOf(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r) {
+  GroupCosts out;
+  out.reserve(mbs.size());
+  for (const MicroBatch& mb : mbs) {
+    auto cost = costs.Get(mb.shape, r);
+    if (!cost.ok()) return cost.status();
+    out.push_back(std::move(*cost));
+  }
+  return out;
+}
+
+PipelineTimes GroupTimes(std::span<const MicroBatch> mbs, const GroupCosts& costs, const PipelineModel& pm,
+                         const CommModel& comm, int dp_rank) {
   const int D = pm.num_devices(), C = pm.num_chunks();
   PipelineTimes t;
   t.Resize(D, C, static_cast<int>(mbs.size()));
@@ -19,11 +31,9 @@ absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeC
   const OverheadTerms overheads = pm.cost_model().Overheads();
   const bool measured_transfers = overheads.transfer_latency_ms >= 0 && overheads.transfer_ms_per_mb >= 0;
   for (size_t m = 0; m < mbs.size(); ++m) {
-    auto cost = costs.Get(mbs[m].shape, r);
-    if (!cost.ok()) return cost.status();
     for (int c = 0; c < C; ++c) {
       const size_t i = t.At(static_cast<int>(m), c);
-      const ChunkCost& cc = (*cost)->chunks[c];
+      const ChunkCost& cc = costs[m]->chunks[c];
       t.fw_ms[i] = cc.fw_ms;
       t.bw_ms[i] = cc.bw_ms;
       t.stored_mb[i] = cc.stored_mb;
@@ -44,6 +54,12 @@ absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeC
   return t;
 }
 
+absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r,
+                                         const CommModel& comm, int dp_rank) {
+  ASSIGN_OR_RETURN(const GroupCosts c, CostsOf(mbs, costs, r));
+  return GroupTimes(mbs, c, costs.model(), comm, dp_rank);
+}
+
 PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order) {
   PipelineTimes t = base;
   const int C = base.num_chunks;
@@ -61,31 +77,52 @@ PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order) {
   return t;
 }
 
-double MakespanLowerBound(const PipelineTimes& t) {
-  const int D = t.num_devices, C = t.num_chunks;
+namespace {
+
+// MakespanLowerBound over `mbs` micro-batches whose chunk c costs
+// fw(m, c) / bw(m, c).
+template <typename Fw, typename Bw>
+double LowerBound(std::span<const int> chunk_device, int num_devices, int mbs, Fw fw, Bw bw) {
+  const int D = num_devices, C = static_cast<int>(chunk_device.size());
   std::vector<int> first_chunk(D, C);
-  for (int c = C - 1; c >= 0; --c) first_chunk[t.chunk_device[c]] = c;
+  for (int c = C - 1; c >= 0; --c) first_chunk[chunk_device[c]] = c;
   std::vector<double> work(D, 0);
   std::vector<double> fill(D, std::numeric_limits<double>::infinity()), drain = fill;
-  for (int m = 0; m < t.num_mb; ++m) {
+  for (int m = 0; m < mbs; ++m) {
     double fw_before = 0, bw_before = 0;  // through chunks [0, c)
     for (int c = 0; c < C; ++c) {
-      const int d = t.chunk_device[c];
+      const int d = chunk_device[c];
       if (c == first_chunk[d]) {
         fill[d] = std::min(fill[d], fw_before);
         drain[d] = std::min(drain[d], bw_before);
       }
-      const size_t i = t.At(m, c);
-      work[d] += t.fw_ms[i] + t.bw_ms[i];
-      fw_before += t.fw_ms[i];
-      bw_before += t.bw_ms[i];
+      const double f = fw(m, c), b = bw(m, c);
+      work[d] += f + b;
+      fw_before += f;
+      bw_before += b;
     }
   }
   double bound = 0;
   for (int d = 0; d < D; ++d) {
-    if (first_chunk[d] < C && t.num_mb > 0) bound = std::max(bound, work[d] + fill[d] + drain[d]);
+    if (first_chunk[d] < C && mbs > 0) bound = std::max(bound, work[d] + fill[d] + drain[d]);
   }
   return bound;
+}
+
+}  // namespace
+
+double MakespanLowerBound(const PipelineTimes& t) {
+  return LowerBound(
+      t.chunk_device, t.num_devices, t.num_mb, [&](int m, int c) { return t.fw_ms[t.At(m, c)]; },
+      [&](int m, int c) { return t.bw_ms[t.At(m, c)]; });
+}
+
+double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm) {
+  std::vector<int> chunk_device(pm.num_chunks());
+  for (int c = 0; c < pm.num_chunks(); ++c) chunk_device[c] = pm.chunks()[c].device;
+  return LowerBound(
+      chunk_device, pm.num_devices(), static_cast<int>(costs.size()),
+      [&](int m, int c) { return costs[m]->chunks[c].fw_ms; }, [&](int m, int c) { return costs[m]->chunks[c].bw_ms; });
 }
 
 namespace {
@@ -117,42 +154,40 @@ std::vector<std::vector<int>> Orders(int n, const SearchOptions& o) {
 GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
   GroupSchedule best;
   best.makespan_ms = std::numeric_limits<double>::infinity();
-  auto fits = [limit](const SimResult& r) {
-    for (double p : r.peak_mb) {
-      if (p > limit) return false;
-    }
-    return true;
-  };
   for (const std::vector<int>& order : Orders(base.num_mb, options)) {
-    const PipelineTimes t = Permute(base, order);
     for (int k = 0; k < kNumScheduleKinds; ++k) {
-      const auto kind = static_cast<ScheduleKind>(k);
-      if (!options.try_kind[k] || !ScheduleApplies(kind, t)) continue;
-      // Wait-free cyclic runs unconstrained first and memory-aware only if
-      // that does not fit.
-      for (int attempt = 0; attempt < (kind == ScheduleKind::kWaitFreeCyclic ? 2 : 1); ++attempt) {
-        auto orders = MakeSchedule(kind, t, attempt == 0 ? std::numeric_limits<double>::infinity() : limit);
-        if (!orders.ok()) break;
-        auto sim = Simulate(t, *orders, /*record=*/false);
-        ++best.simulations;
-        if (!sim.ok()) break;
-        if (!fits(*sim)) {
-          ++best.memory_rejections;
-          continue;
-        }
-        if (sim->makespan_ms < best.makespan_ms) {
-          best.found = true;
-          best.kind = kind;
-          best.order = order;
-          best.device_orders = std::move(*orders);
-          best.makespan_ms = sim->makespan_ms;
-          best.peak_mb = sim->peak_mb;
-        }
-        break;
-      }
+      if (options.try_kind[k]) TrySchedule(base, order, static_cast<ScheduleKind>(k), limit, best);
     }
   }
   return best;
+}
+
+bool TrySchedule(const PipelineTimes& base, std::span<const int> order, ScheduleKind kind, double limit,
+                 GroupSchedule& best) {
+  const PipelineTimes t = Permute(base, order);
+  if (!ScheduleApplies(kind, t)) return false;
+  // Wait-free cyclic runs unconstrained first and memory-aware only if that
+  // does not fit.
+  for (int attempt = 0; attempt < (kind == ScheduleKind::kWaitFreeCyclic ? 2 : 1); ++attempt) {
+    auto orders = MakeSchedule(kind, t, attempt == 0 ? std::numeric_limits<double>::infinity() : limit);
+    if (!orders.ok()) return false;
+    auto sim = Simulate(t, *orders, /*record=*/false);
+    ++best.simulations;
+    if (!sim.ok()) return false;
+    if (std::any_of(sim->peak_mb.begin(), sim->peak_mb.end(), [limit](double p) { return p > limit; })) {
+      ++best.memory_rejections;
+      continue;
+    }
+    if (sim->makespan_ms >= best.makespan_ms) return false;
+    best.found = true;
+    best.kind = kind;
+    best.order.assign(order.begin(), order.end());
+    best.device_orders = std::move(*orders);
+    best.makespan_ms = sim->makespan_ms;
+    best.peak_mb = sim->peak_mb;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace dynapipe::planner

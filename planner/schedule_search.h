@@ -5,6 +5,7 @@
 // simulated; keeps the fastest whose simulated peak memory fits.
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -33,7 +34,14 @@ struct GroupSchedule {
   int memory_rejections = 0;  // simulated schedules that did not fit
 };
 
-// Per-micro-batch simulator inputs for the group (index = position in `mbs`).
+// Each micro-batch's cost per chunk, in the group's order.
+using GroupCosts = std::vector<std::shared_ptr<const ShapeCost>>;
+absl::StatusOr<GroupCosts> CostsOf(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r);
+
+// Per-micro-batch simulator inputs for the group (index = position in `mbs`),
+// from their costs (CostsOf), or computing them.
+PipelineTimes GroupTimes(std::span<const MicroBatch> mbs, const GroupCosts& costs, const PipelineModel& pm,
+                         const CommModel& comm, int dp_rank);
 absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r,
                                          const CommModel& comm, int dp_rank);
 
@@ -46,6 +54,13 @@ PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order);
 // earlier, nor its last backward hand on faster). A candidate whose bound is
 // no better than a plan in hand cannot win and need not be searched.
 double MakespanLowerBound(const PipelineTimes& t);
+// The same from the micro-batches' costs, before any PipelineTimes is built.
+double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm);
+
+// Simulates `kind` on `base` in `order` and takes it into `best` when it fits
+// in memory_limit_mb and is faster; whether it did.
+bool TrySchedule(const PipelineTimes& base, std::span<const int> order, ScheduleKind kind, double memory_limit_mb,
+                 GroupSchedule& best);
 
 // The search described above. found = false when nothing fits in memory.
 GroupSchedule SearchSchedule(const PipelineTimes& base, double memory_limit_mb, const SearchOptions& options);

@@ -92,11 +92,9 @@ std::vector<MicroBatch> PackAndDeal(std::span<const Sample> samples, std::vector
 std::vector<double> RampTargets(int count, const Ramp& ramp) {
   std::vector<double> target(count, 1.0);
   if (count < 3) return target;
-  const int length = std::max(1, ramp.length);
-  for (int k = 0; k < count; ++k) {
-    const int from_end = std::min(k, count - 1 - k);
-    if (from_end < length) target[k] = ramp.edge + (1.0 - ramp.edge) * from_end / length;
-  }
+  const int head = std::max(1, ramp.length), tail = std::max(1, ramp.TailLength());
+  auto rise = [&](int k, int length) { return k < length ? ramp.edge + (1.0 - ramp.edge) * k / length : 1.0; };
+  for (int k = 0; k < count; ++k) target[k] = std::min(rise(k, head), rise(count - 1 - k, tail));
   return target;
 }
 
@@ -240,33 +238,112 @@ std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int gro
 
 namespace {
 
-// Cuts `order` into at most `runs` contiguous runs, run k costing at most
-// target[k] * unit (a lone sample always forms a run); the run ends, or empty
-// when `runs` do not cover it or a lone sample does not fit.
-std::vector<int> CutRuns(std::span<const Sample> samples, std::span<const int> order, std::span<const double> target,
-                         double unit, ShapeCosts& costs, Recompute r, int round_multiple, bool ed) {
-  std::vector<int> ends;
-  size_t begin = 0;
-  for (size_t k = 0; k < target.size() && begin < order.size(); ++k) {
-    size_t end = begin + 1;
-    int enc = EncOf(samples[order[begin]]), dec = DecOf(samples[order[begin]], ed);
-    for (; end < order.size(); ++end) {
-      const Sample& next = samples[order[end]];
-      const int e = std::max(enc, EncOf(next)), d = std::max(dec, DecOf(next, ed));
-      const Shape shape{static_cast<int>(end + 1 - begin), RoundUp(e, round_multiple),
-                        d > 0 ? RoundUp(d, round_multiple) : 0};
-      auto t = costs.Time(shape, r);
-      if (!t.ok() || !t->fits[0] || t->time_ms > target[k] * unit) break;
-      enc = e;
-      dec = d;
+// Padded shapes of contiguous runs of `order`: the longest input (and
+// target) of any run from sparse tables of range maxima, O(1) per run.
+class RunShapes {
+ public:
+  RunShapes(std::span<const Sample> samples, std::span<const int> order, int round_multiple, bool ed)
+      : round_(round_multiple), n_(static_cast<int>(order.size())) {
+    levels_ = 1;
+    while ((1 << levels_) <= n_) ++levels_;
+    enc_.assign(static_cast<size_t>(levels_) * n_, 0);
+    dec_.assign(static_cast<size_t>(levels_) * n_, 0);
+    for (int i = 0; i < n_; ++i) {
+      enc_[i] = EncOf(samples[order[i]]);
+      dec_[i] = DecOf(samples[order[i]], ed);
     }
-    auto lone = costs.Time(PaddedShape(samples, order.subspan(begin, 1), round_multiple, ed), r);
-    if (!lone.ok() || !lone->fits[0]) return {};
-    ends.push_back(static_cast<int>(end));
-    begin = end;
+    for (int l = 1; l < levels_; ++l) {
+      for (int i = 0; i + (1 << l) <= n_; ++i) {
+        const size_t at = static_cast<size_t>(l) * n_ + i, lo = static_cast<size_t>(l - 1) * n_ + i;
+        enc_[at] = std::max(enc_[lo], enc_[lo + (1 << (l - 1))]);
+        dec_[at] = std::max(dec_[lo], dec_[lo + (1 << (l - 1))]);
+      }
+    }
   }
-  if (begin < order.size()) return {};
+  // The padded shape of order[begin, end), begin < end <= size.
+  Shape Of(int begin, int end) const {
+    int l = 0;
+    while ((2 << l) <= end - begin) ++l;
+    const size_t a = static_cast<size_t>(l) * n_ + begin, b = static_cast<size_t>(l) * n_ + end - (1 << l);
+    const int e = std::max(enc_[a], enc_[b]), d = std::max(dec_[a], dec_[b]);
+    return Shape{end - begin, RoundUp(e, round_), d > 0 ? RoundUp(d, round_) : 0};
+  }
+  int size() const { return n_; }
+
+ private:
+  int round_, n_, levels_ = 1;
+  std::vector<int> enc_, dec_;  // [level][i]: max over [i, i + 2^level)
+};
+
+// Cuts the runs' order into at most target.size() contiguous runs, run k
+// costing at most target[k] * unit (a lone sample always forms a run); the
+// run ends, or empty when the runs do not cover it or a lone sample does not
+// fit. A run's cost grows with its end (more rows, rows no shorter), so each
+// end is found by galloping and bisection rather than sample by sample.
+std::vector<int> CutRuns(const RunShapes& shapes, std::span<const double> target, double unit, ShapeCosts& costs,
+                         Recompute r) {
+  const int n = shapes.size();
+  auto within = [&](int begin, int end, double limit) {
+    auto t = costs.Time(shapes.Of(begin, end), r);
+    return t.ok() && t->fits[0] && t->time_ms <= limit;
+  };
+  std::vector<int> ends;
+  int begin = 0;
+  for (size_t k = 0; k < target.size() && begin < n; ++k) {
+    auto lone = costs.Time(shapes.Of(begin, begin + 1), r);
+    if (!lone.ok() || !lone->fits[0]) return {};
+    const double limit = target[k] * unit;
+    int good = begin + 1, bad = n + 1;  // ends known within / not within
+    for (int step = 1; good < n;) {
+      const int probe = std::min(n, good + step);
+      if (!within(begin, probe, limit)) {
+        bad = probe;
+        break;
+      }
+      good = probe;
+      step *= 2;
+    }
+    while (bad - good > 1 && good < n) {
+      const int mid = good + (bad - good) / 2;
+      if (within(begin, mid, limit)) {
+        good = mid;
+      } else {
+        bad = mid;
+      }
+    }
+    ends.push_back(good);
+    begin = good;
+  }
+  if (begin < n) return {};
   return ends;
+}
+
+// `order` dealt to `groups` by each sample's own padded cost: heaviest first
+// onto the lightest group, each group's members kept in `order`'s order.
+// Empty when a lone sample has no cost (out of the model's range).
+std::vector<std::vector<int>> GroupsByCost(std::span<const Sample> samples, std::span<const int> order, int groups,
+                                           ShapeCosts& costs, Recompute r, int round_multiple) {
+  const bool ed = costs.model().encoder_decoder();
+  const int n = static_cast<int>(order.size());
+  std::vector<double> cost(n);
+  for (int k = 0; k < n; ++k) {
+    auto t = costs.Time(PaddedShape(samples, order.subspan(k, 1), round_multiple, ed), r);
+    if (!t.ok()) return {};
+    cost[k] = t->time_ms;
+  }
+  std::vector<int> by_cost(n);
+  std::iota(by_cost.begin(), by_cost.end(), 0);
+  std::stable_sort(by_cost.begin(), by_cost.end(), [&](int a, int b) { return cost[a] > cost[b]; });
+  std::vector<double> load(groups, 0);
+  std::vector<int> group_of(n);
+  for (int k : by_cost) {
+    const int g = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    group_of[k] = g;
+    load[g] += cost[k];
+  }
+  std::vector<std::vector<int>> of_group(groups);
+  for (int k = 0; k < n; ++k) of_group[group_of[k]].push_back(order[k]);
+  return of_group;
 }
 
 }  // namespace
@@ -275,29 +352,45 @@ std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<co
                                    int per_group, const Ramp& ramp, ShapeCosts& costs, Recompute r,
                                    int round_multiple) {
   const bool ed = costs.model().encoder_decoder();
-  std::vector<std::vector<int>> of_group(groups);
-  for (size_t i = 0; i < order.size(); ++i) of_group[i % groups].push_back(order[i]);
-  // Targets ascending along the order; runs then placed outside in: the
-  // cheapest first, the next last, and so on.
-  std::vector<double> target = RampTargets(per_group, ramp);
-  std::sort(target.begin(), target.end());
+  std::vector<std::vector<int>> of_group = GroupsByCost(samples, order, groups, costs, r, round_multiple);
+  if (of_group.empty()) return {};
+  // Runs are cut along the order with targets ascending (the cheapest on the
+  // shortest samples); run k then takes the position of the k-th lightest
+  // target in the execution order, later positions first among equal
+  // targets: the heaviest runs (lone long samples past their target) come
+  // right after the fill, and the work falls from there to the end, where a
+  // backward's trip through every stage is hidden behind lighter ones.
+  const std::vector<double> in_order = RampTargets(per_group, ramp);
   std::vector<int> position(per_group);
-  for (int k = 0, lo = 0, hi = per_group - 1; k < per_group; ++k) position[k] = k % 2 == 0 ? lo++ : hi--;
+  std::iota(position.begin(), position.end(), 0);
+  std::sort(position.begin(), position.end(), [&](int a, int b) {
+    return in_order[a] != in_order[b] ? in_order[a] < in_order[b] : a > b;
+  });
+  std::vector<double> target(in_order);
+  std::sort(target.begin(), target.end());
   std::vector<MicroBatch> out;
   for (int g = 0; g < groups; ++g) {
     const std::vector<int>& mine = of_group[g];
     if (static_cast<int>(mine.size()) < per_group) return {};
-    // The smallest unit whose runs cover the group (bisection over cost).
-    double hi = 1;
+    // The smallest unit whose runs cover the group, by bisection from the
+    // unit at which the samples' lone costs would meet the targets (runs
+    // cost less than their samples alone, so it nearly always covers).
+    const RunShapes shapes(samples, mine, round_multiple, ed);
+    double lone = 0;
+    for (int i = 0; i < shapes.size(); ++i) {
+      auto t = costs.Time(shapes.Of(i, i + 1), r);
+      if (t.ok()) lone += t->time_ms;
+    }
+    double hi = std::max(1e-9, lone / std::accumulate(target.begin(), target.end(), 0.0));
     std::vector<int> ends;
-    for (int i = 0; i < 60 && (ends = CutRuns(samples, mine, target, hi, costs, r, round_multiple, ed)).empty(); ++i) {
+    for (int i = 0; i < 60 && (ends = CutRuns(shapes, target, hi, costs, r)).empty(); ++i) {
       hi *= 2;
     }
     if (ends.empty()) return {};
     double lo = 0;
-    for (int i = 0; i < 14; ++i) {  // the unit within 2^-14 of the doubling's bracket
+    for (int i = 0; i < 9; ++i) {  // the unit within 2^-9 of the bracket
       const double mid = 0.5 * (lo + hi);
-      std::vector<int> e = CutRuns(samples, mine, target, mid, costs, r, round_multiple, ed);
+      std::vector<int> e = CutRuns(shapes, target, mid, costs, r);
       if (e.empty()) {
         lo = mid;
       } else {

@@ -51,17 +51,22 @@ MicroBatch PackRows(std::span<const Sample> samples, std::vector<int> items, int
 
 // Lighter micro-batches at both ends of a group's execution order. A
 // pipeline fills behind its first micro-batches' forwards and drains behind
-// its last ones' backwards (in 1F1B the first stage's cool-down waits on the
-// last S - 1), so light micro-batches there shorten the bubble while the
-// middle ones stay large enough to run efficiently.
+// its last ones' backwards: a backward crosses every stage in turn, so a
+// heavy micro-batch late in the order keeps the first stage busy long after
+// the slowest stage is done. The drain therefore wants a longer ramp than
+// the fill (backward costs about twice forward), while the middle
+// micro-batches stay large enough to run efficiently.
 struct Ramp {
   double edge = 1.0;  // the outermost micro-batch's weight (0 < edge <= 1)
-  int length = 1;     // micro-batches at each end rising linearly from edge toward 1
+  int length = 1;     // micro-batches at the start rising linearly from edge toward 1
+  int tail = 0;       // the same at the end; 0: as `length`
+  int TailLength() const { return tail > 0 ? tail : length; }
 };
 
 // Relative weights of `count` micro-batches in execution order: 1, except
-// the `ramp.length` outermost at each end, edge + (1 - edge) * k / length
-// for the k-th from its end; all 1 below three micro-batches.
+// the `ramp.length` first, edge + (1 - edge) * k / length for the k-th, and
+// the `ramp.TailLength()` last, the same counted from the end (the smaller
+// where they overlap); all 1 below three micro-batches.
 std::vector<double> RampTargets(int count, const Ramp& ramp);
 
 // Dynamic's varlen partitioner: `groups` x `per_group` micro-batches, each
@@ -75,11 +80,12 @@ std::vector<MicroBatch> BalancedBatches(std::span<const Sample> samples, int gro
 
 // The same ramps for padded kernels (materialised attention, encoder-decoder
 // models), where a micro-batch costs its padded grid and should hold samples
-// of similar lengths: samples in `order` (similar lengths adjacent) are dealt
-// round-robin to the groups, and each group's cut into `per_group`
-// contiguous runs whose padded cost (`costs`, the slowest device) follows
-// RampTargets: the cheapest targets on the shortest samples, placed at the
-// ends of the execution order. Empty when the group has fewer samples than
+// of similar lengths: samples go to groups by their own padded cost
+// (`costs`, the slowest device; heaviest first onto the lightest group), and
+// each group's, in `order` (similar lengths adjacent), is cut into
+// `per_group` contiguous runs whose padded cost follows RampTargets: the
+// cheapest targets on the shortest samples, each run at the position of its
+// target's rank in the execution order. Empty when the group has fewer samples than
 // micro-batches, or a single sample does not fit in memory.
 std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<const int> order, int groups,
                                    int per_group, const Ramp& ramp, ShapeCosts& costs, Recompute r,

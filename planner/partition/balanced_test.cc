@@ -91,6 +91,9 @@ TEST_CASE("RampTargets: linear from the edge weight over the ramp, 1 in the midd
   CHECK(RampTargets(5, Ramp{0.5, 1}) == std::vector<double>{0.5, 1, 1, 1, 0.5});
   CHECK(RampTargets(7, Ramp{0.25, 2}) == std::vector<double>{0.25, 0.625, 1, 1, 1, 0.625, 0.25});
   CHECK(RampTargets(4, Ramp{0.0, 3}) == std::vector<double>{0, 1.0 / 3, 1.0 / 3, 0});
+  // A longer tail than head: the drain's ramp.
+  CHECK(RampTargets(8, Ramp{0.25, 1, 3}) == std::vector<double>{0.25, 1, 1, 1, 1, 0.75, 0.5, 0.25});
+  CHECK(RampTargets(5, Ramp{0.5, 1, 4}) == std::vector<double>{0.5, 0.875, 0.75, 0.625, 0.5});
 }
 
 TEST_CASE("BalancedBatches: groups of near-equal weight, per_group micro-batches each, weighted by the ramp") {
@@ -192,6 +195,49 @@ TEST_CASE("RampedRuns: contiguous runs of similar lengths per group, the cheapes
       const double middle = *std::max_element(g.begin() + 1, g.end() - 1);
       CHECK(g.front() <= middle);
       CHECK(g.back() <= middle);
+    }
+  }
+}
+
+TEST_CASE("RampedRuns: groups balanced by padded cost, the heaviest run first after the fill, lighter to the end") {
+  ShapeCosts costs(Pipeline(false));
+  std::mt19937 rng(6);
+  for (int trial = 0; trial < 10; ++trial) {
+    const auto s = Samples(rng, 160, 2048, false);
+    std::vector<int> order(s.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return s[a].input < s[b].input; });
+    const int groups = 2 + trial % 3, per_group = 8;
+    const auto mbs = RampedRuns(s, order, groups, per_group, Ramp{0.25, 1, 4}, costs, Recompute::kNone, 8);
+    REQUIRE_FALSE(mbs.empty());
+    // Each group's samples, alone: their loads differ by at most the
+    // costliest sample (heaviest first onto the lightest group).
+    std::vector<double> load(groups, 0);
+    double costliest = 0;
+    std::vector<std::vector<double>> times(groups);
+    std::vector<std::vector<int>> longest(groups);  // per micro-batch in order
+    for (const MicroBatch& mb : mbs) {
+      longest[mb.group].push_back(0);
+      for (const Placement& p : mb.samples) {
+        longest[mb.group].back() = std::max(longest[mb.group].back(), s[p.sample].input);
+        auto t = costs.Time(Shape{1, RoundUp(s[p.sample].input, 8), 0}, Recompute::kNone);
+        REQUIRE(t.ok());
+        load[mb.group] += t->time_ms;
+        costliest = std::max(costliest, t->time_ms);
+      }
+      auto t = costs.Time(mb.shape, Recompute::kNone);
+      REQUIRE(t.ok());
+      times[mb.group].push_back(t->time_ms);
+    }
+    CHECK(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()) <=
+          costliest * (1 + 1e-9));
+    for (int g = 0; g < groups; ++g) {
+      REQUIRE(times[g].size() == static_cast<size_t>(per_group));
+      // The runs (ascending along the sorted order) take the tail's
+      // positions lightest last, and the run of the longest samples sits
+      // right after the first micro-batch.
+      CHECK(std::max_element(longest[g].begin(), longest[g].end()) - longest[g].begin() == 1);
+      for (int k = per_group - 4; k + 1 < per_group; ++k) CHECK(times[g][k + 1] <= times[g][k] * (1 + 1e-9));
     }
   }
 }
