@@ -39,6 +39,17 @@ if [ ! -f data/quickstart-eval/dataset.pbtxt ]; then
     --input-scale 0.125 --alphabet 8 --seed 2
 fi
 
+# The cost profile the job plans with (cost_profile_path): this machine's
+# kernels timed per layer shape, then 40 iterations trained under the job's
+# own layout for what layers leave out. Measured again after each rebuild
+# (the kernels may have changed), else kept, so reruns plan alike.
+if [ ! -f data/quickstart-profile.json ] || [ bazel-bin/cli/dynapipe -nt data/quickstart-profile.json ]; then
+  echo "quickstart: measuring this machine's costs (dynapipe profile, a few seconds)"
+  OPENBLAS_NUM_THREADS=1 "$dynapipe" profile --job "$job_file" --out data/quickstart-profile.json --data-root . \
+    > "$out/profile.log" 2>&1 || { cat "$out/profile.log" >&2; exit 1; }
+  tail -2 "$out/profile.log"
+fi
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export DYNAPIPE_RUN_DIR="$out/cluster"
 export DYNAPIPE_BIN="$bin"
@@ -89,7 +100,8 @@ predicted = sum(r[4] for r in rows) / n
 print("quickstart summary")
 tail = [r[2] for r in rows[-20:]]
 print(f"  loss            {first[2]:.4f} -> {last[2]:.4f}  ({last[2] / first[2]:.2f}x; mean of the last {len(tail)}: {sum(tail) / len(tail):.4f})")
-print(f"  iteration time  {measured:.0f} ms measured, {predicted:.0f} ms planned (mean over {n} reported)")
+print(f"  iteration time  {measured:.1f} ms measured, {predicted:.1f} ms planned ({100 * (predicted / measured - 1):+.0f}%; "
+      f"mean over {n} reported)")
 print(f"  throughput      {last[5]:.0f} real tokens/s (the job's, over its last 20 iterations)")
 print(f"  wall time       {elapsed} s for {int(last[1])} iterations")
 print(f"  logs            {run}")
