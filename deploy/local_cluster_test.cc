@@ -2,7 +2,8 @@
 // `dynapipe watch`, whose exit status the quickstart reports) through a
 // planner restart mid-job (local-cluster.sh restart-planner): the job
 // succeeds and watch ends 0 on its final line, each line printed once.
-// The quickstart's own job file, on a small dataset and 120 iterations.
+// The quickstart's own job file, on a small dataset and 120 iterations, with
+// its cost profile measured first as the quickstart does.
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -29,6 +30,9 @@ timeout 60 "$cli" data synth --out data/quickstart --lengths "$repo/tests/data/f
   --input-scale 0.125 --alphabet 8 --seed 1 > synth.log
 sed 's/^iterations: 600$/iterations: 120/' "$repo/configs/jobs/quickstart.pbtxt" > job.pbtxt
 grep -q '^iterations: 120$' job.pbtxt || { echo "configs/jobs/quickstart.pbtxt has no 'iterations: 600' line"; exit 1; }
+# The cost profile the job plans with, measured as deploy/quickstart.sh does.
+timeout 120 "$cli" profile --job job.pbtxt --out data/quickstart-profile.json --data-root . > profile.log 2>&1 ||
+  { cat profile.log; exit 1; }
 trap 'bash "$repo/deploy/local-cluster.sh" stop > /dev/null 2>&1 || true' EXIT
 bash "$repo/deploy/local-cluster.sh" start --executors 4 > start.log
 export DYNAPIPE_PLANNER="127.0.0.1:$DYNAPIPE_PLANNER_PORT" DYNAPIPE_TOKEN_FILE="$tmp/cluster/token"
