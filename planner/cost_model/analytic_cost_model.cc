@@ -26,6 +26,8 @@ absl::StatusOr<std::unique_ptr<AnalyticCostModel>> AnalyticCostModel::Create(
   m->positions_ = model.max_positions();
   m->causal_ = model.kind() != proto::ModelKind::t5;
   m->tied_ = model.tie_embeddings();
+  // A gated feed-forward (model.block.mlp) has three ffn x hidden matrices, not two.
+  m->gated_ = model.block().mlp() == proto::MlpKind::gated_gelu;
   m->device_name_ = device.name();
   m->peak_flops_ = device.peak_tflops() * 1e12;
   m->mem_bw_ = device.memory_bandwidth_gbps() * 1e9;
@@ -60,11 +62,12 @@ LayerCost AnalyticCostModel::Block(double tq, double tkv, double cells, bool cau
   const bool self = tq == tkv;
   // GEMMs: Q and output projection on the query tokens, K and V on the key tokens, MLP on the queries.
   const double proj_flops = 2 * tq * 2 * h * h + 2 * tkv * 2 * h * h;
-  const double mlp_flops = mlp ? 2 * tq * 2 * h * f : 0;
+  const double mats = gated_ ? 3 : 2;  // ffn x hidden matrices in the MLP
+  const double mlp_flops = mlp ? 2 * tq * mats * h * f : 0;
   const double causal_frac = causal && fused_ ? 0.5 : 1.0;  // fused kernels skip masked tiles
   const double attn_flops = 4 * cells * h * causal_frac;
   // Element-wise traffic: layer norms, residuals, dropout, GELU over 4h.
-  const double elem_bytes = tq * (12 * h + (mlp ? 4 * f : 0)) * B;
+  const double elem_bytes = tq * (12 * h + (mlp ? (gated_ ? 6 : 4) * f : 0)) * B;
   const double score_bytes = fused_ ? 0 : 4 * a * cells * B;  // write, softmax r/w, read
   const double gemm_s = GemmSeconds(proj_flops + mlp_flops, tq);
   const double attn_s = AttentionSeconds(attn_flops) + MemorySeconds(score_bytes);
@@ -74,7 +77,9 @@ LayerCost AnalyticCostModel::Block(double tq, double tkv, double cells, bool cau
   c.fw_ms = (gemm_s + attn_s + elem_s) * 1e3 + overhead_ms_;
   c.bw_ms = 2 * (gemm_s + attn_s + elem_s) * 1e3 + overhead_ms_;
   // Stored activations (bytes); the MLP accounts for 19 of Korthikanti's 34 sbh.
-  const double linear = (mlp ? 34.0 : 15.0) * tq * h * scale + (self ? 0 : 2.0 * tkv * h * scale);
+  // Gated: the up projection's output (8 sbh at f = 4h) is kept as well.
+  const double mlp_sbh = mlp ? (gated_ ? 27.0 : 19.0) : 0.0;
+  const double linear = (15.0 + mlp_sbh) * tq * h * scale + (self ? 0 : 2.0 * tkv * h * scale);
   const double scores = fused_ ? 0 : 5.0 * a * cells * scale;
   const double input = tq * h * B + (self ? 0 : tkv * h * B);
   const double transient = (fused_ ? 0 : 2.0 * a * cells * B) + (mlp ? tq * f * B : tq * h * B);
@@ -141,8 +146,8 @@ absl::StatusOr<LayerCost> AnalyticCostModel::Cost(LayerKind kind, const Shape& s
 double AnalyticCostModel::ParamsMillions(LayerKind kind) const {
   const double h = h_, f = f_;
   switch (kind) {
-    case LayerKind::kEncoder: return (4 * h * h + 2 * h * f + 9 * h + f) / 1e6;
-    case LayerKind::kDecoder: return (8 * h * h + 2 * h * f + 13 * h + f) / 1e6;
+    case LayerKind::kEncoder: return (4 * h * h + (gated_ ? 3 : 2) * h * f + 9 * h + f) / 1e6;
+    case LayerKind::kDecoder: return (8 * h * h + (gated_ ? 3 : 2) * h * f + 13 * h + f) / 1e6;
     case LayerKind::kEmbedding: return (vocab_ * h + positions_ * h) / 1e6;
     // Tied or not, the last stage holds an LM-head weight (a tied copy across stages).
     case LayerKind::kPostprocess: return (2 * h + vocab_ * h) / 1e6;

@@ -45,6 +45,7 @@ class AnalyticCostModel : public LayerCostModel {
   double h_ = 0, f_ = 0, a_ = 0, vocab_ = 0, positions_ = 0;
   bool causal_ = true;  // GPT: causal self-attention; T5 encoder: bidirectional
   bool tied_ = true;
+  bool gated_ = false;  // gated feed-forward: three matrices
   std::string device_name_;
   double peak_flops_ = 0, mem_bw_ = 0;  // per second
   double gemm_eff_ = 0, half_tokens_ = 0, attn_eff_ = 0, mem_eff_ = 0, overhead_ms_ = 0;

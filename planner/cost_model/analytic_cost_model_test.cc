@@ -88,6 +88,29 @@ TEST_CASE("Parameter counts match the model size; model state per stage follows 
   CHECK(sharded->StaticMb(3) == Approx(4 * layer * (2 + 4 + 4 + 8.0 / 4)).epsilon(1e-6));
 }
 
+TEST_CASE("A gated feed-forward (model.block.mlp) prices a third ffn x hidden matrix") {
+  proto::ModelSpec gated = Gpt67b();
+  gated.mutable_block()->set_mlp(proto::MlpKind::gated_gelu);
+  auto plain = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  auto three = AnalyticCostModel::Create(gated, H100(), {});
+  REQUIRE(plain.ok());
+  REQUIRE(three.ok());
+  const double h = 4096, f = 4 * 4096;
+  CHECK(((*three)->ParamsMillions(LayerKind::kEncoder) - (*plain)->ParamsMillions(LayerKind::kEncoder)) * 1e6 ==
+        Approx(h * f));
+  const Shape s{4, 2048, 0};
+  const LayerCost a = *(*plain)->Cost(LayerKind::kEncoder, s, Recompute::kNone);
+  const LayerCost b = *(*three)->Cost(LayerKind::kEncoder, s, Recompute::kNone);
+  CHECK(b.fw_ms > a.fw_ms);
+  CHECK(b.stored_mb > a.stored_mb);
+  // relu or gelu: the same two matrices.
+  proto::ModelSpec relu = Gpt67b();
+  relu.mutable_block()->set_mlp(proto::MlpKind::relu);
+  auto two = AnalyticCostModel::Create(relu, H100(), {});
+  REQUIRE(two.ok());
+  CHECK((*two)->Cost(LayerKind::kEncoder, s, Recompute::kNone)->fw_ms == a.fw_ms);
+}
+
 TEST_CASE("Layouts: equal stages, explicit interleaving, and bad assignments") {
   auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
   std::shared_ptr<const LayerCostModel> cost(std::move(*m));

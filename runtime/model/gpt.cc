@@ -161,14 +161,51 @@ absl::Status GptStage::ImportState(const StageState& in) {
   return absl::OkStatus();
 }
 
+void GptStage::NormForward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t N) {
+  const int64_t C = config().hidden;
+  if (config().norm == NormKind::kRms) {
+    cpu::RmsNormForward(out, rstd, x, P(w), N, C);
+  } else {
+    cpu::LayerNormForward(out, mean, rstd, x, P(w), P(b), N, C);
+  }
+}
+
+void GptStage::NormBackward(float* dx, size_t w, size_t b, const float* dout, const float* x, const float* mean,
+                            const float* rstd, int64_t N) {
+  const int64_t C = config().hidden;
+  if (config().norm == NormKind::kRms) {
+    cpu::RmsNormBackward(dx, G(w), dout, x, P(w), rstd, N, C);
+  } else {
+    cpu::LayerNormBackward(dx, G(w), G(b), dout, x, P(w), mean, rstd, N, C);
+  }
+}
+
+void GptStage::ActivationForward(float* act, const float* fc, int64_t N) {
+  const int64_t F = config().ffn;
+  switch (config().mlp) {
+    case MlpKind::kGelu: cpu::GeluForward(act, fc, N * F); break;
+    case MlpKind::kRelu: cpu::ReluForward(act, fc, N * F); break;
+    case MlpKind::kGatedGelu: cpu::GatedGeluForward(act, fc, N, F); break;
+  }
+}
+
+void GptStage::ActivationBackward(float* dfc, const float* fc, const float* dact, int64_t N) {
+  const int64_t F = config().ffn;
+  switch (config().mlp) {
+    case MlpKind::kGelu: cpu::GeluBackward(dfc, fc, dact, N * F); break;
+    case MlpKind::kRelu: cpu::ReluBackward(dfc, fc, dact, N * F); break;
+    case MlpKind::kGatedGelu: cpu::GatedGeluBackward(dfc, fc, dact, N, F); break;
+  }
+}
+
 absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B,
                                     int64_t T, float* out) {
   const int64_t N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
   ASSIGN_OR_RETURN(a.ln1, Get(N * C));
   ASSIGN_OR_RETURN(a.ln1_mean, Get(N));
   ASSIGN_OR_RETURN(a.ln1_rstd, Get(N));
-  cpu::LayerNormForward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), a.x.as<float>(),
-                        P(l.ln1_w), P(l.ln1_b), N, C);
+  NormForward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), a.x.as<float>(), l.ln1_w, l.ln1_b,
+              N);
   ASSIGN_OR_RETURN(a.qkv, Get(N * 3 * C));
   cpu::MatmulForward(a.qkv.as<float>(), a.ln1.as<float>(), P(l.qkv_w), P(l.qkv_b), N, C, 3 * C);
   ASSIGN_OR_RETURN(a.atty, Get(N * C));
@@ -183,12 +220,12 @@ absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, con
   ASSIGN_OR_RETURN(a.ln2, Get(N * C));
   ASSIGN_OR_RETURN(a.ln2_mean, Get(N));
   ASSIGN_OR_RETURN(a.ln2_rstd, Get(N));
-  cpu::LayerNormForward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), x2, P(l.ln2_w),
-                        P(l.ln2_b), N, C);
-  ASSIGN_OR_RETURN(a.fc, Get(N * F));
+  NormForward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), x2, l.ln2_w, l.ln2_b, N);
+  const int64_t W = config().MlpWidth();
+  ASSIGN_OR_RETURN(a.fc, Get(N * W));
   ASSIGN_OR_RETURN(a.gelu, Get(N * F));
-  cpu::MatmulForward(a.fc.as<float>(), a.ln2.as<float>(), P(l.fc_w), P(l.fc_b), N, C, F);
-  cpu::GeluForward(a.gelu.as<float>(), a.fc.as<float>(), N * F);
+  cpu::MatmulForward(a.fc.as<float>(), a.ln2.as<float>(), P(l.fc_w), P(l.fc_b), N, C, W);
+  ActivationForward(a.gelu.as<float>(), a.fc.as<float>(), N);
   if (out != nullptr) {
     cpu::MatmulForward(out, a.gelu.as<float>(), P(l.mproj_w), P(l.mproj_b), N, F, C);
     for (int64_t k = 0; k < N * C; ++k) out[k] += x2[k];
@@ -341,8 +378,8 @@ absl::StatusOr<double> GptStage::ForwardDense(int mb, const TokenBatch& batch, c
       ASSIGN_OR_RETURN(s->lnf, Get(M * C));
       ASSIGN_OR_RETURN(s->lnf_mean, Get(M));
       ASSIGN_OR_RETURN(s->lnf_rstd, Get(M));
-      cpu::LayerNormForward(s->lnf.as<float>(), s->lnf_mean.as<float>(), s->lnf_rstd.as<float>(), s->xs.as<float>(),
-                            P(layout_.lnf_w()), P(layout_.lnf_b()), M, C);
+      NormForward(s->lnf.as<float>(), s->lnf_mean.as<float>(), s->lnf_rstd.as<float>(), s->xs.as<float>(),
+                  layout_.lnf_w(), layout_.lnf_b(), M);
       ASSIGN_OR_RETURN(Buffer logits, Get(M * V));
       cpu::MatmulForward(logits.as<float>(), s->lnf.as<float>(), P(layout_.head()), static_cast<const float*>(nullptr),
                          M, C, V);
@@ -424,7 +461,7 @@ absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dh
   }
   LayerGrads g;
   ASSIGN_OR_RETURN(g.dF1, Get(N * F));
-  ASSIGN_OR_RETURN(g.dF2, Get(N * F));
+  ASSIGN_OR_RETURN(g.dF2, Get(N * config().MlpWidth()));
   ASSIGN_OR_RETURN(g.dln, Get(N * C));
   ASSIGN_OR_RETURN(g.datty, Get(N * C));
   ASSIGN_OR_RETURN(g.dqkv, Get(N * 3 * C));
@@ -461,9 +498,8 @@ absl::Status GptStage::HeadBackward(Stash& s, float* dres) {
   Zero(dxs);
   cpu::MatmulBackward(dlnf.as<float>(), G(layout_.head()), static_cast<float*>(nullptr), dlogits.as<const float>(),
                       s.lnf.as<const float>(), P(layout_.head()), M, C, V);
-  cpu::LayerNormBackward(dxs.as<float>(), G(layout_.lnf_w()), G(layout_.lnf_b()), dlnf.as<const float>(),
-                         s.xs.as<const float>(), P(layout_.lnf_w()), s.lnf_mean.as<const float>(),
-                         s.lnf_rstd.as<const float>(), M, C);
+  NormBackward(dxs.as<float>(), layout_.lnf_w(), layout_.lnf_b(), dlnf.as<const float>(), s.xs.as<const float>(),
+               s.lnf_mean.as<const float>(), s.lnf_rstd.as<const float>(), M);
   for (int64_t r = 0; r < M; ++r) std::memcpy(dres + s.scored[r] * C, dxs.as<float>() + r * C, C * sizeof(float));
   return absl::OkStatus();
 }
@@ -485,12 +521,12 @@ absl::Status GptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a, co
   cpu::MatmulBackward(g.dF1.as<float>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const float>(), P(l.mproj_w), N, F,
                       C);
   Zero(g.dF2);
-  cpu::GeluBackward(g.dF2.as<float>(), a.fc.as<const float>(), g.dF1.as<const float>(), N * F);
+  ActivationBackward(g.dF2.as<float>(), a.fc.as<const float>(), g.dF1.as<const float>(), N);
   Zero(g.dln);
   cpu::MatmulBackward(g.dln.as<float>(), G(l.fc_w), G(l.fc_b), g.dF2.as<const float>(), a.ln2.as<const float>(),
-                      P(l.fc_w), N, C, F);
-  cpu::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), g.dln.as<const float>(), a.x2.as<const float>(), P(l.ln2_w),
-                         a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(), N, C);
+                      P(l.fc_w), N, C, config().MlpWidth());
+  NormBackward(dr, l.ln2_w, l.ln2_b, g.dln.as<const float>(), a.x2.as<const float>(), a.ln2_mean.as<const float>(),
+               a.ln2_rstd.as<const float>(), N);
   // Attention branch.
   Zero(g.datty);
   cpu::MatmulBackward(g.datty.as<float>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const float>(), P(l.proj_w), N, C,
@@ -501,8 +537,8 @@ absl::Status GptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a, co
   Zero(g.dln);
   cpu::MatmulBackward(g.dln.as<float>(), G(l.qkv_w), G(l.qkv_b), g.dqkv.as<const float>(), a.ln1.as<const float>(),
                       P(l.qkv_w), N, C, 3 * C);
-  cpu::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), g.dln.as<const float>(), a.x.as<const float>(), P(l.ln1_w),
-                         a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N, C);
+  NormBackward(dr, l.ln1_w, l.ln1_b, g.dln.as<const float>(), a.x.as<const float>(), a.ln1_mean.as<const float>(),
+               a.ln1_rstd.as<const float>(), N);
   return absl::OkStatus();
 }
 

@@ -102,8 +102,18 @@ class GptStage final : public Stage {
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B, int64_t T,
                             float* out);
   absl::StatusOr<Buffer> Get(int64_t floats);
-  float* P(size_t offset) { return params_data_.data() + offset; }
-  float* G(size_t offset) { return grads_data_.data() + offset; }
+  // A tensor's parameters and gradients; null for one the block does not
+  // have (GptLayout::kAbsent).
+  float* P(size_t offset) { return offset == GptLayout::kAbsent ? nullptr : params_data_.data() + offset; }
+  float* G(size_t offset) { return offset == GptLayout::kAbsent ? nullptr : grads_data_.data() + offset; }
+  // The block's norm (model.block.norm) over N rows of the hidden size, with
+  // gain `w` and shift `b` (absent: none); `mean` is unused by RMS norm.
+  void NormForward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t N);
+  void NormBackward(float* dx, size_t w, size_t b, const float* dout, const float* x, const float* mean,
+                    const float* rstd, int64_t N);
+  // The MLP's activation (model.block.mlp): (N, MlpWidth()) -> (N, ffn).
+  void ActivationForward(float* act, const float* fc, int64_t N);
+  void ActivationBackward(float* dfc, const float* fc, const float* dact, int64_t N);
 
   GptLayout layout_;
   BufferPool* pool_;

@@ -29,6 +29,14 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   c.tie_embeddings = spec.tie_embeddings();
   c.attention = spec.attention() == proto::AttentionKernel::materialized ? AttentionKernel::kMaterialized
                                                                          : AttentionKernel::kVarlen;
+  // A normalised spec has the block written out; unspecified reads as GPT-2's.
+  c.norm = spec.block().norm() == proto::NormKind::rmsnorm ? NormKind::kRms : NormKind::kLayerNorm;
+  switch (spec.block().mlp()) {
+    case proto::MlpKind::relu: c.mlp = MlpKind::kRelu; break;
+    case proto::MlpKind::gated_gelu: c.mlp = MlpKind::kGatedGelu; break;
+    default: c.mlp = MlpKind::kGelu; break;
+  }
+  c.bias = spec.block().has_bias() ? spec.block().bias() : true;
   auto positive = [](int v, const char* field) -> absl::Status {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be positive, got ", v));
@@ -92,30 +100,33 @@ absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOp
     return absl::InvalidArgumentError("stage: first/last flags disagree with its layer range");
   }
   GptLayout l(config, options);
-  const int64_t C = config.hidden, F = config.ffn, V = config.vocab, NP = config.max_positions;
+  const int64_t C = config.hidden, F = config.ffn, W = config.MlpWidth(), V = config.vocab, NP = config.max_positions;
   const bool head_uses_wte = options.last && config.tie_embeddings;
+  // Biases (and LayerNorm's shift) only where the block has them.
+  auto bias = [&](const std::string& name, int64_t n) { return config.bias ? l.Add(name, {n}) : kAbsent; };
+  auto norm_bias = [&](const std::string& name) { return config.NormBias() ? l.Add(name, {C}) : kAbsent; };
   if (options.first || head_uses_wte) l.wte_ = l.Add("wte", {V, C});
   if (options.first) l.wpe_ = l.Add("wpe", {NP, C});
   for (int i = 0; i < options.num_layers; ++i) {
     const std::string p = absl::StrCat("h.", options.first_layer + i, ".");
     Layer y;
     y.ln1_w = l.Add(p + "ln1.w", {C});
-    y.ln1_b = l.Add(p + "ln1.b", {C});
+    y.ln1_b = norm_bias(p + "ln1.b");
     y.qkv_w = l.Add(p + "attn.qkv.w", {3 * C, C});
-    y.qkv_b = l.Add(p + "attn.qkv.b", {3 * C});
+    y.qkv_b = bias(p + "attn.qkv.b", 3 * C);
     y.proj_w = l.Add(p + "attn.proj.w", {C, C});
-    y.proj_b = l.Add(p + "attn.proj.b", {C});
+    y.proj_b = bias(p + "attn.proj.b", C);
     y.ln2_w = l.Add(p + "ln2.w", {C});
-    y.ln2_b = l.Add(p + "ln2.b", {C});
-    y.fc_w = l.Add(p + "mlp.fc.w", {F, C});
-    y.fc_b = l.Add(p + "mlp.fc.b", {F});
+    y.ln2_b = norm_bias(p + "ln2.b");
+    y.fc_w = l.Add(p + "mlp.fc.w", {W, C});  // gated: the gate's F rows, then the up projection's
+    y.fc_b = bias(p + "mlp.fc.b", W);
     y.mproj_w = l.Add(p + "mlp.proj.w", {C, F});
-    y.mproj_b = l.Add(p + "mlp.proj.b", {C});
+    y.mproj_b = bias(p + "mlp.proj.b", C);
     l.layers_.push_back(y);
   }
   if (options.last) {
     l.lnf_w_ = l.Add("lnf.w", {C});
-    l.lnf_b_ = l.Add("lnf.b", {C});
+    l.lnf_b_ = norm_bias("lnf.b");
     l.head_ = head_uses_wte ? l.wte_ : l.Add("lm_head.w", {V, C});
   }
   return l;

@@ -47,6 +47,10 @@ enum class DType { kF32, kBF16 };
 size_t DTypeBytes(DType dtype);
 const char* DTypeName(DType dtype);
 
+// The block's normalisation and feed-forward (model.block).
+enum class NormKind { kLayerNorm, kRms };
+enum class MlpKind { kGelu, kRelu, kGatedGelu };
+
 struct GptConfig {
   int num_layers = 0;
   int hidden = 0;
@@ -56,6 +60,14 @@ struct GptConfig {
   int max_positions = 0;
   bool tie_embeddings = true;
   AttentionKernel attention = AttentionKernel::kVarlen;
+  NormKind norm = NormKind::kLayerNorm;
+  MlpKind mlp = MlpKind::kGelu;
+  bool bias = true;  // biases on every linear layer and LayerNorm's shift
+
+  // Outputs of the MLP's first projection: ffn, or gate and up (2 ffn).
+  int MlpWidth() const { return mlp == MlpKind::kGatedGelu ? 2 * ffn : ffn; }
+  // Whether the norms have a shift (LayerNorm in a block with biases).
+  bool NormBias() const { return norm == NormKind::kLayerNorm && bias; }
 
   // INVALID_ARGUMENT naming the field for a spec this model cannot run.
   static absl::StatusOr<GptConfig> FromSpec(const proto::ModelSpec& spec);
@@ -116,7 +128,10 @@ struct ParamRun {
 
 class GptLayout {
  public:
-  struct Layer {  // parameter offsets
+  // The offset of a tensor the block does not have (biases of a block
+  // without them); backends read it as a null pointer.
+  static constexpr size_t kAbsent = static_cast<size_t>(-1);
+  struct Layer {  // parameter offsets; ln1_w first, the layer's tensors contiguous
     size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
   };
 

@@ -126,6 +126,16 @@ absl::Status NormalizeModel(proto::ModelSpec* m) {
   RETURN_IF_ERROR(Enum("model.attention", m->attention(), kDefaultAttention,
                        proto::AttentionKernel::Value_IsValid, &attention));
   m->set_attention(attention);
+  proto::BlockSpec* block = m->mutable_block();
+  proto::NormKind::Value norm{};
+  RETURN_IF_ERROR(Enum("model.block.norm", block->norm(), t5 ? kDefaultT5Norm : kDefaultGptNorm,
+                       proto::NormKind::Value_IsValid, &norm));
+  block->set_norm(norm);
+  proto::MlpKind::Value mlp{};
+  RETURN_IF_ERROR(Enum("model.block.mlp", block->mlp(), t5 ? kDefaultT5Mlp : kDefaultGptMlp,
+                       proto::MlpKind::Value_IsValid, &mlp));
+  block->set_mlp(mlp);
+  if (!block->has_bias()) block->set_bias(t5 ? kDefaultT5Bias : kDefaultGptBias);
   return absl::OkStatus();
 }
 

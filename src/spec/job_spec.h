@@ -30,6 +30,13 @@ inline constexpr int64_t kDefaultGlobalBatchTokens = 65536;
 inline constexpr int kDefaultMaxSeqLen = 2048;  // or model.max_positions when smaller
 inline constexpr int kDefaultRoundMultiple = 8;
 inline constexpr proto::AttentionKernel::Value kDefaultAttention = proto::AttentionKernel::varlen;
+// model.block per model kind: GPT-2's block, and T5's (v1.0).
+inline constexpr proto::NormKind::Value kDefaultGptNorm = proto::NormKind::layernorm;
+inline constexpr proto::MlpKind::Value kDefaultGptMlp = proto::MlpKind::gelu;
+inline constexpr bool kDefaultGptBias = true;
+inline constexpr proto::NormKind::Value kDefaultT5Norm = proto::NormKind::rmsnorm;
+inline constexpr proto::MlpKind::Value kDefaultT5Mlp = proto::MlpKind::relu;
+inline constexpr bool kDefaultT5Bias = false;
 inline constexpr double kDefaultCapTolerance = 0.02;
 inline constexpr int kDefaultDpCandidates = 3;
 inline constexpr int kDefaultPermutations = 4;

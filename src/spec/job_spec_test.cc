@@ -36,6 +36,19 @@ TEST_CASE("NormalizeJobSpec writes out every default, once") {
   CHECK(n->model().ffn() == 4 * 64);
   CHECK(n->model().max_positions() == kDefaultMaxSeqLen);
   CHECK(n->model().attention() == proto::AttentionKernel::varlen);
+  CHECK(n->model().block().norm() == kDefaultGptNorm);
+  CHECK(n->model().block().mlp() == kDefaultGptMlp);
+  CHECK(n->model().block().has_bias());
+  CHECK(n->model().block().bias() == kDefaultGptBias);
+  proto::JobSpec t5 = Minimal();
+  t5.mutable_model()->set_kind(proto::ModelKind::t5);
+  t5.mutable_model()->set_num_decoder_layers(2);
+  t5.mutable_model()->mutable_block()->set_mlp(proto::MlpKind::gated_gelu);  // FLAN-T5's
+  auto nt = NormalizeJobSpec(t5);
+  REQUIRE(nt.ok());
+  CHECK(nt->model().block().norm() == kDefaultT5Norm);
+  CHECK(nt->model().block().mlp() == proto::MlpKind::gated_gelu);
+  CHECK(nt->model().block().bias() == kDefaultT5Bias);
   CHECK(n->dataset().format() == proto::DatasetSpec::lengths);
   CHECK(n->batching().method() == proto::BatchingSpec::dynamic);
   CHECK(n->batching().global_batch_tokens() == kDefaultGlobalBatchTokens);
@@ -120,6 +133,12 @@ TEST_CASE("NormalizeJobSpec refuses garbage with one line naming the field") {
       {"lr schedule kind 99",
        [](auto* s) { s->mutable_optimizer()->mutable_lr_schedule()->set_kind(static_cast<proto::LrSchedule::Kind>(99)); },
        "optimizer.lr_schedule.kind"},
+      {"block norm 7",
+       [](auto* s) { s->mutable_model()->mutable_block()->set_norm(static_cast<proto::NormKind::Value>(7)); },
+       "model.block.norm"},
+      {"block mlp 9",
+       [](auto* s) { s->mutable_model()->mutable_block()->set_mlp(static_cast<proto::MlpKind::Value>(9)); },
+       "model.block.mlp"},
       {"batching method 99",
        [](auto* s) { s->mutable_batching()->set_method(static_cast<proto::BatchingSpec::Method>(99)); },
        "batching.method"},

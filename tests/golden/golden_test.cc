@@ -1,5 +1,5 @@
 // The C++ GPT against PyTorch: loss, logits and every parameter gradient of a
-// tiny model on one padded and packed batch, computed in float64 by
+// tiny model (GPT-2's block, and two other blocks) on one padded and packed batch, computed in float64 by
 // make_golden.py, must match the CPU backend's float32 within 1e-4 relative
 // (per tensor, ||ours - golden|| / ||golden||), on one stage and split over
 // two stages.
@@ -77,6 +77,11 @@ absl::StatusOr<Golden> LoadGolden(const std::string& stem) {
   g.config.vocab = static_cast<int>(config["vocab"]);
   g.config.max_positions = static_cast<int>(config["max_positions"]);
   g.config.tie_embeddings = config["tie_embeddings"] != 0;
+  // The block (absent: GPT-2's), in the executor's enum order.
+  g.config.norm = config.contains("norm") && config["norm"] == 1 ? NormKind::kRms : NormKind::kLayerNorm;
+  const int64_t mlp = config.contains("mlp") ? config["mlp"] : 0;
+  g.config.mlp = mlp == 2 ? MlpKind::kGatedGelu : mlp == 1 ? MlpKind::kRelu : MlpKind::kGelu;
+  g.config.bias = !config.contains("bias") || config["bias"] != 0;
 
   size_t offset = 0;
   std::istringstream lines(manifest);
@@ -304,6 +309,16 @@ TEST_CASE("Tied GPT split over two stages matches PyTorch; wte gradients summed 
 TEST_CASE("Untied GPT (lm_head.w) on one stage matches PyTorch") { CheckAgainstGolden("gpt_golden_untied", {2}); }
 
 TEST_CASE("Untied GPT split over two stages matches PyTorch") { CheckAgainstGolden("gpt_golden_untied", {1, 1}); }
+
+TEST_CASE("T5 v1.1's block (RMS norm, gated GELU, no biases) matches PyTorch on one stage and split over two") {
+  CheckAgainstGolden("gpt_golden_t5_block", {2});
+  CheckAgainstGolden("gpt_golden_t5_block", {1, 1});
+}
+
+TEST_CASE("A block with ReLU and LayerNorm without biases matches PyTorch on one stage and split over two") {
+  CheckAgainstGolden("gpt_golden_relu", {2});
+  CheckAgainstGolden("gpt_golden_relu", {1, 1});
+}
 
 TEST_CASE("Token ids and positions in padding cells change neither loss nor gradients") {
   const Golden g = Load("gpt_golden");

@@ -57,8 +57,13 @@ DP_SIMD_CLONES void LayerNormRowsF(float* out, float* mean, float* rstd, const f
     v /= C;
     const float s = 1.0f / std::sqrt(v + 1e-5f);
     float* y = out + i * C;
-    for (c = 0; c + kLanes <= C; c += kLanes) Store(y + c, (Load(x + c) - m) * s * Load(weight + c) + Load(bias + c));
-    for (int64_t k = c; k < C; ++k) y[k] = (x[k] - m) * s * weight[k] + bias[k];
+    if (bias != nullptr) {
+      for (c = 0; c + kLanes <= C; c += kLanes) Store(y + c, (Load(x + c) - m) * s * Load(weight + c) + Load(bias + c));
+      for (int64_t k = c; k < C; ++k) y[k] = (x[k] - m) * s * weight[k] + bias[k];
+    } else {
+      for (c = 0; c + kLanes <= C; c += kLanes) Store(y + c, (Load(x + c) - m) * s * Load(weight + c));
+      for (int64_t k = c; k < C; ++k) y[k] = (x[k] - m) * s * weight[k];
+    }
     mean[i] = m;
     rstd[i] = s;
   }
@@ -93,13 +98,13 @@ DP_SIMD_CLONES void LayerNormBackwardRowsF(float* dinp, float* dweight, float* d
       const VF norm = (Load(x + c) - m) * s;
       const VF g = Load(dy + c);
       const VF dnorm = Load(weight + c) * g;
-      Store(dbias + c, Load(dbias + c) + g);
+      if (dbias != nullptr) Store(dbias + c, Load(dbias + c) + g);
       Store(dweight + c, Load(dweight + c) + norm * g);
       Store(dx + c, Load(dx + c) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
     for (int64_t k = c; k < C; ++k) {
       const float norm = (x[k] - m) * s, dnorm = weight[k] * dy[k];
-      dbias[k] += dy[k];
+      if (dbias != nullptr) dbias[k] += dy[k];
       dweight[k] += norm * dy[k];
       dx[k] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
@@ -151,7 +156,7 @@ void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, c
       for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
       v /= C;
       const T s = T(1) / std::sqrt(v + eps);
-      for (int64_t c = 0; c < C; ++c) out[i * C + c] = (x[c] - m) * s * weight[c] + bias[c];
+      for (int64_t c = 0; c < C; ++c) out[i * C + c] = (x[c] - m) * s * weight[c] + (bias != nullptr ? bias[c] : T(0));
       mean[i] = m;
       rstd[i] = s;
     }
@@ -179,7 +184,7 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* in
       for (int64_t c = 0; c < C; ++c) {
         const T norm = (x[c] - mean[i]) * rstd[i];
         const T dnorm = weight[c] * dy[c];
-        dbias[c] += dy[c];
+        if (dbias != nullptr) dbias[c] += dy[c];
         dweight[c] += norm * dy[c];
         dinp[i * C + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[i];
       }

@@ -29,6 +29,8 @@ void MatmulBackward(T* dinp,          // (N, C), may be null
                     const T* weight,  // (OC, C)
                     int64_t N, int64_t C, int64_t OC);
 
+// LayerNorm. `bias` (and `dbias`) may be null: a block without biases has
+// no shift.
 template <typename T>
 void LayerNormForward(T* out,         // (N, C)
                       T* mean,        // (N)
@@ -41,6 +43,36 @@ template <typename T>
 void LayerNormBackward(T* dinp, T* dweight, T* dbias,  // (N, C), (C), (C)
                        const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd,
                        int64_t N, int64_t C);
+
+// RMS norm (T5's layer norm): out = inp / sqrt(mean(inp^2) + kRmsNormEps) *
+// weight, no centring and no bias; rstd (N) is kept for backward.
+inline constexpr double kRmsNormEps = 1e-6;
+template <typename T>
+void RmsNormForward(T* out,        // (N, C)
+                    T* rstd,       // (N)
+                    const T* inp,  // (N, C)
+                    const T* weight, int64_t N, int64_t C);
+template <typename T>
+void RmsNormBackward(T* dinp, T* dweight,  // (N, C), (C)
+                     const T* dout, const T* inp, const T* weight, const T* rstd, int64_t N, int64_t C);
+
+// ReLU (T5 v1.0's feed-forward).
+template <typename T>
+void ReluForward(T* out, const T* inp, int64_t n);
+template <typename T>
+void ReluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
+
+// Gated GELU (T5 v1.1, FLAN-T5) over rows of [gate | up]: out = GELU(gate)
+// * up, with GELU as GeluForward.
+template <typename T>
+void GatedGeluForward(T* out,        // (N, F)
+                      const T* inp,  // (N, 2F)
+                      int64_t N, int64_t F);
+template <typename T>
+void GatedGeluBackward(T* dinp,        // (N, 2F)
+                       const T* inp,   // (N, 2F)
+                       const T* dout,  // (N, F)
+                       int64_t N, int64_t F);
 
 // GELU, tanh approximation (as GPT-2), computed through the identity
 // 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)): one exp per element.

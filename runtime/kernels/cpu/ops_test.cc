@@ -87,6 +87,73 @@ TEST_CASE("LayerNorm backward matches finite differences") {
   CheckGradient("dbias", b, db, loss);
 }
 
+TEST_CASE("LayerNorm without a bias: no shift, and no bias gradient written") {
+  std::mt19937 rng(21);
+  const int N = 3, C = 7;
+  Vec inp = Random(N * C, rng, 2.0), w = Random(C, rng), zero(C, 0.0), r = Random(N * C, rng);
+  Vec out(N * C), with_zero(N * C), mean(N), rstd(N);
+  LayerNormForward(with_zero.data(), mean.data(), rstd.data(), inp.data(), w.data(), zero.data(), N, C);
+  auto loss = [&] {
+    LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), static_cast<const double*>(nullptr),
+                     N, C);
+    return Dot(out, r);
+  };
+  loss();
+  CHECK(out == with_zero);
+  Vec dinp(N * C, 0), dw(C, 0);
+  LayerNormBackward(dinp.data(), dw.data(), static_cast<double*>(nullptr), r.data(), inp.data(), w.data(), mean.data(),
+                    rstd.data(), N, C);
+  CheckGradient("dinp", inp, dinp, loss);
+  CheckGradient("dweight", w, dw, loss);
+}
+
+TEST_CASE("RMS norm backward matches finite differences") {
+  std::mt19937 rng(22);
+  const int N = 4, C = 6;
+  Vec inp = Random(N * C, rng, 2.0), w = Random(C, rng), r = Random(N * C, rng);
+  Vec out(N * C), rstd(N);
+  auto loss = [&] {
+    RmsNormForward(out.data(), rstd.data(), inp.data(), w.data(), N, C);
+    return Dot(out, r);
+  };
+  loss();
+  // The definition, for one element.
+  double ms = 0;
+  for (int c = 0; c < C; ++c) ms += inp[c] * inp[c];
+  CHECK(out[2] == Approx(inp[2] / std::sqrt(ms / C + kRmsNormEps) * w[2]).epsilon(1e-12));
+  Vec dinp(N * C, 0), dw(C, 0);
+  RmsNormBackward(dinp.data(), dw.data(), r.data(), inp.data(), w.data(), rstd.data(), N, C);
+  CheckGradient("dinp", inp, dinp, loss);
+  CheckGradient("dweight", w, dw, loss);
+}
+
+TEST_CASE("ReLU and gated GELU backward match finite differences") {
+  std::mt19937 rng(23);
+  Vec inp = Random(20, rng, 2.0), r = Random(20, rng), out(20);
+  for (double& x : inp) x += x > 0 ? 0.1 : -0.1;  // away from the kink
+  auto relu = [&] {
+    ReluForward(out.data(), inp.data(), 20);
+    return Dot(out, r);
+  };
+  Vec drelu(20, 0);
+  ReluBackward(drelu.data(), inp.data(), r.data(), 20);
+  CheckGradient("relu", inp, drelu, relu);
+
+  const int N = 3, F = 5;
+  Vec gu = Random(N * 2 * F, rng, 1.5), gr = Random(N * F, rng), gout(N * F);
+  auto gated = [&] {
+    GatedGeluForward(gout.data(), gu.data(), N, F);
+    return Dot(gout, gr);
+  };
+  gated();
+  Vec gelu(1);
+  GeluForward(gelu.data(), &gu[2 * F + 1], 1);  // row 1, gate 1
+  CHECK(gout[F + 1] == Approx(gelu[0] * gu[2 * F + F + 1]).epsilon(1e-12));
+  Vec dgu(N * 2 * F, 0);
+  GatedGeluBackward(dgu.data(), gu.data(), gr.data(), N, F);
+  CheckGradient("gated gelu", gu, dgu, gated);
+}
+
 TEST_CASE("GELU backward matches finite differences") {
   std::mt19937 rng(3);
   Vec inp = Random(20, rng, 2.0), r = Random(20, rng), out(20);
@@ -334,6 +401,30 @@ TEST_CASE("The float kernels agree with the double ones") {
     for (int i = 0; i < N * C; ++i) CHECK(fo[i] == Approx(out[i]).epsilon(1e-5).margin(1e-5));
     for (int i = 0; i < N * C; ++i) CHECK(fdx[i] == Approx(dx[i]).epsilon(1e-4).margin(1e-5));
     for (int c = 0; c < C; ++c) CHECK(fdw[c] == Approx(dw[c]).epsilon(1e-5).margin(1e-5));
+  }
+  {  // RMS norm and gated GELU, widths with a SIMD tail
+    std::mt19937 rng(13);
+    const int N = 5, C = 37;
+    Vec inp = Random(N * C, rng, 3.0), w = Random(C, rng), dy = Random(N * C, rng);
+    Vec out(N * C), rstd(N), dx(N * C, 0), dw(C, 0);
+    RmsNormForward(out.data(), rstd.data(), inp.data(), w.data(), N, C);
+    RmsNormBackward(dx.data(), dw.data(), dy.data(), inp.data(), w.data(), rstd.data(), N, C);
+    auto f = [](const Vec& v) { return std::vector<float>(v.begin(), v.end()); };
+    std::vector<float> fi = f(inp), fw = f(w), fdy = f(dy), fo(N * C), fr(N), fdx(N * C, 0), fdw(C, 0);
+    RmsNormForward(fo.data(), fr.data(), fi.data(), fw.data(), N, C);
+    RmsNormBackward(fdx.data(), fdw.data(), fdy.data(), fi.data(), fw.data(), fr.data(), N, C);
+    for (int i = 0; i < N * C; ++i) CHECK(fo[i] == Approx(out[i]).epsilon(1e-5).margin(1e-5));
+    for (int i = 0; i < N * C; ++i) CHECK(fdx[i] == Approx(dx[i]).epsilon(1e-4).margin(1e-5));
+    for (int c = 0; c < C; ++c) CHECK(fdw[c] == Approx(dw[c]).epsilon(1e-4).margin(1e-5));
+    const int F = 19;
+    Vec gu = Random(N * 2 * F, rng, 2.0), gdy = Random(N * F, rng), gout(N * F), gd(N * 2 * F, 0);
+    GatedGeluForward(gout.data(), gu.data(), N, F);
+    GatedGeluBackward(gd.data(), gu.data(), gdy.data(), N, F);
+    std::vector<float> fgu = f(gu), fgdy = f(gdy), fgo(N * F), fgd(N * 2 * F, 0);
+    GatedGeluForward(fgo.data(), fgu.data(), N, F);
+    GatedGeluBackward(fgd.data(), fgu.data(), fgdy.data(), N, F);
+    for (int i = 0; i < N * F; ++i) CHECK(fgo[i] == Approx(gout[i]).epsilon(1e-5).margin(1e-5));
+    for (int i = 0; i < N * 2 * F; ++i) CHECK(fgd[i] == Approx(gd[i]).epsilon(1e-4).margin(1e-5));
   }
   {  // attention, several query blocks and a packed row
     std::mt19937 rng(12);
