@@ -166,7 +166,8 @@ done
 # ------------------------------------------------------------- memcheck
 # A few kernels' tests again under compute-sanitizer's memcheck, on cases
 # with small shapes (it runs every kernel 10-100 times slower): the new
-# attention paths, the fused matmul glue, the initialiser.
+# attention paths, the fused matmul glue, the initialiser, model.block's
+# norms and activations.
 sanitizer=""
 for s in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}; do
   command -v "$s" >/dev/null 2>&1 && { sanitizer="$(command -v "$s")"; break; }
@@ -179,6 +180,8 @@ memcheck_cases=(
   "cudnn_attention_test|cuDNN attention passes the start-up check for head dimensions 64 and 128"
   "matmul_test|Matmul's GELU operations refuse leading dimensions the epilogues cannot take"
   "layers_test|GeluForward/Backward match the CPU backend"
+  "layers_test|ReLU and gated GELU forward/backward match the CPU backend"
+  "layers_test|RmsNormForward/Backward and LayerNorm without a shift match the CPU backend"
 )
 if [ $dry_run -eq 1 ]; then
   say "memcheck: skipped (cpu dry run)"

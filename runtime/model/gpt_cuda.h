@@ -176,8 +176,15 @@ class CudaGptStage final : public Stage {
   absl::StatusOr<Buffer> Get(size_t bytes);
   absl::StatusOr<Buffer> GetBf16(int64_t elements) { return Get(static_cast<size_t>(elements) * sizeof(bf16)); }
   absl::StatusOr<Buffer> GetF32(int64_t elements) { return Get(static_cast<size_t>(elements) * sizeof(float)); }
-  const bf16* W(size_t offset) const { return compute_ + offset; }
-  float* G(size_t offset) const { return grads_ + offset; }
+  // A tensor's bf16 compute weights and fp32 gradients; null for one the
+  // block does not have (GptLayout::kAbsent).
+  const bf16* W(size_t offset) const { return offset == GptLayout::kAbsent ? nullptr : compute_ + offset; }
+  float* G(size_t offset) const { return offset == GptLayout::kAbsent ? nullptr : grads_ + offset; }
+  // The block's norm (model.block.norm) over N rows of the hidden size, gain
+  // `w`, shift `b` (absent: none); RMS norm leaves `mean` unused.
+  absl::Status NormForward(bf16* out, float* mean, float* rstd, const bf16* x, size_t w, size_t b, int64_t N);
+  absl::Status NormBackward(bf16* dx, size_t w, size_t b, const bf16* dout, const bf16* x, const float* mean,
+                            const float* rstd, int64_t N);
 
   // The forward of `batch` up to the stage output (non-last stages, written
   // to hidden_out) or the final LayerNorm of the scored rows (last stage),
@@ -211,6 +218,12 @@ class CudaGptStage final : public Stage {
   // to `out` unless it is null (recomputation needs no output).
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s,
                             bf16* out);  // (B, T, C) or null
+  // The MLP's first product and activation into a.fc and a.gelu (GELU in
+  // the product's epilogue; ReLU and gated GELU as kernels of their own),
+  // and its backward from the activation's output gradient g.dF through to
+  // g.dln (zeroed first), which LayerBackward then takes through the norm.
+  absl::Status MlpForward(const GptLayout::Layer& l, LayerActs& a, int64_t N);
+  absl::Status MlpBackward(const GptLayout::Layer& l, const LayerActs& a, bf16* dr, LayerGrads& g, int64_t N);
   // The layer's attention, forward and backward, through cuDNN where the
   // stash holds a batch for it, else the tiled kernel.
   absl::Status AttentionForward(LayerActs& a, const Stash& s);

@@ -8,6 +8,7 @@
 #include "runtime/device/cuda_status.h"
 #include "runtime/kernels/cuda/elementwise.h"
 #include "runtime/kernels/cuda/embedding.h"
+#include "runtime/kernels/cuda/gelu.h"
 #include "runtime/kernels/cuda/layernorm.h"
 #include "runtime/model/gpt_cuda.h"
 #include "runtime/model/gpt_cuda_stash.h"
@@ -42,6 +43,7 @@ absl::Status CopyD2D(void* dst, const void* src, size_t bytes, cudaStream_t stre
 // Gradient scratch of a layer's backward, shared by every layer of the stage.
 struct CudaGptStage::LayerGrads {
   Buffer dF;     // (N, F) bf16
+  Buffer dfc;    // (N, MlpWidth()) bf16: the first product's output gradient, where no epilogue takes it
   Buffer dln;    // (N, C) bf16
   Buffer datty;  // (N, C) bf16
   Buffer dqkv;   // (N, 3C) bf16
@@ -114,8 +116,8 @@ absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a,
   ASSIGN_OR_RETURN(a.ln1, GetBf16(N * C));
   ASSIGN_OR_RETURN(a.ln1_mean, GetF32(N));
   ASSIGN_OR_RETURN(a.ln1_rstd, GetF32(N));
-  RETURN_IF_ERROR(cuda::LayerNormForward(a.ln1.as<bf16>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(),
-                                         a.x.as<const bf16>(), W(l.ln1_w), W(l.ln1_b), N, C, st));
+  RETURN_IF_ERROR(NormForward(a.ln1.as<bf16>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), a.x.as<const bf16>(),
+                              l.ln1_w, l.ln1_b, N));
   ASSIGN_OR_RETURN(a.qkv, GetBf16(N * 3 * C));
   RETURN_IF_ERROR(matmul_->Forward(a.qkv.as<bf16>(), a.ln1.as<const bf16>(), W(l.qkv_w), W(l.qkv_b), N, C, 3 * C, st));
   ASSIGN_OR_RETURN(a.atty, GetBf16(N * C));
@@ -128,13 +130,9 @@ absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a,
   ASSIGN_OR_RETURN(a.ln2, GetBf16(N * C));
   ASSIGN_OR_RETURN(a.ln2_mean, GetF32(N));
   ASSIGN_OR_RETURN(a.ln2_rstd, GetF32(N));
-  RETURN_IF_ERROR(cuda::LayerNormForward(a.ln2.as<bf16>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
-                                         a.x2.as<const bf16>(), W(l.ln2_w), W(l.ln2_b), N, C, st));
-  // GELU in the fc product's epilogue, which also keeps its input (a.fc).
-  ASSIGN_OR_RETURN(a.fc, GetBf16(N * F));
-  ASSIGN_OR_RETURN(a.gelu, GetBf16(N * F));
-  RETURN_IF_ERROR(matmul_->ForwardGelu(a.gelu.as<bf16>(), a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w),
-                                       W(l.fc_b), N, C, F, st));
+  RETURN_IF_ERROR(NormForward(a.ln2.as<bf16>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
+                              a.x2.as<const bf16>(), l.ln2_w, l.ln2_b, N));
+  RETURN_IF_ERROR(MlpForward(l, a, N));
   if (out != nullptr) {
     RETURN_IF_ERROR(matmul_->ForwardResidual(out, a.gelu.as<const bf16>(), W(l.mproj_w), W(l.mproj_b),
                                              a.x2.as<const bf16>(), N, F, C, st));
@@ -256,8 +254,8 @@ absl::Status CudaGptStage::FinalNormForward(Stash& s, const Buffer& x) {
   ASSIGN_OR_RETURN(s.lnf, GetBf16(M * C));
   ASSIGN_OR_RETURN(s.lnf_mean, GetF32(M));
   ASSIGN_OR_RETURN(s.lnf_rstd, GetF32(M));
-  return cuda::LayerNormForward(s.lnf.as<bf16>(), s.lnf_mean.as<float>(), s.lnf_rstd.as<float>(),
-                                s.xs.as<const bf16>(), W(layout_.lnf_w()), W(layout_.lnf_b()), M, C, st);
+  return NormForward(s.lnf.as<bf16>(), s.lnf_mean.as<float>(), s.lnf_rstd.as<float>(), s.xs.as<const bf16>(),
+                     layout_.lnf_w(), layout_.lnf_b(), M);
 }
 
 absl::Status CudaGptStage::Loss(const Stash& s) {
@@ -380,9 +378,8 @@ absl::Status CudaGptStage::HeadBackward(const Stash& s, bf16* dres) {
                                     s.lnf.as<const bf16>(), W(head), M, C, V, st));
   dlogits.Release();
   RETURN_IF_ERROR(Zero(dxs, st));
-  RETURN_IF_ERROR(cuda::LayerNormBackward(dxs.as<bf16>(), G(lnf_w), G(lnf_b), dlnf.as<const bf16>(),
-                                          s.xs.as<const bf16>(), W(lnf_w), s.lnf_mean.as<const float>(),
-                                          s.lnf_rstd.as<const float>(), M, C, st));
+  RETURN_IF_ERROR(NormBackward(dxs.as<bf16>(), lnf_w, lnf_b, dlnf.as<const bf16>(), s.xs.as<const bf16>(),
+                               s.lnf_mean.as<const float>(), s.lnf_rstd.as<const float>(), M));
   return cuda::ScatterAddRows(dres, dxs.as<const bf16>(), s.scored, M, C, st);
 }
 
@@ -392,6 +389,9 @@ absl::Status CudaGptStage::LayersBackward(Stash& s, bf16* dr) {
   const int64_t N = s.rows * s.seq, C = config().hidden, F = config().ffn;
   LayerGrads g;
   ASSIGN_OR_RETURN(g.dF, GetBf16(N * F));
+  if (config().mlp != MlpKind::kGelu) {
+    ASSIGN_OR_RETURN(g.dfc, GetBf16(N * config().MlpWidth()));
+  }
   ASSIGN_OR_RETURN(g.dln, GetBf16(N * C));
   ASSIGN_OR_RETURN(g.datty, GetBf16(N * C));
   ASSIGN_OR_RETURN(g.dqkv, GetBf16(N * 3 * C));
@@ -404,21 +404,14 @@ absl::Status CudaGptStage::LayersBackward(Stash& s, bf16* dr) {
 
 absl::Status CudaGptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, bf16* dr,
                                          LayerGrads& g) {
-  const int64_t N = s.rows * s.seq, C = config().hidden, F = config().ffn;
+  const int64_t N = s.rows * s.seq, C = config().hidden;
   cudaStream_t st = stream_;
   // kFull: the whole layer again from its input (the same kernels on the
   // same values, so the same activations), without its output product.
   if (a.ln1.empty()) RETURN_IF_ERROR(LayerForward(l, a, s, nullptr));
-  // MLP branch: the GELU's gradient in the mproj product's epilogue.
-  RETURN_IF_ERROR(matmul_->BackwardThroughGelu(g.dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr,
-                                               a.gelu.as<const bf16>(), W(l.mproj_w), a.fc.as<const bf16>(), N, F, C,
-                                               st));
-  RETURN_IF_ERROR(Zero(g.dln, st));
-  RETURN_IF_ERROR(matmul_->Backward(g.dln.as<bf16>(), G(l.fc_w), G(l.fc_b), g.dF.as<const bf16>(),
-                                    a.ln2.as<const bf16>(), W(l.fc_w), N, C, F, st));
-  RETURN_IF_ERROR(cuda::LayerNormBackward(dr, G(l.ln2_w), G(l.ln2_b), g.dln.as<const bf16>(), a.x2.as<const bf16>(),
-                                          W(l.ln2_w), a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(), N,
-                                          C, st));
+  RETURN_IF_ERROR(MlpBackward(l, a, dr, g, N));
+  RETURN_IF_ERROR(NormBackward(dr, l.ln2_w, l.ln2_b, g.dln.as<const bf16>(), a.x2.as<const bf16>(),
+                               a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(), N));
   // Attention branch.
   RETURN_IF_ERROR(Zero(g.datty, st));
   RETURN_IF_ERROR(matmul_->Backward(g.datty.as<bf16>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const bf16>(),
@@ -428,8 +421,68 @@ absl::Status CudaGptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a
   RETURN_IF_ERROR(Zero(g.dln, st));
   RETURN_IF_ERROR(matmul_->Backward(g.dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), g.dqkv.as<const bf16>(),
                                     a.ln1.as<const bf16>(), W(l.qkv_w), N, C, 3 * C, st));
-  return cuda::LayerNormBackward(dr, G(l.ln1_w), G(l.ln1_b), g.dln.as<const bf16>(), a.x.as<const bf16>(),
-                                 W(l.ln1_w), a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N, C, st);
+  return NormBackward(dr, l.ln1_w, l.ln1_b, g.dln.as<const bf16>(), a.x.as<const bf16>(),
+                      a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N);
+}
+
+absl::Status CudaGptStage::NormForward(bf16* out, float* mean, float* rstd, const bf16* x, size_t w, size_t b,
+                                       int64_t N) {
+  const int64_t C = config().hidden;
+  if (config().norm == NormKind::kRms) return cuda::RmsNormForward(out, rstd, x, W(w), N, C, stream_);
+  return cuda::LayerNormForward(out, mean, rstd, x, W(w), W(b), N, C, stream_);
+}
+
+absl::Status CudaGptStage::NormBackward(bf16* dx, size_t w, size_t b, const bf16* dout, const bf16* x,
+                                        const float* mean, const float* rstd, int64_t N) {
+  const int64_t C = config().hidden;
+  if (config().norm == NormKind::kRms) return cuda::RmsNormBackward(dx, G(w), dout, x, W(w), rstd, N, C, stream_);
+  return cuda::LayerNormBackward(dx, G(w), G(b), dout, x, W(w), mean, rstd, N, C, stream_);
+}
+
+absl::Status CudaGptStage::MlpForward(const GptLayout::Layer& l, LayerActs& a, int64_t N) {
+  const int64_t C = config().hidden, F = config().ffn, Wd = config().MlpWidth();
+  cudaStream_t st = stream_;
+  ASSIGN_OR_RETURN(a.fc, GetBf16(N * Wd));
+  ASSIGN_OR_RETURN(a.gelu, GetBf16(N * F));
+  switch (config().mlp) {
+    case MlpKind::kGelu:  // in the fc product's epilogue, which also keeps its input (a.fc)
+      return matmul_->ForwardGelu(a.gelu.as<bf16>(), a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b),
+                                  N, C, F, st);
+    case MlpKind::kRelu:
+      RETURN_IF_ERROR(matmul_->Forward(a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b), N, C, F, st));
+      return cuda::ReluForward(a.gelu.as<bf16>(), a.fc.as<const bf16>(), N * F, st);
+    case MlpKind::kGatedGelu:
+      RETURN_IF_ERROR(matmul_->Forward(a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b), N, C, Wd, st));
+      return cuda::GatedGeluForward(a.gelu.as<bf16>(), a.fc.as<const bf16>(), N, F, st);
+  }
+  return absl::InternalError("unknown model.block.mlp");
+}
+
+absl::Status CudaGptStage::MlpBackward(const GptLayout::Layer& l, const LayerActs& a, bf16* dr, LayerGrads& g,
+                                       int64_t N) {
+  const int64_t C = config().hidden, F = config().ffn, Wd = config().MlpWidth();
+  cudaStream_t st = stream_;
+  const bf16* dfc = g.dF.as<const bf16>();
+  if (config().mlp == MlpKind::kGelu) {
+    // The GELU's gradient in the mproj product's epilogue.
+    RETURN_IF_ERROR(matmul_->BackwardThroughGelu(g.dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr,
+                                                 a.gelu.as<const bf16>(), W(l.mproj_w), a.fc.as<const bf16>(), N, F,
+                                                 C, st));
+  } else {
+    RETURN_IF_ERROR(Zero(g.dF, st));
+    RETURN_IF_ERROR(matmul_->Backward(g.dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const bf16>(),
+                                      W(l.mproj_w), N, F, C, st));
+    RETURN_IF_ERROR(Zero(g.dfc, st));
+    if (config().mlp == MlpKind::kRelu) {
+      RETURN_IF_ERROR(cuda::ReluBackward(g.dfc.as<bf16>(), a.fc.as<const bf16>(), g.dF.as<const bf16>(), N * F, st));
+    } else {
+      RETURN_IF_ERROR(cuda::GatedGeluBackward(g.dfc.as<bf16>(), a.fc.as<const bf16>(), g.dF.as<const bf16>(), N, F, st));
+    }
+    dfc = g.dfc.as<const bf16>();
+  }
+  RETURN_IF_ERROR(Zero(g.dln, st));
+  return matmul_->Backward(g.dln.as<bf16>(), G(l.fc_w), G(l.fc_b), dfc, a.ln2.as<const bf16>(), W(l.fc_w), N, C, Wd,
+                           st);
 }
 
 }  // namespace dynapipe::runtime::model

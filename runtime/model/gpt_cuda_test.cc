@@ -233,6 +233,25 @@ TEST_CASE("CUDA stage matches the CPU stage on a packed batch, varlen and materi
   CheckOneStep(materialized, PackedBatch(materialized.vocab));
 }
 
+TEST_CASE("CUDA stage runs T5's and other blocks (model.block) as the CPU stage does", "[gpu]") {
+  struct Block {
+    NormKind norm;
+    MlpKind mlp;
+    bool bias;
+  };
+  for (const Block b : {Block{NormKind::kRms, MlpKind::kGatedGelu, false}, Block{NormKind::kRms, MlpKind::kRelu, false},
+                        Block{NormKind::kLayerNorm, MlpKind::kGelu, false}}) {
+    GptConfig config = TinyConfig();
+    config.norm = b.norm;
+    config.mlp = b.mlp;
+    config.bias = b.bias;
+    config.tie_embeddings = false;
+    INFO("norm " << static_cast<int>(b.norm) << " mlp " << static_cast<int>(b.mlp) << " bias " << b.bias);
+    CheckOneStep(config, PackedBatch(config.vocab));
+    CheckOneStep(config, PaddedBatch(config.vocab));
+  }
+}
+
 TEST_CASE("CUDA stage with cuDNN's fused attention matches the CPU stage on padded and packed batches", "[gpu]") {
   GptConfig config = TinyConfig();
   config.hidden = 128;  // head dimension 64

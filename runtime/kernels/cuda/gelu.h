@@ -30,4 +30,22 @@ absl::Status GeluBackwardInPlace(__nv_bfloat16* d,          // (n), in and out
                                  const __nv_bfloat16* inp,  // (n)
                                  int64_t n, cudaStream_t stream);
 
+// The other feed-forward activations of model.block, bf16 with fp32
+// arithmetic like GELU. ReLU: out = max(inp, 0); dinp += dout where inp > 0.
+absl::Status ReluForward(__nv_bfloat16* out, const __nv_bfloat16* inp, int64_t n, cudaStream_t stream);
+absl::Status ReluBackward(__nv_bfloat16* dinp,        // (n), +=
+                          const __nv_bfloat16* inp,   // (n)
+                          const __nv_bfloat16* dout,  // (n)
+                          int64_t n, cudaStream_t stream);
+
+// Gated GELU over rows of [gate | up]: out = gelu(gate) * up (one rounding).
+absl::Status GatedGeluForward(__nv_bfloat16* out,        // (N, F)
+                              const __nv_bfloat16* inp,  // (N, 2F)
+                              int64_t N, int64_t F, cudaStream_t stream);
+// dgate += gelu'(gate) * up * dout, dup += gelu(gate) * dout.
+absl::Status GatedGeluBackward(__nv_bfloat16* dinp,        // (N, 2F), +=
+                               const __nv_bfloat16* inp,   // (N, 2F)
+                               const __nv_bfloat16* dout,  // (N, F)
+                               int64_t N, int64_t F, cudaStream_t stream);
+
 }  // namespace dynapipe::runtime::cuda

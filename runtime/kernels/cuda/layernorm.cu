@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
 #include "runtime/device/cuda_status.h"
 #include "runtime/kernels/cuda/device_util.cuh"
 
@@ -46,7 +48,7 @@ __global__ void LayerNormForwardKernel(bf16* out, float* mean, float* rstd, cons
     const float s = 1.0f / sqrtf(var + kEps);
     bf16* o = out + i * C;
     for (int64_t c = lane; c < C; c += kWarp) {
-      o[c] = ToBf16((ToF32(x[c]) - m) * s * ToF32(weight[c]) + ToF32(bias[c]));
+      o[c] = ToBf16((ToF32(x[c]) - m) * s * ToF32(weight[c]) + (bias != nullptr ? ToF32(bias[c]) : 0.0f));
     }
     if (lane == 0) {
       mean[i] = m;
@@ -92,7 +94,7 @@ __global__ void LayerNormBackwardKernel(bf16* dinp, float* dweight, float* dbias
       const float norm = (ToF32(x[c]) - m) * s;
       const float g = ToF32(dy[c]);
       const float dnorm = ToF32(weight[c]) * g;
-      atomicAdd(db + c, g);
+      if (db != nullptr) atomicAdd(db + c, g);
       atomicAdd(dw + c, norm * g);
       di[c] = ToBf16(ToF32(di[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
@@ -101,9 +103,70 @@ __global__ void LayerNormBackwardKernel(bf16* dinp, float* dweight, float* dbias
     __syncthreads();  // outside the row loop: every thread of the block reaches it
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       atomicAdd(dweight + c, dw[c]);
-      atomicAdd(dbias + c, db[c]);
+      if (dbias != nullptr) atomicAdd(dbias + c, db[c]);
     }
   }
+}
+
+constexpr float kRmsEps = 1e-6f;  // the CPU backend's (cpu::kRmsNormEps)
+
+// RMS norm, one warp per row as LayerNormForwardKernel.
+__global__ void RmsNormForwardKernel(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int64_t N,
+                                     int64_t C) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(blockDim.x / kWarp);
+  for (int64_t i = blockIdx.x * warps + threadIdx.x / kWarp; i < N; i += gridDim.x * warps) {
+    const bf16* x = inp + i * C;
+    float sq = 0.0f;
+    for (int64_t c = lane; c < C; c += kWarp) sq += ToF32(x[c]) * ToF32(x[c]);
+    const float s = 1.0f / sqrtf(WarpSum(sq) / static_cast<float>(C) + kRmsEps);
+    bf16* o = out + i * C;
+    for (int64_t c = lane; c < C; c += kWarp) o[c] = ToBf16(ToF32(x[c]) * s * ToF32(weight[c]));
+    if (lane == 0) rstd[i] = s;
+  }
+}
+
+// dinp per row by one warp; dweight's column sums as LayerNormBackwardKernel's.
+template <bool kShared>
+__global__ void RmsNormBackwardKernel(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp,
+                                      const bf16* weight, const float* rstd, int64_t N, int64_t C) {
+  float* dw = dweight;
+  if constexpr (kShared) {
+    extern __shared__ float partial[];  // (C)
+    dw = partial;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) partial[c] = 0.0f;
+    __syncthreads();
+  }
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(blockDim.x / kWarp);
+  for (int64_t i = blockIdx.x * warps + threadIdx.x / kWarp; i < N; i += gridDim.x * warps) {
+    const bf16* x = inp + i * C;
+    const bf16* dy = dout + i * C;
+    const float s = rstd[i];
+    float dot = 0.0f;
+    for (int64_t c = lane; c < C; c += kWarp) dot += ToF32(x[c]) * ToF32(weight[c]) * ToF32(dy[c]);
+    const float k = s * s * s * WarpSum(dot) / static_cast<float>(C);
+    bf16* di = dinp + i * C;
+    for (int64_t c = lane; c < C; c += kWarp) {
+      const float xv = ToF32(x[c]), g = ToF32(dy[c]);
+      atomicAdd(dw + c, xv * s * g);
+      di[c] = ToBf16(ToF32(di[c]) + ToF32(weight[c]) * g * s - xv * k);
+    }
+  }
+  if constexpr (kShared) {
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dweight + c, dw[c]);
+  }
+}
+
+// Blocks for the backward kernels that keep column partial sums in shared
+// memory: a few per SM, each looping over many rows, keep the global
+// atomicAdds of the partials (one per column and block) few.
+absl::StatusOr<int> PartialSumGrid(int64_t N) {
+  int device = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return std::min(WarpRowGrid(N), 4 * std::max(sms, 1));
 }
 
 absl::Status CheckSizes(const char* name, int64_t N, int64_t C) {
@@ -118,8 +181,7 @@ absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* i
                               const bf16* bias, int64_t N, int64_t C, cudaStream_t stream) {
   if (absl::Status s = CheckSizes("LayerNormForward", N, C); !s.ok()) return s;
   if (N == 0) return absl::OkStatus();
-  if (out == nullptr || mean == nullptr || rstd == nullptr || inp == nullptr || weight == nullptr ||
-      bias == nullptr) {
+  if (out == nullptr || mean == nullptr || rstd == nullptr || inp == nullptr || weight == nullptr) {
     return absl::InvalidArgumentError("LayerNormForward: null device pointer");
   }
   LayerNormForwardKernel<<<WarpRowGrid(N), kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
@@ -131,8 +193,8 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
                                cudaStream_t stream) {
   if (absl::Status s = CheckSizes("LayerNormBackward", N, C); !s.ok()) return s;
   if (N == 0) return absl::OkStatus();
-  if (dinp == nullptr || dweight == nullptr || dbias == nullptr || dout == nullptr || inp == nullptr ||
-      weight == nullptr || mean == nullptr || rstd == nullptr) {
+  if (dinp == nullptr || dweight == nullptr || dout == nullptr || inp == nullptr || weight == nullptr ||
+      mean == nullptr || rstd == nullptr) {
     return absl::InvalidArgumentError("LayerNormBackward: null device pointer");
   }
   if (C > kMaxSharedC) {
@@ -140,16 +202,40 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
         <<<WarpRowGrid(N), kThreads, 0, stream>>>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
     return CudaStatus(cudaGetLastError(), "LayerNormBackward launch");
   }
-  // A few blocks per SM, each looping over many rows, keep the global
-  // atomicAdds of the partial sums (2 C per block) few.
-  int device = 0, sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int grid = std::min(WarpRowGrid(N), 4 * std::max(sms, 1));
+  ASSIGN_OR_RETURN(const int grid, PartialSumGrid(N));
   const size_t smem = static_cast<size_t>(2 * C) * sizeof(float);
   LayerNormBackwardKernel<true>
       <<<grid, kThreads, smem, stream>>>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   return CudaStatus(cudaGetLastError(), "LayerNormBackward launch");
+}
+
+absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int64_t N, int64_t C,
+                            cudaStream_t stream) {
+  if (absl::Status s = CheckSizes("RmsNormForward", N, C); !s.ok()) return s;
+  if (N == 0) return absl::OkStatus();
+  if (out == nullptr || rstd == nullptr || inp == nullptr || weight == nullptr) {
+    return absl::InvalidArgumentError("RmsNormForward: null device pointer");
+  }
+  RmsNormForwardKernel<<<WarpRowGrid(N), kThreads, 0, stream>>>(out, rstd, inp, weight, N, C);
+  return CudaStatus(cudaGetLastError(), "RmsNormForward launch");
+}
+
+absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
+                             const float* rstd, int64_t N, int64_t C, cudaStream_t stream) {
+  if (absl::Status s = CheckSizes("RmsNormBackward", N, C); !s.ok()) return s;
+  if (N == 0) return absl::OkStatus();
+  if (dinp == nullptr || dweight == nullptr || dout == nullptr || inp == nullptr || weight == nullptr ||
+      rstd == nullptr) {
+    return absl::InvalidArgumentError("RmsNormBackward: null device pointer");
+  }
+  if (C > 2 * kMaxSharedC) {
+    RmsNormBackwardKernel<false><<<WarpRowGrid(N), kThreads, 0, stream>>>(dinp, dweight, dout, inp, weight, rstd, N, C);
+    return CudaStatus(cudaGetLastError(), "RmsNormBackward launch");
+  }
+  ASSIGN_OR_RETURN(const int grid, PartialSumGrid(N));
+  RmsNormBackwardKernel<true><<<grid, kThreads, static_cast<size_t>(C) * sizeof(float), stream>>>(
+      dinp, dweight, dout, inp, weight, rstd, N, C);
+  return CudaStatus(cudaGetLastError(), "RmsNormBackward launch");
 }
 
 }  // namespace dynapipe::runtime::cuda

@@ -1,4 +1,5 @@
-// The layer kernels (embedding, LayerNorm, GELU, softmax cross-entropy)
+// The layer kernels (embedding, LayerNorm, RMS norm, GELU, ReLU, gated GELU,
+// softmax cross-entropy)
 // against the CPU backend run on the same bf16-rounded inputs.
 
 #include <algorithm>
@@ -193,6 +194,91 @@ TEST_CASE("GeluForward/Backward match the CPU backend", "[gpu]") {
     CHECK(RelativeError(dinp, dinp_want) <= 1e-2);
     CHECK(RelativeError(Minus(dinp, dinp0), Minus(dinp_want, dinp0)) <= 1e-2);
   }
+}
+
+// ---------------------------------------------------------------- model.block's other parts
+
+TEST_CASE("RmsNormForward/Backward and LayerNorm without a shift match the CPU backend", "[gpu]") {
+  for (const int64_t C : {768, 37, 13000}) {  // 13000: column partials past shared memory
+    const int64_t N = 129;
+    INFO("C=" << C);
+    const uint64_t seed = static_cast<uint64_t>(C * 7 + 1);
+    const std::vector<float> inp = RandomBf16(N * C, seed, 2.0f);
+    const std::vector<float> weight = RandomBf16(C, seed + 1, 0.3f, 1.0f);
+    std::vector<float> out_want(N * C), rstd_want(N);
+    cpu::RmsNormForward<float>(out_want.data(), rstd_want.data(), inp.data(), weight.data(), N, C);
+    Stream stream;
+    auto d_inp = UploadBf16(inp), d_weight = UploadBf16(weight);
+    DeviceArray<bf16> d_out(N * C);
+    DeviceArray<float> d_rstd(N);
+    REQUIRE(RmsNormForward(d_out.get(), d_rstd.get(), d_inp.get(), d_weight.get(), N, C, stream.get()).ok());
+    CHECK(RelativeError(DownloadBf16(d_out), out_want) <= 1e-2);
+    CHECK(MaxScaledError(d_rstd.Download(), rstd_want) <= 1e-4);
+
+    const std::vector<float> dout = RandomBf16(N * C, seed + 3), dinp0 = RandomBf16(N * C, seed + 4);
+    const std::vector<float> dweight0 = RandomNormal(C, seed + 5);
+    std::vector<float> dinp_want = dinp0, dweight_want = dweight0;
+    cpu::RmsNormBackward<float>(dinp_want.data(), dweight_want.data(), dout.data(), inp.data(), weight.data(),
+                                rstd_want.data(), N, C);
+    auto d_dout = UploadBf16(dout), d_dinp = UploadBf16(dinp0);
+    DeviceArray<float> d_dweight(dweight0);
+    d_rstd.Upload(rstd_want);
+    REQUIRE(RmsNormBackward(d_dinp.get(), d_dweight.get(), d_dout.get(), d_inp.get(), d_weight.get(), d_rstd.get(),
+                            N, C, stream.get())
+                .ok());
+    const std::vector<float> dinp = DownloadBf16(d_dinp), dweight = d_dweight.Download();
+    CHECK(RelativeError(Minus(dinp, dinp0), Minus(dinp_want, dinp0)) <= 1e-2);
+    CHECK(RelativeError(Minus(dweight, dweight0), Minus(dweight_want, dweight0)) <= 1e-4);
+
+    // LayerNorm with a null shift: as with a zero one, and no bias gradient.
+    std::vector<float> ln_want(N * C), mean(N), rstd(N);
+    cpu::LayerNormForward<float>(ln_want.data(), mean.data(), rstd.data(), inp.data(), weight.data(), nullptr, N, C);
+    DeviceArray<float> d_mean(N);
+    REQUIRE(LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(), nullptr, N, C,
+                             stream.get())
+                .ok());
+    CHECK(RelativeError(DownloadBf16(d_out), ln_want) <= 1e-2);
+    std::vector<float> ln_dinp_want = dinp0, ln_dweight_want = dweight0;
+    cpu::LayerNormBackward<float>(ln_dinp_want.data(), ln_dweight_want.data(), nullptr, dout.data(), inp.data(),
+                                  weight.data(), mean.data(), rstd.data(), N, C);
+    auto d_ln_dinp = UploadBf16(dinp0);
+    DeviceArray<float> d_ln_dweight(dweight0);
+    d_mean.Upload(mean);
+    d_rstd.Upload(rstd);
+    REQUIRE(LayerNormBackward(d_ln_dinp.get(), d_ln_dweight.get(), nullptr, d_dout.get(), d_inp.get(),
+                              d_weight.get(), d_mean.get(), d_rstd.get(), N, C, stream.get())
+                .ok());
+    CHECK(RelativeError(Minus(DownloadBf16(d_ln_dinp), dinp0), Minus(ln_dinp_want, dinp0)) <= 1e-2);
+    CHECK(RelativeError(Minus(d_ln_dweight.Download(), dweight0), Minus(ln_dweight_want, dweight0)) <= 1e-4);
+  }
+}
+
+TEST_CASE("ReLU and gated GELU forward/backward match the CPU backend", "[gpu]") {
+  const int64_t N = 301, F = 257;  // not multiples of the block size
+  Stream stream;
+  const std::vector<float> inp = RandomBf16(N * 2 * F, 31, 2.0f);
+  const std::vector<float> dout = RandomBf16(N * F, 32), dinp0 = RandomBf16(N * 2 * F, 33, 0.3f);
+  auto d_inp = UploadBf16(inp), d_dout = UploadBf16(dout);
+  DeviceArray<bf16> d_out(N * F);
+  {  // ReLU on the first N * F inputs
+    const std::vector<float> x(inp.begin(), inp.begin() + N * F), d0(dinp0.begin(), dinp0.begin() + N * F);
+    std::vector<float> want(N * F), dwant = d0;
+    cpu::ReluForward<float>(want.data(), x.data(), N * F);
+    cpu::ReluBackward<float>(dwant.data(), x.data(), dout.data(), N * F);
+    REQUIRE(ReluForward(d_out.get(), d_inp.get(), N * F, stream.get()).ok());
+    CHECK(RelativeError(DownloadBf16(d_out), want) <= 1e-2);
+    auto d_d = UploadBf16(d0);
+    REQUIRE(ReluBackward(d_d.get(), d_inp.get(), d_dout.get(), N * F, stream.get()).ok());
+    CHECK(RelativeError(Minus(DownloadBf16(d_d), d0), Minus(dwant, d0)) <= 1e-2);
+  }
+  std::vector<float> want(N * F), dwant = dinp0;
+  cpu::GatedGeluForward<float>(want.data(), inp.data(), N, F);
+  cpu::GatedGeluBackward<float>(dwant.data(), inp.data(), dout.data(), N, F);
+  REQUIRE(GatedGeluForward(d_out.get(), d_inp.get(), N, F, stream.get()).ok());
+  CHECK(RelativeError(DownloadBf16(d_out), want) <= 1e-2);
+  auto d_dinp = UploadBf16(dinp0);
+  REQUIRE(GatedGeluBackward(d_dinp.get(), d_inp.get(), d_dout.get(), N, F, stream.get()).ok());
+  CHECK(RelativeError(Minus(DownloadBf16(d_dinp), dinp0), Minus(dwant, dinp0)) <= 1e-2);
 }
 
 // ---------------------------------------------------------------- cross-entropy
