@@ -3,6 +3,7 @@
 // prints real tokens/s, measured vs predicted iteration time and losses for
 // each, side by side in one run:
 //   cpu_throughput --job configs/jobs/quickstart.pbtxt --data_root . --iterations 20
+// (after deploy/quickstart.sh, which makes that job's dataset and cost profile).
 // With --rounds N every (attention kernel, method) pair runs once per round,
 // rounds interleaved, and a summary gives the medians and the median of the
 // per-round ratios to packing (neighbours in time share the machine's load).
