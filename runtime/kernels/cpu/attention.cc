@@ -129,29 +129,68 @@ void SoftmaxBackwardRow(const double* p, double* dp, int64_t n, double scale) {
   for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - dot) * scale;
 }
 
+// Keys a query row r of a block ending at q1 sees: [0, r] causal, the
+// whole span otherwise.
+int64_t KeysOf(int64_t r, int64_t L, bool causal) { return causal ? r + 1 : L; }
+
 // Query rows [q0, q1) of one span and head: scores from S (row stride L,
-// already scaled) to probabilities, keys [0, q1) of which [0, r] are causal.
+// already scaled and biased) to probabilities over each row's keys (KeysOf;
+// a causal block's later keys up to q1 zeroed).
 template <typename T>
-void BlockSoftmax(T* P, const Span& s, const int32_t* sg, int64_t q0, int64_t q1) {
+void BlockSoftmax(T* P, const Span& s, const int32_t* sg, int64_t q0, int64_t q1, bool causal) {
   const int64_t L = s.len;
   for (int64_t r = q0; r < q1; ++r) {
     T* a = P + r * L;
-    std::fill(a + r + 1, a + q1, T(0));  // future keys of this block
+    const int64_t n = KeysOf(r, L, causal);
+    if (causal) std::fill(a + r + 1, a + q1, T(0));  // future keys of this block
     if (s.masked) {
       const int32_t own = sg[s.start + r];
       if (own < 0) {  // a padding query: computed above, then discarded
-        std::fill(a, a + r + 1, T(0));
+        std::fill(a, a + n, T(0));
         continue;
       }
-      for (int64_t j = 0; j <= r; ++j) {
+      for (int64_t j = 0; j < n; ++j) {
         if (sg[s.start + j] != own) a[j] = -INFINITY;
       }
     }
-    SoftmaxRow(a, r + 1);
+    SoftmaxRow(a, n);
   }
 }
 
+// The bias table's entry index (bucket * NH) of each key distance j - r,
+// for distances -(L - 1) .. L - 1 (index L - 1 + j - r).
+template <typename T>
+std::vector<int> BucketRows(int64_t L, int64_t NH, const AttentionOptions<T>& o) {
+  std::vector<int> rows(static_cast<size_t>(2 * L - 1));
+  for (int64_t d = -(L - 1); d <= L - 1; ++d) {
+    rows[d + L - 1] = RelativePositionBucket(static_cast<int>(d), !o.causal, o.buckets, o.max_distance) *
+                      static_cast<int>(NH);
+  }
+  return rows;
+}
+
 }  // namespace
+
+int RelativePositionBucket(int relative, bool bidirectional, int buckets, int max_distance) {
+  int bucket = 0;
+  int n = relative;
+  if (bidirectional) {
+    buckets /= 2;
+    if (n > 0) bucket += buckets;
+    n = std::abs(n);
+  } else {
+    n = std::max(-n, 0);  // keys before the query; later ones share bucket 0
+  }
+  const int exact = buckets / 2;
+  if (n < exact) return bucket + n;
+  // As T5: log(n / exact) in float over log(max_distance / exact) taken in
+  // double and rounded to float, truncated toward zero, capped at the last
+  // bucket.
+  const float range = static_cast<float>(std::log(static_cast<double>(max_distance) / exact));
+  const float scaled = std::log(static_cast<float>(n) / static_cast<float>(exact)) / range *
+                       static_cast<float>(buckets - exact);
+  return bucket + std::min(exact + static_cast<int>(scaled), buckets - 1);
+}
 
 int64_t AttentionProbsSize(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH, AttentionKernel kernel) {
   const std::vector<Span> spans = Spans(seg, B, Tn, NH, kernel);
@@ -160,9 +199,9 @@ int64_t AttentionProbsSize(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH
 
 template <typename T>
 void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                      AttentionKernel kernel) {
+                      AttentionKernel kernel, const AttentionOptions<T>& opt) {
   const int64_t hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
+  const T scale = opt.scaled ? T(1) / std::sqrt(T(hs)) : T(1);
   // Tokens outside every span (varlen padding) output zeros.
   for (int64_t t = 0; t < B * Tn; ++t) {
     if (seg[t] < 0) std::fill(out + t * C, out + (t + 1) * C, T(0));
@@ -170,6 +209,7 @@ void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t 
   for (const Span& s : Spans(seg, B, Tn, NH, kernel)) {
     const int32_t* sg = seg + s.row * Tn;
     const int64_t L = s.len, tok0 = s.row * Tn + s.start;
+    const std::vector<int> bucket_rows = opt.bias != nullptr ? BucketRows(L, NH, opt) : std::vector<int>{};
     for (int64_t h = 0; h < NH; ++h) {
       T* P = att + s.probs + h * L * L;
       const T* q = qkv + tok0 * 3 * C + h * hs;
@@ -177,10 +217,15 @@ void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t 
       const T* v = q + 2 * C;
       T* o = out + tok0 * C + h * hs;
       for (int64_t q0 = 0; q0 < L; q0 += kBlock) {
-        const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0;
-        Gemm(CblasNoTrans, CblasTrans, m, q1, hs, scale, q + q0 * 3 * C, 3 * C, k, 3 * C, T(0), P + q0 * L, L);
-        BlockSoftmax(P, s, sg, q0, q1);
-        Gemm(CblasNoTrans, CblasNoTrans, m, hs, q1, T(1), P + q0 * L, L, v, 3 * C, T(0), o + q0 * C, C);
+        const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0, keys = opt.causal ? q1 : L;
+        Gemm(CblasNoTrans, CblasTrans, m, keys, hs, scale, q + q0 * 3 * C, 3 * C, k, 3 * C, T(0), P + q0 * L, L);
+        for (int64_t r = q0; r < q1 && opt.bias != nullptr; ++r) {
+          T* a = P + r * L;
+          const int* row = bucket_rows.data() + (L - 1 - r);  // row[j]: distance j - r
+          for (int64_t j = 0; j < KeysOf(r, L, opt.causal); ++j) a[j] += opt.bias[row[j] + h];
+        }
+        BlockSoftmax(P, s, sg, q0, q1, opt.causal);
+        Gemm(CblasNoTrans, CblasNoTrans, m, hs, keys, T(1), P + q0 * L, L, v, 3 * C, T(0), o + q0 * C, C);
       }
       if (s.masked) {  // padding queries: zero probabilities gave zero outputs; make them exact zeros
         for (int64_t r = 0; r < L; ++r) {
@@ -193,12 +238,14 @@ void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t 
 
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn,
-                       int64_t C, int64_t NH, AttentionKernel kernel) {
+                       int64_t C, int64_t NH, AttentionKernel kernel, const AttentionOptions<T>& opt, T* dbias) {
   const int64_t hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
+  const T scale = opt.scaled ? T(1) / std::sqrt(T(hs)) : T(1);
+  const bool bias = opt.bias != nullptr && dbias != nullptr;
   std::vector<T> dp(static_cast<size_t>(kBlock * Tn));
   for (const Span& s : Spans(seg, B, Tn, NH, kernel)) {
     const int64_t L = s.len, tok0 = s.row * Tn + s.start;
+    const std::vector<int> bucket_rows = bias ? BucketRows(L, NH, opt) : std::vector<int>{};
     for (int64_t h = 0; h < NH; ++h) {
       const T* P = att + s.probs + h * L * L;
       const T* q = qkv + tok0 * 3 * C + h * hs;
@@ -209,16 +256,26 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
       T* dv = dq + 2 * C;
       const T* dy = dout + tok0 * C + h * hs;
       for (int64_t q0 = 0; q0 < L; q0 += kBlock) {
-        const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0;
-        T* d = dp.data();  // (m, q1)
-        Gemm(CblasNoTrans, CblasTrans, m, q1, hs, T(1), dy + q0 * C, C, v, 3 * C, T(0), d, q1);
+        const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0, keys = opt.causal ? q1 : L;
+        T* d = dp.data();  // (m, keys)
+        Gemm(CblasNoTrans, CblasTrans, m, keys, hs, T(1), dy + q0 * C, C, v, 3 * C, T(0), d, keys);
         for (int64_t r = q0; r < q1; ++r) {
-          SoftmaxBackwardRow(P + r * L, d + (r - q0) * q1, r + 1, scale);
-          std::fill(d + (r - q0) * q1 + r + 1, d + (r - q0 + 1) * q1, T(0));
+          T* dr = d + (r - q0) * keys;
+          const int64_t n = KeysOf(r, L, opt.causal);
+          // The bias gets the score gradient before the scale (it is added after it).
+          SoftmaxBackwardRow(P + r * L, dr, n, bias ? T(1) : scale);
+          if (bias) {
+            const int* row = bucket_rows.data() + (L - 1 - r);
+            for (int64_t j = 0; j < n; ++j) dbias[row[j] + h] += dr[j];
+            if (scale != T(1)) {
+              for (int64_t j = 0; j < n; ++j) dr[j] *= scale;
+            }
+          }
+          std::fill(dr + n, dr + keys, T(0));
         }
-        Gemm(CblasNoTrans, CblasNoTrans, m, hs, q1, T(1), d, q1, k, 3 * C, T(1), dq + q0 * 3 * C, 3 * C);
-        Gemm(CblasTrans, CblasNoTrans, q1, hs, m, T(1), d, q1, q + q0 * 3 * C, 3 * C, T(1), dk, 3 * C);
-        Gemm(CblasTrans, CblasNoTrans, q1, hs, m, T(1), P + q0 * L, L, dy + q0 * C, C, T(1), dv, 3 * C);
+        Gemm(CblasNoTrans, CblasNoTrans, m, hs, keys, T(1), d, keys, k, 3 * C, T(1), dq + q0 * 3 * C, 3 * C);
+        Gemm(CblasTrans, CblasNoTrans, keys, hs, m, T(1), d, keys, q + q0 * 3 * C, 3 * C, T(1), dk, 3 * C);
+        Gemm(CblasTrans, CblasNoTrans, keys, hs, m, T(1), P + q0 * L, L, dy + q0 * C, C, T(1), dv, 3 * C);
       }
     }
   }
@@ -226,9 +283,9 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
 
 #define DP_INSTANTIATE_ATTENTION(T)                                                                               \
   template void AttentionForward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,         \
-                                    AttentionKernel);                                                             \
+                                    AttentionKernel, const AttentionOptions<T>&);                                 \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                     int64_t, AttentionKernel);
+                                     int64_t, AttentionKernel, const AttentionOptions<T>&, T*);
 
 DP_INSTANTIATE_ATTENTION(float)
 DP_INSTANTIATE_ATTENTION(double)

@@ -95,8 +95,8 @@ enum class AttentionKernel {
 };
 
 // Multi-head causal self-attention over qkv = [q | k | v] per token. Token i
-// of row b attends to token j iff j <= i and both belong to the same segment
-// (seg >= 0); padding (seg < 0) produces zeros and receives no gradient. With
+// of row b attends to token j iff j <= i (any j with options.causal false)
+// and both belong to the same segment (seg >= 0); padding (seg < 0) produces zeros and receives no gradient. With
 // one segment per row this is a padded batch; several give packed rows with
 // no cross-contamination. Implemented in attention.cc on BLAS blocks.
 //
@@ -107,20 +107,42 @@ enum class AttentionKernel {
 int64_t AttentionProbsSize(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH,
                            AttentionKernel kernel = AttentionKernel::kVarlen);
 
+// T5's relative position buckets: the bucket of a key `relative` = key
+// position - query position away (within one sample). Bidirectional
+// (encoder): half the buckets for keys after the query; one-way (decoder):
+// keys after the query share bucket 0. Of each half, the first half are
+// exact distances, the rest logarithmic up to max_distance (and the last
+// bucket beyond), as T5 computes them (in float).
+int RelativePositionBucket(int relative, bool bidirectional, int buckets, int max_distance);
+
+// Variants of the self-attention below beyond GPT's (all off: GPT's).
+template <typename T>
+struct AttentionOptions {
+  bool causal = true;      // false: every key of the sample (T5's encoder)
+  bool scaled = true;      // scores times 1 / sqrt(head size); T5 does not scale
+  // T5's relative position bias: the score of (query i, key j) gains
+  // bias[RelativePositionBucket(j - i, !causal, buckets, max_distance) * NH
+  // + head] (bias: (buckets, NH), as T5 stores it); null: none.
+  const T* bias = nullptr;
+  int buckets = 32;
+  int max_distance = 128;
+};
+
 template <typename T>
 void AttentionForward(T* out,          // (B, T, C)
                       T* att,          // (AttentionProbsSize) softmax probabilities, kept for backward
                       const T* qkv,    // (B, T, 3C)
                       const int32_t* seg,  // (B, T)
                       int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                      AttentionKernel kernel = AttentionKernel::kVarlen);
+                      AttentionKernel kernel = AttentionKernel::kVarlen, const AttentionOptions<T>& options = {});
 
-// Accumulates (+=) into dqkv.
+// Accumulates (+=) into dqkv, and with options.bias into dbias ((buckets, NH)).
 template <typename T>
 void AttentionBackward(T* dqkv,        // (B, T, 3C)
                        const T* dout,  // (B, T, C)
                        const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn, int64_t C,
-                       int64_t NH, AttentionKernel kernel = AttentionKernel::kVarlen);
+                       int64_t NH, AttentionKernel kernel = AttentionKernel::kVarlen,
+                       const AttentionOptions<T>& options = {}, T* dbias = nullptr);
 
 // Token + position embedding: out[b,t] = wte[tok] + wpe[pos].
 template <typename T>

@@ -189,6 +189,76 @@ TEST_CASE("Attention backward matches finite differences with padding and packed
   }
 }
 
+TEST_CASE("RelativePositionBucket: T5's buckets (32, max distance 128)") {
+  // Bidirectional: keys before the query in 0..15, after it in 16..31; the
+  // first 8 of each half exact, then logarithmic, capped.
+  CHECK(RelativePositionBucket(0, true, 32, 128) == 0);
+  CHECK(RelativePositionBucket(-1, true, 32, 128) == 1);
+  CHECK(RelativePositionBucket(1, true, 32, 128) == 17);
+  CHECK(RelativePositionBucket(-7, true, 32, 128) == 7);
+  CHECK(RelativePositionBucket(-8, true, 32, 128) == 8);   // 8 + int(log(1) / log(16) * 8)
+  CHECK(RelativePositionBucket(-100, true, 32, 128) == 15);  // 8 + int(7.29)
+  CHECK(RelativePositionBucket(-20, true, 32, 128) == 10);   // 8 + int(2.64)
+  CHECK(RelativePositionBucket(200, true, 32, 128) == 31);   // capped
+  // One-way: later keys share bucket 0; 16 exact distances, then log.
+  CHECK(RelativePositionBucket(5, false, 32, 128) == 0);
+  CHECK(RelativePositionBucket(-5, false, 32, 128) == 5);
+  CHECK(RelativePositionBucket(-15, false, 32, 128) == 15);
+  CHECK(RelativePositionBucket(-16, false, 32, 128) == 16);
+  CHECK(RelativePositionBucket(-40, false, 32, 128) == 23);  // 16 + int(log(2.5) / log(8) * 16) = 16 + int(7.05)
+  CHECK(RelativePositionBucket(-1000, false, 32, 128) == 31);
+}
+
+TEST_CASE("T5's attention (bidirectional or causal, unscaled, relative bias) matches finite differences") {
+  const AttentionKernel kernel = GENERATE(AttentionKernel::kVarlen, AttentionKernel::kMaterialized);
+  const bool causal = GENERATE(false, true);
+  INFO("materialized: " << (kernel == AttentionKernel::kMaterialized) << " causal: " << causal);
+  std::mt19937 rng(41);
+  const int B = 2, T = 6, C = 4, NH = 2, buckets = 8;
+  const std::vector<int32_t> seg = {0, 0, 0, 0, -1, -1, 0, 0, 1, 1, 1, 1};
+  Vec qkv = Random(B * T * 3 * C, rng), r = Random(B * T * C, rng), out(B * T * C);
+  Vec bias = Random(buckets * NH, rng);
+  Vec att(AttentionProbsSize(seg.data(), B, T, NH, kernel));
+  AttentionOptions<double> o;
+  o.causal = causal;
+  o.scaled = false;
+  o.bias = bias.data();
+  o.buckets = buckets;
+  o.max_distance = 16;
+  auto loss = [&] {
+    AttentionForward(out.data(), att.data(), qkv.data(), seg.data(), B, T, C, NH, kernel, o);
+    return Dot(out, r);
+  };
+  loss();
+  // Query 1 of row 1's second sample (token 9), head 0, by the definition.
+  {
+    const int64_t hs = C / NH, i = 9;
+    std::vector<double> score;
+    for (int64_t j = 8; j < 12; ++j) {
+      if (causal && j > i) continue;
+      double dot = 0;
+      for (int64_t d = 0; d < hs; ++d) dot += qkv[i * 3 * C + d] * qkv[j * 3 * C + C + d];
+      score.push_back(dot + bias[RelativePositionBucket(static_cast<int>(j - i), !causal, buckets, 16) * NH]);
+    }
+    const double mx = *std::max_element(score.begin(), score.end());
+    double sum = 0, want = 0;
+    for (double& x : score) sum += (x = std::exp(x - mx));
+    for (size_t k = 0; k < score.size(); ++k) want += score[k] / sum * qkv[(8 + k) * 3 * C + 2 * C];
+    CHECK(out[i * C] == Approx(want).epsilon(1e-12));
+  }
+  Vec dqkv(qkv.size(), 0), dbias(bias.size(), 0);
+  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), seg.data(), B, T, C, NH, kernel, o, dbias.data());
+  CheckGradient("dqkv", qkv, dqkv, loss);
+  CheckGradient("dbias", bias, dbias, loss);
+  // GPT's scaled attention with a bias: the bias gradient leaves the scale out.
+  o.scaled = true;
+  Vec dq2(qkv.size(), 0), db2(bias.size(), 0);
+  loss();
+  AttentionBackward(dq2.data(), r.data(), qkv.data(), att.data(), seg.data(), B, T, C, NH, kernel, o, db2.data());
+  CheckGradient("dqkv scaled", qkv, dq2, loss);
+  CheckGradient("dbias scaled", bias, db2, loss);
+}
+
 TEST_CASE("Attention: padding never changes a real token; packed samples never see each other") {
   std::mt19937 rng(5);
   const int B = 1, T = 6, C = 4, NH = 1;
