@@ -1,4 +1,5 @@
-// Segment-masked causal attention on BLAS blocks (see ops.h).
+// Segment-masked causal attention on BLAS blocks (see ops.h), and T5's
+// cross-attention (at the end).
 //
 // The tokens of a row split into spans that attend among themselves: with
 // the varlen kernel, each sample (a maximal run of one segment id) is a span
@@ -16,6 +17,7 @@
 // dV += P^T dO, all GEMMs accumulating into dqkv.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "runtime/kernels/cpu/ops.h"
@@ -281,11 +283,110 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
   }
 }
 
+namespace {
+
+// One sample's queries [q0, q0 + lq) and keys [k0, k0 + lk) in row b, and
+// where its lq x lk probabilities per head start.
+struct CrossSpan {
+  int64_t row = 0, q0 = 0, lq = 0, k0 = 0, lk = 0, probs = 0;
+};
+
+// The maximal run of `id` in sg[0, n), as [start, start + len); len 0 if absent.
+std::pair<int64_t, int64_t> RunOf(const int32_t* sg, int64_t n, int32_t id) {
+  int64_t start = 0;
+  while (start < n && sg[start] != id) ++start;
+  int64_t end = start;
+  while (end < n && sg[end] == id) ++end;
+  return {start, end - start};
+}
+
+std::vector<CrossSpan> CrossSpans(const int32_t* seg_q, const int32_t* seg_k, int64_t B, int64_t Tq, int64_t Tk,
+                                  int64_t NH) {
+  std::vector<CrossSpan> spans;
+  int64_t probs = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* sq = seg_q + b * Tq;
+    for (int64_t t = 0; t < Tq;) {
+      int64_t e = t + 1;
+      while (e < Tq && sq[e] == sq[t]) ++e;
+      if (sq[t] >= 0) {
+        const auto [k0, lk] = RunOf(seg_k + b * Tk, Tk, sq[t]);
+        if (lk > 0) {
+          spans.push_back(CrossSpan{b, t, e - t, k0, lk, probs});
+          probs += NH * (e - t) * lk;
+        }
+      }
+      t = e;
+    }
+  }
+  return spans;
+}
+
+}  // namespace
+
+int64_t CrossAttentionProbsSize(const int32_t* seg_q, const int32_t* seg_k, int64_t B, int64_t Tq, int64_t Tk,
+                                int64_t NH) {
+  const std::vector<CrossSpan> spans = CrossSpans(seg_q, seg_k, B, Tq, Tk, NH);
+  return spans.empty() ? 0 : spans.back().probs + NH * spans.back().lq * spans.back().lk;
+}
+
+template <typename T>
+void CrossAttentionForward(T* out, T* att, const T* q, const T* kv, const int32_t* seg_q, const int32_t* seg_k,
+                           int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, bool scaled) {
+  const int64_t hs = C / NH;
+  const T scale = scaled ? T(1) / std::sqrt(T(hs)) : T(1);
+  std::fill(out, out + B * Tq * C, T(0));  // queries without keys (padding included) output zeros
+  for (const CrossSpan& s : CrossSpans(seg_q, seg_k, B, Tq, Tk, NH)) {
+    const int64_t qtok = s.row * Tq + s.q0, ktok = s.row * Tk + s.k0;
+    for (int64_t h = 0; h < NH; ++h) {
+      T* P = att + s.probs + h * s.lq * s.lk;
+      const T* qh = q + qtok * C + h * hs;
+      const T* k = kv + ktok * 2 * C + h * hs;
+      const T* v = k + C;
+      Gemm(CblasNoTrans, CblasTrans, s.lq, s.lk, hs, scale, qh, C, k, 2 * C, T(0), P, s.lk);
+      for (int64_t r = 0; r < s.lq; ++r) SoftmaxRow(P + r * s.lk, s.lk);
+      Gemm(CblasNoTrans, CblasNoTrans, s.lq, hs, s.lk, T(1), P, s.lk, v, 2 * C, T(0), out + qtok * C + h * hs, C);
+    }
+  }
+}
+
+template <typename T>
+void CrossAttentionBackward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* att, const int32_t* seg_q,
+                            const int32_t* seg_k, int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH,
+                            bool scaled) {
+  const int64_t hs = C / NH;
+  const T scale = scaled ? T(1) / std::sqrt(T(hs)) : T(1);
+  std::vector<T> d;
+  for (const CrossSpan& s : CrossSpans(seg_q, seg_k, B, Tq, Tk, NH)) {
+    const int64_t qtok = s.row * Tq + s.q0, ktok = s.row * Tk + s.k0;
+    d.resize(static_cast<size_t>(s.lq * s.lk));
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* P = att + s.probs + h * s.lq * s.lk;
+      const T* qh = q + qtok * C + h * hs;
+      const T* k = kv + ktok * 2 * C + h * hs;
+      const T* v = k + C;
+      const T* dy = dout + qtok * C + h * hs;
+      T* dqh = dq + qtok * C + h * hs;
+      T* dk = dkv + ktok * 2 * C + h * hs;
+      T* dv = dk + C;
+      Gemm(CblasNoTrans, CblasTrans, s.lq, s.lk, hs, T(1), dy, C, v, 2 * C, T(0), d.data(), s.lk);
+      for (int64_t r = 0; r < s.lq; ++r) SoftmaxBackwardRow(P + r * s.lk, d.data() + r * s.lk, s.lk, scale);
+      Gemm(CblasNoTrans, CblasNoTrans, s.lq, hs, s.lk, T(1), d.data(), s.lk, k, 2 * C, T(1), dqh, C);
+      Gemm(CblasTrans, CblasNoTrans, s.lk, hs, s.lq, T(1), d.data(), s.lk, qh, C, T(1), dk, 2 * C);
+      Gemm(CblasTrans, CblasNoTrans, s.lk, hs, s.lq, T(1), P, s.lk, dy, C, T(1), dv, 2 * C);
+    }
+  }
+}
+
 #define DP_INSTANTIATE_ATTENTION(T)                                                                               \
   template void AttentionForward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,         \
                                     AttentionKernel, const AttentionOptions<T>&);                                 \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                     int64_t, AttentionKernel, const AttentionOptions<T>&, T*);
+                                     int64_t, AttentionKernel, const AttentionOptions<T>&, T*);                    \
+  template void CrossAttentionForward<T>(T*, T*, const T*, const T*, const int32_t*, const int32_t*, int64_t,     \
+                                         int64_t, int64_t, int64_t, int64_t, bool);                               \
+  template void CrossAttentionBackward<T>(T*, T*, const T*, const T*, const T*, const T*, const int32_t*,         \
+                                          const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, bool);
 
 DP_INSTANTIATE_ATTENTION(float)
 DP_INSTANTIATE_ATTENTION(double)

@@ -144,6 +144,35 @@ void AttentionBackward(T* dqkv,        // (B, T, 3C)
                        int64_t NH, AttentionKernel kernel = AttentionKernel::kVarlen,
                        const AttentionOptions<T>& options = {}, T* dbias = nullptr);
 
+// Cross-attention (T5's decoder): queries from one sequence, keys and
+// values from another (the encoder's output). Query token i of row b attends
+// to every key token j of row b of the same sample: seg_q[i] == seg_k[j] >=
+// 0, each sample a contiguous run in both (as packed rows hold them); no
+// causal mask, no bias. Queries of padding, or of a sample with no keys,
+// output zeros. Implemented in cross_attention.cc.
+//
+// `att` keeps the probabilities per sample and head, Lq x Lk;
+// CrossAttentionProbsSize gives its length for a batch.
+int64_t CrossAttentionProbsSize(const int32_t* seg_q, const int32_t* seg_k, int64_t B, int64_t Tq, int64_t Tk,
+                                int64_t NH);
+
+template <typename T>
+void CrossAttentionForward(T* out,           // (B, Tq, C)
+                           T* att,           // (CrossAttentionProbsSize)
+                           const T* q,       // (B, Tq, C)
+                           const T* kv,      // (B, Tk, 2C): [k | v] per token
+                           const int32_t* seg_q, const int32_t* seg_k,  // (B, Tq), (B, Tk)
+                           int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH,
+                           bool scaled);     // scores times 1 / sqrt(head size) (T5: false)
+
+// Accumulates (+=) into dq and dkv.
+template <typename T>
+void CrossAttentionBackward(T* dq,            // (B, Tq, C)
+                            T* dkv,           // (B, Tk, 2C)
+                            const T* dout,    // (B, Tq, C)
+                            const T* q, const T* kv, const T* att, const int32_t* seg_q, const int32_t* seg_k,
+                            int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, bool scaled);
+
 // Token + position embedding: out[b,t] = wte[tok] + wpe[pos].
 template <typename T>
 void EmbeddingForward(T* out,           // (N, C)

@@ -259,6 +259,55 @@ TEST_CASE("T5's attention (bidirectional or causal, unscaled, relative bias) mat
   CheckGradient("dbias scaled", bias, db2, loss);
 }
 
+TEST_CASE("Cross-attention: finite differences, the definition, and samples that never see each other") {
+  const bool scaled = GENERATE(false, true);
+  INFO("scaled: " << scaled);
+  std::mt19937 rng(43);
+  const int B = 2, Tq = 6, Tk = 7, C = 4, NH = 2;
+  // Row 0 packs samples 0 and 1 (sample 2 has queries but no keys); row 1 one
+  // sample, both sides padded.
+  const std::vector<int32_t> seg_q = {0, 0, 1, 1, 2, -1, 0, 0, 0, -1, -1, -1};
+  const std::vector<int32_t> seg_k = {0, 0, 0, 1, 1, -1, -1, 0, 0, 0, 0, 0, -1, -1};
+  Vec q = Random(B * Tq * C, rng), kv = Random(B * Tk * 2 * C, rng), r = Random(B * Tq * C, rng), out(B * Tq * C);
+  Vec att(CrossAttentionProbsSize(seg_q.data(), seg_k.data(), B, Tq, Tk, NH));
+  REQUIRE(att.size() == static_cast<size_t>(NH * (2 * 3 + 2 * 2 + 3 * 5)));
+  auto loss = [&] {
+    CrossAttentionForward(out.data(), att.data(), q.data(), kv.data(), seg_q.data(), seg_k.data(), B, Tq, Tk, C, NH,
+                          scaled);
+    return Dot(out, r);
+  };
+  loss();
+  {  // row 0, query 3 (sample 1), head 1, first output feature
+    const int64_t hs = C / NH, i = 3;
+    std::vector<double> score;
+    for (int64_t j : {3, 4}) {
+      double dot = 0;
+      for (int64_t d = 0; d < hs; ++d) dot += q[i * C + hs + d] * kv[j * 2 * C + hs + d];
+      score.push_back(scaled ? dot / std::sqrt(double(hs)) : dot);
+    }
+    const double mx = std::max(score[0], score[1]);
+    const double e0 = std::exp(score[0] - mx), e1 = std::exp(score[1] - mx);
+    const double want = (e0 * kv[3 * 2 * C + C + hs] + e1 * kv[4 * 2 * C + C + hs]) / (e0 + e1);
+    CHECK(out[i * C + hs] == Approx(want).epsilon(1e-12));
+  }
+  for (int t : {4, 5, 9, 10, 11}) {  // no keys, or padding: zeros
+    for (int c = 0; c < C; ++c) CHECK(out[t * C + c] == 0.0);
+  }
+  Vec dq(q.size(), 0), dkv(kv.size(), 0);
+  CrossAttentionBackward(dq.data(), dkv.data(), r.data(), q.data(), kv.data(), att.data(), seg_q.data(),
+                         seg_k.data(), B, Tq, Tk, C, NH, scaled);
+  CheckGradient("dq", q, dq, loss);
+  CheckGradient("dkv", kv, dkv, loss);
+  // Sample 1's keys change nothing of sample 0 in the same row.
+  loss();
+  const Vec before = out;
+  for (int k = 0; k < 2 * C; ++k) kv[3 * 2 * C + k] += 1.5;
+  loss();
+  for (int t : {0, 1}) {
+    for (int c = 0; c < C; ++c) CHECK(out[t * C + c] == before[t * C + c]);
+  }
+}
+
 TEST_CASE("Attention: padding never changes a real token; packed samples never see each other") {
   std::mt19937 rng(5);
   const int B = 1, T = 6, C = 4, NH = 1;
