@@ -387,8 +387,15 @@ std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<co
       hi *= 2;
     }
     if (ends.empty()) return {};
-    double lo = 0;
-    for (int i = 0; i < 9; ++i) {  // the unit within 2^-9 of the bracket
+    // Halve while the runs still cover: the unit then lies in (lo, 2 lo].
+    double lo = hi / 2;
+    for (int i = 0; i < 60; ++i, lo /= 2) {
+      std::vector<int> e = CutRuns(shapes, target, lo, costs, r);
+      if (e.empty()) break;
+      hi = lo;
+      ends = std::move(e);
+    }
+    for (int i = 0; i < 6; ++i) {  // within 2^-6 of the bracket, under 2% of the unit
       const double mid = 0.5 * (lo + hi);
       std::vector<int> e = CutRuns(shapes, target, mid, costs, r);
       if (e.empty()) {
