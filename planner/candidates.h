@@ -58,7 +58,7 @@ class CandidateMaker {
   // their estimate; one that does not fit marks `out` memory-bound instead.
   void Score(std::vector<MicroBatch> mbs, Scored& scored, CandidateSplits& out);
   // The ramps tried at this depth of pipeline (none at one stage).
-  std::vector<Ramp> Ramps(bool padded) const;
+  std::vector<Ramp> Ramps() const;
   // A split's predicted iteration before simulation: the slowest group's
   // work plus its fill and drain; nullopt when a micro-batch does not fit.
   std::optional<double> RampEstimate(std::span<const MicroBatch> mbs);
