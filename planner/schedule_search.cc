@@ -149,22 +149,10 @@ std::vector<std::vector<int>> Orders(int n, const SearchOptions& o) {
   return out;
 }
 
-}  // namespace
-
-GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
-  GroupSchedule best;
-  best.makespan_ms = std::numeric_limits<double>::infinity();
-  for (const std::vector<int>& order : Orders(base.num_mb, options)) {
-    for (int k = 0; k < kNumScheduleKinds; ++k) {
-      if (options.try_kind[k]) TrySchedule(base, order, static_cast<ScheduleKind>(k), limit, best);
-    }
-  }
-  return best;
-}
-
-bool TrySchedule(const PipelineTimes& base, std::span<const int> order, ScheduleKind kind, double limit,
+// Simulates `kind` on `t` (the micro-batches in `order`) and takes it into
+// `best` when it fits in `limit` MB and is faster; whether it did.
+bool TrySchedule(const PipelineTimes& t, std::span<const int> order, ScheduleKind kind, double limit,
                  GroupSchedule& best) {
-  const PipelineTimes t = Permute(base, order);
   if (!ScheduleApplies(kind, t)) return false;
   // Wait-free cyclic runs unconstrained first and memory-aware only if that
   // does not fit.
@@ -190,4 +178,17 @@ bool TrySchedule(const PipelineTimes& base, std::span<const int> order, Schedule
   return false;
 }
 
+}  // namespace
+
+GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
+  GroupSchedule best;
+  best.makespan_ms = std::numeric_limits<double>::infinity();
+  for (const std::vector<int>& order : Orders(base.num_mb, options)) {
+    const PipelineTimes t = Permute(base, order);
+    for (int k = 0; k < kNumScheduleKinds; ++k) {
+      if (options.try_kind[k]) TrySchedule(t, order, static_cast<ScheduleKind>(k), limit, best);
+    }
+  }
+  return best;
+}
 }  // namespace dynapipe::planner

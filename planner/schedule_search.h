@@ -57,11 +57,6 @@ double MakespanLowerBound(const PipelineTimes& t);
 // The same from the micro-batches' costs, before any PipelineTimes is built.
 double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm);
 
-// Simulates `kind` on `base` in `order` and takes it into `best` when it fits
-// in memory_limit_mb and is faster; whether it did.
-bool TrySchedule(const PipelineTimes& base, std::span<const int> order, ScheduleKind kind, double memory_limit_mb,
-                 GroupSchedule& best);
-
 // The search described above. found = false when nothing fits in memory.
 GroupSchedule SearchSchedule(const PipelineTimes& base, double memory_limit_mb, const SearchOptions& options);
 
