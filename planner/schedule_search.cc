@@ -5,7 +5,6 @@
 #include <numeric>
 #include <random>
 
-#include "src/common/status_macros.h"
 
 namespace dynapipe::planner {
 
@@ -54,12 +53,6 @@ PipelineTimes GroupTimes(std::span<const MicroBatch> mbs, const GroupCosts& cost
   return t;
 }
 
-absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r,
-                                         const CommModel& comm, int dp_rank) {
-  ASSIGN_OR_RETURN(const GroupCosts c, CostsOf(mbs, costs, r));
-  return GroupTimes(mbs, c, costs.model(), comm, dp_rank);
-}
-
 PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order) {
   PipelineTimes t = base;
   const int C = base.num_chunks;
@@ -77,29 +70,24 @@ PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order) {
   return t;
 }
 
-namespace {
-
-// MakespanLowerBound over `mbs` micro-batches whose chunk c costs
-// fw(m, c) / bw(m, c).
-template <typename Fw, typename Bw>
-double LowerBound(std::span<const int> chunk_device, int num_devices, int mbs, Fw fw, Bw bw) {
-  const int D = num_devices, C = static_cast<int>(chunk_device.size());
+double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm) {
+  const int D = pm.num_devices(), C = pm.num_chunks(), mbs = static_cast<int>(costs.size());
   std::vector<int> first_chunk(D, C);
-  for (int c = C - 1; c >= 0; --c) first_chunk[chunk_device[c]] = c;
+  for (int c = C - 1; c >= 0; --c) first_chunk[pm.chunks()[c].device] = c;
   std::vector<double> work(D, 0);
   std::vector<double> fill(D, std::numeric_limits<double>::infinity()), drain = fill;
   for (int m = 0; m < mbs; ++m) {
     double fw_before = 0, bw_before = 0;  // through chunks [0, c)
     for (int c = 0; c < C; ++c) {
-      const int d = chunk_device[c];
+      const int d = pm.chunks()[c].device;
       if (c == first_chunk[d]) {
         fill[d] = std::min(fill[d], fw_before);
         drain[d] = std::min(drain[d], bw_before);
       }
-      const double f = fw(m, c), b = bw(m, c);
-      work[d] += f + b;
-      fw_before += f;
-      bw_before += b;
+      const ChunkCost& cc = costs[m]->chunks[c];
+      work[d] += cc.fw_ms + cc.bw_ms;
+      fw_before += cc.fw_ms;
+      bw_before += cc.bw_ms;
     }
   }
   double bound = 0;
@@ -107,22 +95,6 @@ double LowerBound(std::span<const int> chunk_device, int num_devices, int mbs, F
     if (first_chunk[d] < C && mbs > 0) bound = std::max(bound, work[d] + fill[d] + drain[d]);
   }
   return bound;
-}
-
-}  // namespace
-
-double MakespanLowerBound(const PipelineTimes& t) {
-  return LowerBound(
-      t.chunk_device, t.num_devices, t.num_mb, [&](int m, int c) { return t.fw_ms[t.At(m, c)]; },
-      [&](int m, int c) { return t.bw_ms[t.At(m, c)]; });
-}
-
-double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm) {
-  std::vector<int> chunk_device(pm.num_chunks());
-  for (int c = 0; c < pm.num_chunks(); ++c) chunk_device[c] = pm.chunks()[c].device;
-  return LowerBound(
-      chunk_device, pm.num_devices(), static_cast<int>(costs.size()),
-      [&](int m, int c) { return costs[m]->chunks[c].fw_ms; }, [&](int m, int c) { return costs[m]->chunks[c].bw_ms; });
 }
 
 namespace {

@@ -39,22 +39,20 @@ using GroupCosts = std::vector<std::shared_ptr<const ShapeCost>>;
 absl::StatusOr<GroupCosts> CostsOf(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r);
 
 // Per-micro-batch simulator inputs for the group (index = position in `mbs`),
-// from their costs (CostsOf), or computing them.
+// from their costs (CostsOf).
 PipelineTimes GroupTimes(std::span<const MicroBatch> mbs, const GroupCosts& costs, const PipelineModel& pm,
                          const CommModel& comm, int dp_rank);
-absl::StatusOr<PipelineTimes> GroupTimes(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r,
-                                         const CommModel& comm, int dp_rank);
 
 // Reorders the micro-batches of `base` by `order`.
 PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order);
 
-// A lower bound on any schedule's simulated makespan for `t`: on each device
-// its own work, plus the fastest micro-batch's forward and backward through
-// the chunks before the device's first (nothing on the device can start
-// earlier, nor its last backward hand on faster). A candidate whose bound is
-// no better than a plan in hand cannot win and need not be searched.
-double MakespanLowerBound(const PipelineTimes& t);
-// The same from the micro-batches' costs, before any PipelineTimes is built.
+// A lower bound on any schedule's simulated makespan for a group of
+// micro-batches with these costs: on each device its own work, plus the
+// fastest micro-batch's forward and backward through the chunks before the
+// device's first (nothing on the device can start earlier, nor its last
+// backward hand on faster). Read from the costs, before any PipelineTimes is
+// built: a candidate whose bound is no better than a plan in hand cannot win
+// and need not be searched.
 double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm);
 
 // The search described above. found = false when nothing fits in memory.
