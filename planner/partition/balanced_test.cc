@@ -168,9 +168,7 @@ TEST_CASE("RampedRuns: contiguous runs of similar lengths per group, the cheapes
   std::mt19937 rng(4);
   for (int trial = 0; trial < 10; ++trial) {
     const auto s = Samples(rng, 120, 2048, false);
-    std::vector<int> order(s.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return s[a].input < s[b].input; });
+    const std::vector<int> order = OrderSamples(s, false, 1);  // as the planner hands it over: shortest first
     const int groups = 1 + trial % 3, per_group = 5 + trial % 4;
     const auto mbs = RampedRuns(s, order, groups, per_group, Ramp{0.25, 2}, costs, Recompute::kNone, 8);
     REQUIRE_FALSE(mbs.empty());
@@ -204,9 +202,7 @@ TEST_CASE("RampedRuns: groups balanced by padded cost, the heaviest run first af
   std::mt19937 rng(6);
   for (int trial = 0; trial < 10; ++trial) {
     const auto s = Samples(rng, 160, 2048, false);
-    std::vector<int> order(s.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return s[a].input < s[b].input; });
+    const std::vector<int> order = OrderSamples(s, false, 1);  // as the planner hands it over: shortest first
     const int groups = 2 + trial % 3, per_group = 8;
     const auto mbs = RampedRuns(s, order, groups, per_group, Ramp{0.25, 1, 4}, costs, Recompute::kNone, 8);
     REQUIRE_FALSE(mbs.empty());
