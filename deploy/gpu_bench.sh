@@ -15,7 +15,8 @@
 #     PyTorch with torch.compile, interleaved; then one iteration's kernel
 #     times of ours and PyTorch by category (the breakdown);
 #   GPT-1.3B (configs/jobs/gpu-bench-1.3b.pbtxt) at 4,096, dynamic and
-#     packing, ours and PyTorch eager, for BENCH_13B_BUDGET_S (default 90).
+#     packing, ours and PyTorch eager, for BENCH_13B_BUDGET_S (default 90;
+#     0 skips it).
 # The whole script ends within the two budgets + 2 x 120 s. OUT gets
 # gpu-bench.md / .jsonl / -breakdown.jsonl, gpu-bench-1.3b.md / .jsonl and
 # gpu-bench.log. Extra arguments go to the first driver run (e.g. --rounds
@@ -68,6 +69,6 @@ drive() {
 
 rc=0
 drive "$BENCH_BUDGET_S" --methods dynamic,packing --iterations 3 "$@" || rc=1
-drive "$BENCH_13B_BUDGET_S" --tag gpu-bench-1.3b --job configs/jobs/gpu-bench-1.3b.pbtxt --max-lengths 4096 \
-  --methods dynamic,packing --iterations 3 --rounds 1 --torch torch= --ours ours= --breakdown none || rc=1
+[ "$BENCH_13B_BUDGET_S" -gt 0 ] && { drive "$BENCH_13B_BUDGET_S" --tag gpu-bench-1.3b --job configs/jobs/gpu-bench-1.3b.pbtxt --max-lengths 4096 \
+  --methods dynamic,packing --iterations 3 --rounds 1 --torch torch= --ours ours= --breakdown none || rc=1; }
 exit $rc

@@ -170,7 +170,16 @@ struct Gpu {
 
 // One forward + backward of `batch` on the CPU and on the device from the same
 // bf16 weights: the loss, every parameter's gradient and the gradient norm.
-void CheckOneStep(const GptConfig& config, const TokenBatch& batch, bool cudnn_attention = false) {
+// grad_tolerance: relative L2 of each gradient against the CPU's. ReLU needs
+// more than the smooth blocks: a pre-activation near zero can take the other
+// sign in bf16 products, which moves the whole of its gradient to or from
+// zero (a fraction f of such flips costs about sqrt(f) in relative L2; on an
+// H200, 2026-11-28: 1.6-3.7% and, with other weights, 6.6% for the tiny
+// model, where GELU's stayed under 1%). Its kernels are checked exactly on
+// equal inputs in layers_test; here the loss (within 1%) and a loose bound
+// on each gradient.
+void CheckOneStep(const GptConfig& config, const TokenBatch& batch, bool cudnn_attention = false,
+                  double grad_tolerance = 1e-2) {
   const float scale = 1.0f / static_cast<float>(batch.loss_tokens);
   BufferPool cpu_pool(CpuAllocator());
   std::unique_ptr<GptStage> cpu = CpuStage(config, WholeModel(), &cpu_pool);
@@ -205,7 +214,7 @@ void CheckOneStep(const GptConfig& config, const TokenBatch& batch, bool cudnn_a
   const std::vector<float> grads = gpu.Grads(*stage);
   for (const ParamInfo& p : cpu->layout().params()) {
     INFO(p.name);
-    CHECK(RelativeError(Slice(grads, p), Slice(cpu->grad_data(), p)) <= 1e-2);
+    CHECK(RelativeError(Slice(grads, p), Slice(cpu->grad_data(), p)) <= grad_tolerance);
   }
   const double cpu_sq = SumOfSquares(*cpu), sq = SumOfSquares(*stage);
   CHECK(cpu_sq > 0);
@@ -247,8 +256,9 @@ TEST_CASE("CUDA stage runs T5's and other blocks (model.block) as the CPU stage 
     config.bias = b.bias;
     config.tie_embeddings = false;
     INFO("norm " << static_cast<int>(b.norm) << " mlp " << static_cast<int>(b.mlp) << " bias " << b.bias);
-    CheckOneStep(config, PackedBatch(config.vocab));
-    CheckOneStep(config, PaddedBatch(config.vocab));
+    const double tolerance = b.mlp == MlpKind::kRelu ? 0.15 : 1e-2;
+    CheckOneStep(config, PackedBatch(config.vocab), false, tolerance);
+    CheckOneStep(config, PaddedBatch(config.vocab), false, tolerance);
   }
 }
 

@@ -139,7 +139,7 @@ absl::Status CompareCudnnWithTiled(CudnnAttention& attention, const std::vector<
   RETURN_IF_ERROR(waited);
 
   // Compare on real tokens; padding must stay as it was (zeros).
-  Diff out_d, grad_d, lse_d;
+  Diff out_d, grad_d, lse_d, part_d[3];  // part_d: dq, dk, dv
   std::string padding;
   for (int64_t n = 0; n < N; ++n) {
     const bool real = seg[static_cast<size_t>(n)] >= 0;
@@ -160,8 +160,10 @@ absl::Status CompareCudnnWithTiled(CudnnAttention& attention, const std::vector<
         continue;
       }
       const double r = FromBf16Bits(g_ref[i]), v = FromBf16Bits(g_new[i]);
-      grad_d.worst = std::max(grad_d.worst, std::abs(r - v));
-      grad_d.scale = std::max(grad_d.scale, std::abs(r));
+      for (Diff* d : {&grad_d, &part_d[c / C]}) {
+        d->worst = std::max(d->worst, std::abs(r - v));
+        d->scale = std::max(d->scale, std::abs(r));
+      }
     }
     if (!real) continue;
     const int64_t b = n / T, t = n % T;
@@ -182,7 +184,11 @@ absl::Status CompareCudnnWithTiled(CudnnAttention& attention, const std::vector<
     if (!(c.d.relative() <= c.tolerance)) {  // NaN fails too
       return absl::InternalError(absl::StrCat("cuDNN attention check: ", c.name, " differs from the tiled kernel by ",
                                               c.d.worst, " (", c.d.relative(), " of its largest value ", c.d.scale,
-                                              ", tolerance ", c.tolerance, ")"));
+                                              ", tolerance ", c.tolerance, ")",
+                                              &c.d == &grad_d ? absl::StrCat("; relative: dq ", part_d[0].relative(),
+                                                                             ", dk ", part_d[1].relative(), ", dv ",
+                                                                             part_d[2].relative())
+                                                              : ""));
     }
   }
   return absl::OkStatus();

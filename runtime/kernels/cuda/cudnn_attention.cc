@@ -23,6 +23,7 @@
 
 #include "runtime/kernels/cuda/cudnn_attention.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -80,6 +81,7 @@ struct TensorSpec {
   bool is_virtual = false;
   bool by_value = false;
   cudnnBackendDescriptor_t ragged = nullptr;  // offsets tensor, or null
+  bool f16x16 = false;                        // declared with F16x16 reordering
 };
 
 }  // namespace
@@ -147,6 +149,10 @@ class Builder {
     if (t.ragged != nullptr) {
       RETURN_IF_ERROR(
           Set(d, CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t.ragged, what));
+    }
+    if (t.f16x16) {
+      const cudnnBackendTensorReordering_t reorder = CUDNN_TENSOR_REORDERING_F16x16;
+      RETURN_IF_ERROR(Set(d, CUDNN_ATTR_TENSOR_REORDERING_MODE, CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reorder, what));
     }
     RETURN_IF_ERROR(Finalize(d, what));
     return d;
@@ -460,7 +466,7 @@ absl::Status BuildForward(Builder& g, const CudnnAttentionKey& k, bool plan) {
 // Backward from the stats: P = exp(masked scaled scores - stats); dv = P^T
 // dout; dP = dout v^T; dS = (dP - rowsum(dout * out)) * P * scale; dk = dS^T q;
 // dq = dS k (through an fp32 accumulator: cuDNN's engines add into it).
-absl::Status BuildBackward(Builder& g, const CudnnAttentionKey& k, bool plan) {
+absl::Status BuildBackward(Builder& g, const CudnnAttentionKey& k, const CudnnGraphOptions& o, bool plan) {
   ASSIGN_OR_RETURN(const Common c, DeclareCommon(g, k));
   const int64_t b = k.sequences, S = k.max_len, H = k.heads, D = k.head_dim, C = H * D, TS = 3 * C;
   const Dims sq{b, H, S, S}, sq_strides{H * S * S, S * S, S, 1};
@@ -473,12 +479,16 @@ absl::Status BuildBackward(Builder& g, const CudnnAttentionKey& k, bool plan) {
   ASSIGN_OR_RETURN(auto dq, g.Tensor({"dq", kDQ, CUDNN_DATA_BFLOAT16, bhsd, token_major, false, false, c.off_q}));
   ASSIGN_OR_RETURN(auto dk, g.Tensor({"dk", kDK, CUDNN_DATA_BFLOAT16, bhsd, token_major, false, false, c.off_k}));
   ASSIGN_OR_RETURN(auto dv, g.Tensor({"dv", kDV, CUDNN_DATA_BFLOAT16, bhsd, token_major, false, false, c.off_v}));
-  ASSIGN_OR_RETURN(auto row_sum, g.Tensor({"row sums of dout * out", kRowSum, CUDNN_DATA_FLOAT, {b, H, S, 1},
-                                                 {H * S, 1, H, 1}, false, false, c.off_stats}));
+  const TensorSpec row_sum_spec =
+      o.dense_row_sum
+          ? TensorSpec{"row sums of dout * out", kRowSum, CUDNN_DATA_FLOAT, {b, H, S, 1}, {H * S, S, 1, 1}}
+          : TensorSpec{"row sums of dout * out", kRowSum, CUDNN_DATA_FLOAT, {b, H, S, 1}, {H * S, 1, H, 1},
+                       false, false, c.off_stats};
+  ASSIGN_OR_RETURN(auto row_sum, g.Tensor(row_sum_spec));
   // The accumulator in out's token-major layout (token stride C, not qkv's
   // 3C): a third of the memory a copy of dq's layout would take.
   ASSIGN_OR_RETURN(auto dq_accum, g.Tensor({"dq accumulator", kDQAccum, CUDNN_DATA_FLOAT, bhsd, {S * C, D, C, 1},
-                                                  false, false, c.off_o}));
+                                            false, false, o.dense_dq_accum ? nullptr : c.off_o, o.dq_accum_f16x16}));
 
   // rowsum(dout * out), times the (absent) dropout scale 1.
   ASSIGN_OR_RETURN(auto t1, g.Virtual("dout * out", CUDNN_DATA_FLOAT, bhsd, {H * S * D, S * D, H * D, 1}));
@@ -493,8 +503,15 @@ absl::Status BuildBackward(Builder& g, const CudnnAttentionKey& k, bool plan) {
   ASSIGN_OR_RETURN(auto s3, g.Virtual("scores - stats", CUDNN_DATA_FLOAT, sq, sq_strides));
   RETURN_IF_ERROR(g.Matmul("q k^T", c.q, c.kt, s1, c.len_q, c.len_kv, nullptr));
   RETURN_IF_ERROR(g.Pointwise("scale", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s1, c.scale, nullptr, s2));
-  RETURN_IF_ERROR(g.Pointwise("scores - stats", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s2, c.stats, nullptr, s3));
-  ASSIGN_OR_RETURN(auto masked, Masks(g, c, sq, sq_strides, s3));
+  cudnnBackendDescriptor_t masked = nullptr;
+  if (o.mask_before_stats) {
+    ASSIGN_OR_RETURN(auto m, Masks(g, c, sq, sq_strides, s2));
+    RETURN_IF_ERROR(g.Pointwise("scores - stats", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, m, c.stats, nullptr, s3));
+    masked = s3;
+  } else {
+    RETURN_IF_ERROR(g.Pointwise("scores - stats", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s2, c.stats, nullptr, s3));
+    ASSIGN_OR_RETURN(masked, Masks(g, c, sq, sq_strides, s3));
+  }
   ASSIGN_OR_RETURN(auto p, g.Virtual("probabilities", CUDNN_DATA_FLOAT, sq, sq_strides));
   ASSIGN_OR_RETURN(auto pt, g.Virtual("probabilities^T", CUDNN_DATA_BFLOAT16, sq, sq_t_strides));
   RETURN_IF_ERROR(g.Pointwise("exp", CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, masked, nullptr, nullptr, p));
@@ -515,8 +532,8 @@ absl::Status BuildBackward(Builder& g, const CudnnAttentionKey& k, bool plan) {
   RETURN_IF_ERROR(g.Matmul("dS^T q", dst, c.q, dk, c.len_kv, nullptr, c.len_q));
 
   // dq through the fp32 accumulator.
-  ASSIGN_OR_RETURN(auto kn, g.Tensor({"k", g.NextVirtualUid(), CUDNN_DATA_FLOAT, bhsd, token_major, true, false,
-                                            c.off_k}));
+  ASSIGN_OR_RETURN(auto kn, g.Tensor({"k", g.NextVirtualUid(), o.bf16_k ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT,
+                                      bhsd, token_major, true, false, c.off_k}));
   RETURN_IF_ERROR(g.Reshape("k from k^T", c.kt, kn));
   RETURN_IF_ERROR(g.Matmul("dS k", ds, kn, dq_accum, c.len_q, nullptr, c.len_kv));
   RETURN_IF_ERROR(
@@ -591,7 +608,7 @@ absl::StatusOr<int64_t> CheckCudnnAttentionOps(const CudnnApi& api, const CudnnA
   CudnnAttention::Graph g;
   g.api = &api;
   Builder b(&g, api, nullptr, key.backward ? "attention backward (ops only)" : "attention forward (ops only)");
-  RETURN_IF_ERROR(key.backward ? BuildBackward(b, key, false) : BuildForward(b, key, false));
+  RETURN_IF_ERROR(key.backward ? BuildBackward(b, key, {}, false) : BuildForward(b, key, false));
   return b.ops();
 }
 
@@ -605,7 +622,7 @@ absl::StatusOr<DevicelessPlanReport> PlanCudnnAttentionDeviceless(const CudnnApi
                         static_cast<int64_t>(device_json.size()), device_json.data(), "device properties"));
   RETURN_IF_ERROR(b.Finalize(dev, "device properties"));
   b.set_device(dev);
-  RETURN_IF_ERROR(key.backward ? BuildBackward(b, key, false) : BuildForward(b, key, false));
+  RETURN_IF_ERROR(key.backward ? BuildBackward(b, key, {}, false) : BuildForward(b, key, false));
   const absl::Status planned = b.Plan();
   if (!planned.ok() && planned.code() != absl::StatusCode::kNotFound) return planned;
   DevicelessPlanReport r;
@@ -615,22 +632,44 @@ absl::StatusOr<DevicelessPlanReport> PlanCudnnAttentionDeviceless(const CudnnApi
   return r;
 }
 
+CudnnGraphOptions CudnnGraphOptions::FromBits(int bits) {
+  CudnnGraphOptions o;
+  o.dq_accum_f16x16 = (bits & 1) != 0;
+  o.dense_dq_accum = (bits & 2) != 0;
+  o.dense_row_sum = (bits & 4) != 0;
+  o.mask_before_stats = (bits & 8) != 0;
+  o.bf16_k = (bits & 16) != 0;
+  return o;
+}
+
+std::string CudnnGraphOptions::ToString() const {
+  std::vector<std::string> on;
+  if (dq_accum_f16x16) on.push_back("dq accumulator F16x16");
+  on.push_back(dense_dq_accum ? "dense dq accumulator" : "ragged dq accumulator");
+  if (dense_row_sum) on.push_back("dense row sums");
+  if (mask_before_stats) on.push_back("masks before statistics");
+  if (bf16_k) on.push_back("bf16 k");
+  return absl::StrJoin(on, ", ");
+}
+
 bool CudnnAttentionSupportsHeadDim(int64_t head_dim) { return head_dim > 0 && head_dim <= 128 && head_dim % 8 == 0; }
 
 // ---- the class -------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const CudnnApi* api, cudaStream_t stream) {
+absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const CudnnApi* api, cudaStream_t stream,
+                                                                       CudnnGraphOptions options) {
   if (api == nullptr) return absl::InvalidArgumentError("CudnnAttention: no cuDNN");
   cudnnHandle_t handle = nullptr;
   cudnnStatus_t s = api->Create(&handle);
   if (s != CUDNN_STATUS_SUCCESS) return api->Error(s, "cudnnCreate");
-  std::unique_ptr<CudnnAttention> a(new CudnnAttention(api, handle));
+  std::unique_ptr<CudnnAttention> a(new CudnnAttention(api, handle, options));
   s = api->SetStream(handle, stream);
   if (s != CUDNN_STATUS_SUCCESS) return api->Error(s, "cudnnSetStream");
   return a;
 }
 
-CudnnAttention::CudnnAttention(const CudnnApi* api, cudnnHandle_t handle) : api_(api), handle_(handle) {}
+CudnnAttention::CudnnAttention(const CudnnApi* api, cudnnHandle_t handle, CudnnGraphOptions options)
+    : api_(api), handle_(handle), options_(options) {}
 
 CudnnAttention::~CudnnAttention() {
   graphs_.clear();  // plans before the handle they were built with
@@ -655,7 +694,7 @@ absl::StatusOr<CudnnAttention::Graph*> CudnnAttention::GraphFor(const CudnnAtten
                                         " sequences of <= ", key.max_len, ", ", key.heads, " heads of ", key.head_dim,
                                         ")");
   Builder b(g.get(), *api_, handle_, name);
-  RETURN_IF_ERROR(key.backward ? BuildBackward(b, key, true) : BuildForward(b, key, true));
+  RETURN_IF_ERROR(key.backward ? BuildBackward(b, key, options_, true) : BuildForward(b, key, true));
   return graphs_.emplace(key, std::move(g)).first->second.get();
 }
 
@@ -689,11 +728,15 @@ absl::Status CheckBatch(const CudnnAttentionBatch& b, int64_t B, int64_t T, int6
 struct BackwardLayout {
   size_t row_sum = 0, dq_accum = 0, dq_accum_bytes = 0, total = 0;
 };
-BackwardLayout LayOutBackward(int64_t plan_workspace, int64_t B, int64_t T, int64_t C, int64_t NH) {
+// A dense tensor has a bucket-sized row per sequence position (sequences x
+// length), which can be more than the micro-batch's B x T tokens.
+BackwardLayout LayOutBackward(int64_t plan_workspace, const CudnnAttentionBatch& batch, const CudnnGraphOptions& o,
+                              int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t ragged_rows = B * T, dense_rows = std::max(B * T, batch.bucket.sequences * batch.bucket.max_len);
   BackwardLayout l;
   l.row_sum = AlignUp(static_cast<size_t>(plan_workspace));
-  l.dq_accum = l.row_sum + AlignUp(static_cast<size_t>(B * T * NH) * sizeof(float));
-  l.dq_accum_bytes = static_cast<size_t>(B * T * C) * sizeof(float);
+  l.dq_accum = l.row_sum + AlignUp(static_cast<size_t>((o.dense_row_sum ? dense_rows : ragged_rows) * NH) * sizeof(float));
+  l.dq_accum_bytes = static_cast<size_t>((o.dense_dq_accum ? dense_rows : ragged_rows) * C) * sizeof(float);
   l.total = l.dq_accum + AlignUp(l.dq_accum_bytes);
   return l;
 }
@@ -703,7 +746,7 @@ BackwardLayout LayOutBackward(int64_t plan_workspace, int64_t B, int64_t T, int6
 absl::StatusOr<size_t> CudnnAttention::BackwardWorkspace(const CudnnAttentionBatch& batch, int64_t B, int64_t T,
                                                          int64_t C, int64_t NH) {
   ASSIGN_OR_RETURN(Graph * g, GraphFor({true, batch.bucket.sequences, batch.bucket.max_len, NH, C / NH}));
-  return LayOutBackward(g->workspace, B, T, C, NH).total;
+  return LayOutBackward(g->workspace, batch, options_, B, T, C, NH).total;
 }
 
 absl::Status CudnnAttention::Forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv,
@@ -743,7 +786,7 @@ absl::Status CudnnAttention::Backward(__nv_bfloat16* dqkv, const __nv_bfloat16* 
                                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   RETURN_IF_ERROR(CheckBatch(batch, B, T, C, NH));
   ASSIGN_OR_RETURN(Graph * g, GraphFor({true, batch.bucket.sequences, batch.bucket.max_len, NH, C / NH}));
-  const BackwardLayout l = LayOutBackward(g->workspace, B, T, C, NH);
+  const BackwardLayout l = LayOutBackward(g->workspace, batch, options_, B, T, C, NH);
   if (workspace_bytes < l.total) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudnnAttention::Backward: workspace of ", workspace_bytes, " bytes, ", l.total, " needed"));

@@ -63,6 +63,31 @@ absl::StatusOr<CudnnAttentionBatch> MakeCudnnAttentionBatch(const int32_t* seg_h
 // here; both passes).
 bool CudnnAttentionSupportsHeadDim(int64_t head_dim);
 
+// Choices in how the backward graph is declared to cuDNN. The defaults are
+// the ones the project runs; the others are kept so that a GPU session can
+// compare declarations side by side (cudnn_attention_test's hidden
+// "variants" case), since cuDNN accepts several that compute different
+// things and only a device shows which is right.
+//
+// Measured on an H200 with cuDNN 9.19 (2026-11-28, deploy/cudnn_variants.sh):
+// a ragged dq accumulator gives a wrong dq (relative error ~1, dk and dv
+// right) and illegal addresses on many short sequences; every one of the 16
+// declarations with a dense accumulator matched the tiled kernel on all five
+// cases, and none of the other 16 did. The other four choices made no
+// difference.
+struct CudnnGraphOptions {
+  bool dq_accum_f16x16 = false;    // the dq accumulator declared with F16x16 reordering
+  bool dense_dq_accum = true;      // the accumulator (b, H, S, D) dense per sequence, not ragged
+  bool dense_row_sum = false;      // rowsum(dout * out) (b, H, S, 1) dense, not ragged
+  bool mask_before_stats = false;  // masks applied before the statistics are subtracted
+  bool bf16_k = false;             // k (from k^T) as a bf16 virtual tensor, not fp32
+
+  static constexpr int kVariants = 32;
+  static CudnnGraphOptions FromBits(int bits);  // bit i = the i-th field above
+  std::string ToString() const;
+  auto operator<=>(const CudnnGraphOptions&) const = default;
+};
+
 // The key of a cached graph: the pass and everything its descriptors hold.
 struct CudnnAttentionKey {
   bool backward = false;
@@ -93,7 +118,8 @@ absl::StatusOr<DevicelessPlanReport> PlanCudnnAttentionDeviceless(const CudnnApi
 class CudnnAttention {
  public:
   // A handle on the current device for work on `stream`.
-  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(const CudnnApi* api, cudaStream_t stream);
+  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(const CudnnApi* api, cudaStream_t stream,
+                                                                CudnnGraphOptions options = {});
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -141,11 +167,12 @@ class CudnnAttention {
   struct Graph;  // descriptors of one pass (cudnn_attention.cc)
 
  private:
-  CudnnAttention(const CudnnApi* api, cudnnHandle_t handle);
+  CudnnAttention(const CudnnApi* api, cudnnHandle_t handle, CudnnGraphOptions options);
   absl::StatusOr<Graph*> GraphFor(const CudnnAttentionKey& key);
 
   const CudnnApi* api_;
   cudnnHandle_t handle_;
+  CudnnGraphOptions options_;
   std::map<CudnnAttentionKey, std::unique_ptr<Graph>> graphs_;
 };
 

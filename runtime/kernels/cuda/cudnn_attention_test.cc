@@ -4,6 +4,9 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -172,11 +175,11 @@ std::vector<int32_t> Rows(int64_t T, const std::vector<std::vector<int64_t>>& ro
 struct Gpu {
   cudaStream_t stream = nullptr;
   std::unique_ptr<CudnnAttention> attention;
-  Gpu() {
+  explicit Gpu(CudnnGraphOptions options = {}) {
     REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
     auto api = LoadCudnn();
     REQUIRE(api.ok());
-    auto a = CudnnAttention::Create(*api, stream);
+    auto a = CudnnAttention::Create(*api, stream, options);
     INFO(a.status().message());
     REQUIRE(a.ok());
     attention = std::move(*a);
@@ -199,22 +202,47 @@ TEST_CASE("cuDNN attention passes the start-up check for head dimensions 64 and 
   }
 }
 
+struct Case {
+  const char* name;
+  int64_t T, NH;
+  int hd;
+  std::vector<std::vector<int64_t>> rows;
+};
+std::vector<Case> Cases() {
+  return {Case{"padded", 200, 2, 64, {{200}, {137}, {64}, {}}},
+          Case{"packed", 333, 2, 128, {{50, 17, 100, 90, 60}, {1, 63, 65, 130, 74}}},
+          Case{"one token", 1, 1, 64, {{1}}},
+          Case{"many short", 700, 4, 64, {std::vector<int64_t>(70, 10)}},
+          Case{"long rows", 4100, 2, 128, {{4100}, {900, 3000, 200}}}};
+}
+
 TEST_CASE("cuDNN attention matches the tiled kernel on padded, packed and one-token batches", "[gpu]") {
   Gpu g;
-  struct Case {
-    const char* name;
-    int64_t T, NH;
-    int hd;
-    std::vector<std::vector<int64_t>> rows;
-  };
-  for (const Case& c : {Case{"padded", 200, 2, 64, {{200}, {137}, {64}, {}}},
-                        Case{"packed", 333, 2, 128, {{50, 17, 100, 90, 60}, {1, 63, 65, 130, 74}}},
-                        Case{"one token", 1, 1, 64, {{1}}},
-                        Case{"many short", 700, 4, 64, {std::vector<int64_t>(70, 10)}},
-                        Case{"long rows", 4100, 2, 128, {{4100}, {900, 3000, 200}}}}) {
+  for (const Case& c : Cases()) {
     const absl::Status s = g.Compare(Rows(c.T, c.rows), static_cast<int64_t>(c.rows.size()), c.T, c.NH, c.hd, 77);
     INFO(c.name << ": " << s.message());
     CHECK(s.ok());
+  }
+}
+
+// A diagnostic for a GPU session, hidden from plain runs: one backward graph
+// declaration (CudnnGraphOptions, bits from DYNAPIPE_CUDNN_VARIANT) on every
+// case above, one line per case. One variant per process, since an illegal
+// address ends the CUDA context:
+//   DYNAPIPE_CUDNN_VARIANT=5 cudnn_attention_test "cuDNN backward graph declarations*"
+// (deploy/cudnn_variants.sh runs them all)
+TEST_CASE("cuDNN backward graph declarations side by side (diagnostic)", "[.variants][gpu]") {
+  const char* env = std::getenv("DYNAPIPE_CUDNN_VARIANT");
+  const int bits = env == nullptr ? 0 : std::atoi(env);
+  REQUIRE(bits >= 0);
+  REQUIRE(bits < CudnnGraphOptions::kVariants);
+  const CudnnGraphOptions options = CudnnGraphOptions::FromBits(bits);
+  Gpu g(options);
+  for (const Case& c : Cases()) {
+    const absl::Status s = g.Compare(Rows(c.T, c.rows), static_cast<int64_t>(c.rows.size()), c.T, c.NH, c.hd, 77);
+    std::printf("variant %d (%s), %s: %s\n", bits, options.ToString().c_str(), c.name,
+                s.ok() ? "ok" : std::string(s.message()).c_str());
+    std::fflush(stdout);
   }
 }
 
