@@ -15,11 +15,13 @@ size_t DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 const char* DTypeName(DType dtype) { return dtype == DType::kF32 ? "fp32" : "bf16"; }
 
 absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
-  if (spec.kind() != proto::ModelKind::gpt) {
+  if (spec.kind() != proto::ModelKind::gpt && spec.kind() != proto::ModelKind::t5) {
     return absl::InvalidArgumentError(absl::StrCat("model.kind: ", proto::ModelKind::Value_Name(spec.kind()),
-                                                   " is not supported by the executor (gpt only)"));
+                                                   " is not supported by the executor (gpt and t5)"));
   }
   GptConfig c;
+  c.encoder_decoder = spec.kind() == proto::ModelKind::t5;
+  c.decoder_layers = c.encoder_decoder ? spec.num_decoder_layers() : 0;
   c.num_layers = spec.num_layers();
   c.hidden = spec.hidden();
   c.heads = spec.heads();
@@ -47,6 +49,10 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   RETURN_IF_ERROR(positive(c.ffn, "ffn"));
   RETURN_IF_ERROR(positive(c.vocab, "vocab"));
   RETURN_IF_ERROR(positive(c.max_positions, "max_positions"));
+  if (c.encoder_decoder) {
+    RETURN_IF_ERROR(positive(c.decoder_layers, "num_decoder_layers"));
+    if (c.bias) return absl::InvalidArgumentError("model.block.bias: T5 stages have no biases");
+  }
   if (c.hidden % c.heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.heads: ", c.heads, " does not divide model.hidden ", c.hidden));
@@ -56,6 +62,16 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
 
 absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
   const size_t n = static_cast<size_t>(b.rows * b.seq);
+  if (c.encoder_decoder) {
+    const size_t ne = static_cast<size_t>(b.rows * b.enc_seq);
+    if (b.enc_seq <= 0 || b.enc_tokens.size() != ne || b.enc_segments.size() != ne) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch encoder tensors do not match its shape ", b.rows, "x", b.enc_seq));
+    }
+    for (const int32_t t : b.enc_tokens) {
+      if (t < 0 || t >= c.vocab) return absl::InvalidArgumentError(absl::StrCat("token id outside the vocabulary of ", c.vocab));
+    }
+  }
   if (b.rows <= 0 || b.seq <= 0 || b.tokens.size() != n || b.positions.size() != n || b.segments.size() != n ||
       b.targets.size() != n) {
     return absl::InvalidArgumentError(absl::StrCat("micro-batch tensors do not match its shape ", b.rows, "x", b.seq));
@@ -89,17 +105,21 @@ float InitNormal(uint64_t seed, const std::string& name, uint64_t index, float s
 }
 
 absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOptions& options) {
-  if (options.num_layers < 0 || options.first_layer < 0 ||
-      options.first_layer + options.num_layers > config.num_layers) {
+  const int total = config.TotalLayers();
+  if (options.num_layers < 0 || options.first_layer < 0 || options.first_layer + options.num_layers > total) {
     return absl::InvalidArgumentError(absl::StrCat("stage layers [", options.first_layer, ", ",
                                                    options.first_layer + options.num_layers,
-                                                   ") are outside the model's ", config.num_layers, " layers"));
+                                                   ") are outside the model's ", total, " layers"));
   }
   if (options.first != (options.first_layer == 0) ||
-      options.last != (options.first_layer + options.num_layers == config.num_layers)) {
+      options.last != (options.first_layer + options.num_layers == total)) {
     return absl::InvalidArgumentError("stage: first/last flags disagree with its layer range");
   }
   GptLayout l(config, options);
+  if (config.encoder_decoder) {
+    l.AddEncoderDecoder();
+    return l;
+  }
   const int64_t C = config.hidden, F = config.ffn, W = config.MlpWidth(), V = config.vocab, NP = config.max_positions;
   const bool head_uses_wte = options.last && config.tie_embeddings;
   // Biases (and LayerNorm's shift) only where the block has them.
@@ -132,15 +152,16 @@ absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOp
   return l;
 }
 
-size_t GptLayout::Add(const std::string& name, std::vector<int64_t> shape) {
+size_t GptLayout::Add(const std::string& name, std::vector<int64_t> shape, bool in_norm) {
   size_t n = 1;
   for (int64_t d : shape) n *= static_cast<size_t>(d);
   const size_t offset = num_params_;
   ParamInfo p{name, std::move(shape), offset, n};
-  p.decay = p.shape.size() >= 2;
+  // Matrices decay; the relative position bias tables, like gains, do not.
+  p.decay = p.shape.size() >= 2 && !name.ends_with("rel_bias");
   // The last stage's copy of a tied embedding is the same parameter as the
   // first stage's: counted there.
-  p.in_norm = !(name == "wte" && HasSharedEmbedding() && !options_.first);
+  p.in_norm = in_norm && !(name == "wte" && HasSharedEmbedding() && !options_.first);
   params_.push_back(std::move(p));
   num_params_ += n;
   return offset;
@@ -151,6 +172,48 @@ const ParamInfo* GptLayout::FindParam(const std::string& name) const {
     if (p.name == name) return &p;
   }
   return nullptr;
+}
+
+// An encoder-decoder stage: wte where it embeds (the encoder's first layer,
+// the decoder's first layer) or heads with a tied embedding; a stack's bias
+// table with any of its layers; enc.lnf after the encoder's last layer. A
+// tensor several stages hold counts in the gradient norm on the one holding
+// its stack's first layer (wte: the first stage).
+void GptLayout::AddEncoderDecoder() {
+  const GptConfig& c = config_;
+  const int E = c.num_layers, lo = options_.first_layer, hi = lo + options_.num_layers;
+  const int64_t C = c.hidden, F = c.ffn, W = c.MlpWidth(), V = c.vocab, NH = c.heads, NB = c.relative_buckets;
+  const bool embeds_decoder = lo <= E && E < hi;
+  wpe_ = kAbsent;
+  if (options_.first || embeds_decoder || (options_.last && c.tie_embeddings)) wte_ = Add("wte", {V, C}, options_.first);
+  if (lo < E) enc_rel_ = Add("enc.rel_bias", {NB, NH}, lo == 0);
+  for (int i = lo; i < hi; ++i) {
+    const bool dec = i >= E;
+    if (dec && (i == lo || i == E)) dec_rel_ = Add("dec.rel_bias", {NB, NH}, i == E);
+    const std::string p = dec ? absl::StrCat("dec.", i - E, ".") : absl::StrCat("enc.", i, ".");
+    Layer y{};
+    y.ln1_b = y.qkv_b = y.proj_b = y.ln2_b = y.fc_b = y.mproj_b = kAbsent;
+    y.ln1_w = Add(p + "ln1.w", {C});
+    y.qkv_w = Add(p + "attn.qkv.w", {3 * C, C});
+    y.proj_w = Add(p + "attn.proj.w", {C, C});
+    if (dec) {
+      y.decoder = true;
+      y.ln3_w = Add(p + "ln3.w", {C});
+      y.xq_w = Add(p + "xattn.q.w", {C, C});
+      y.xkv_w = Add(p + "xattn.kv.w", {2 * C, C});
+      y.xproj_w = Add(p + "xattn.proj.w", {C, C});
+    }
+    y.ln2_w = Add(p + "ln2.w", {C});
+    y.fc_w = Add(p + "mlp.fc.w", {W, C});
+    y.mproj_w = Add(p + "mlp.proj.w", {C, F});
+    layers_.push_back(y);
+    if (i == E - 1) enc_lnf_w_ = Add("enc.lnf.w", {C});
+  }
+  lnf_b_ = kAbsent;
+  if (options_.last) {
+    lnf_w_ = Add("lnf.w", {C});
+    head_ = c.tie_embeddings ? wte_ : Add("lm_head.w", {V, C});
+  }
 }
 
 namespace {
@@ -180,7 +243,7 @@ std::vector<ParamRun> GptLayout::NormRuns() const {
 }
 
 std::vector<InitRule> GptLayout::InitRules() const {
-  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.num_layers));
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.TotalLayers()));
   std::vector<InitRule> rules;
   rules.reserve(params_.size());
   for (const ParamInfo& p : params_) {
@@ -188,7 +251,7 @@ std::vector<InitRule> GptLayout::InitRules() const {
     r.offset = p.offset;
     r.size = p.size;
     const std::string_view n = p.name;
-    if (n.ends_with("ln1.w") || n.ends_with("ln2.w") || n == "lnf.w") {
+    if (n.ends_with("ln1.w") || n.ends_with("ln2.w") || n.ends_with("ln3.w") || n.ends_with("lnf.w")) {
       r.value = 1.0f;
     } else if (n.ends_with(".b")) {
       r.value = 0.0f;

@@ -63,11 +63,21 @@ struct GptConfig {
   NormKind norm = NormKind::kLayerNorm;
   MlpKind mlp = MlpKind::kGelu;
   bool bias = true;  // biases on every linear layer and LayerNorm's shift
+  // An encoder-decoder (model.kind t5): num_layers encoder layers, then
+  // decoder_layers decoder layers; no learned positions, unscaled attention
+  // with T5's relative position bias (one table per stack), a final norm per
+  // stack, a tied head scaled by hidden^-0.5 (as T5 does).
+  bool encoder_decoder = false;
+  int decoder_layers = 0;
+  int relative_buckets = 32;
+  int relative_max_distance = 128;
 
   // Outputs of the MLP's first projection: ffn, or gate and up (2 ffn).
   int MlpWidth() const { return mlp == MlpKind::kGatedGelu ? 2 * ffn : ffn; }
   // Whether the norms have a shift (LayerNorm in a block with biases).
   bool NormBias() const { return norm == NormKind::kLayerNorm && bias; }
+  // Layers of every stack, in the order stages hold them.
+  int TotalLayers() const { return num_layers + (encoder_decoder ? decoder_layers : 0); }
 
   // INVALID_ARGUMENT naming the field for a spec this model cannot run.
   static absl::StatusOr<GptConfig> FromSpec(const proto::ModelSpec& spec);
@@ -83,6 +93,12 @@ struct TokenBatch {
   std::vector<int32_t> targets;    // next token where scored, else -1
   int64_t real_tokens = 0;         // segments >= 0
   int64_t loss_tokens = 0;         // targets >= 0
+  // An encoder-decoder's inputs: rows x enc_seq, each sample's input in the
+  // same row and segment id as its target sequence above (which holds the
+  // decoder's tokens, segments and targets; positions are unused).
+  int64_t enc_seq = 0;
+  std::vector<int32_t> enc_tokens;    // pad where no sample
+  std::vector<int32_t> enc_segments;  // -1: padding
 };
 
 // INVALID_ARGUMENT when the batch's tensors do not match its shape, or a
@@ -133,6 +149,10 @@ class GptLayout {
   static constexpr size_t kAbsent = static_cast<size_t>(-1);
   struct Layer {  // parameter offsets; ln1_w first, the layer's tensors contiguous
     size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
+    // An encoder-decoder's decoder layer: the cross-attention's norm,
+    // query, key-value and output projections (kAbsent elsewhere).
+    bool decoder = false;
+    size_t ln3_w = kAbsent, xq_w = kAbsent, xkv_w = kAbsent, xproj_w = kAbsent;
   };
 
   // INVALID_ARGUMENT for a layer range outside the model or first/last flags
@@ -151,6 +171,12 @@ class GptLayout {
   size_t lnf_w() const { return lnf_w_; }
   size_t lnf_b() const { return lnf_b_; }
   size_t head() const { return head_; }
+  // An encoder-decoder's relative position bias tables, (buckets, heads)
+  // each, and the encoder's final norm (kAbsent where the stage holds
+  // no layer of that stack, or not the encoder's last).
+  size_t enc_rel() const { return enc_rel_; }
+  size_t dec_rel() const { return dec_rel_; }
+  size_t enc_lnf_w() const { return enc_lnf_w_; }
   // Whether this stage holds a copy of the tied embedding that another stage
   // also holds (tied head, first != last).
   bool HasSharedEmbedding() const { return config_.tie_embeddings && options_.first != options_.last; }
@@ -170,7 +196,8 @@ class GptLayout {
 
  private:
   GptLayout(const GptConfig& c, const StageOptions& o) : config_(c), options_(o) {}
-  size_t Add(const std::string& name, std::vector<int64_t> shape);
+  size_t Add(const std::string& name, std::vector<int64_t> shape, bool in_norm = true);
+  void AddEncoderDecoder();
 
   GptConfig config_;
   StageOptions options_;
@@ -178,6 +205,7 @@ class GptLayout {
   size_t num_params_ = 0;
   std::vector<Layer> layers_;
   size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;
+  size_t enc_rel_ = kAbsent, dec_rel_ = kAbsent, enc_lnf_w_ = kAbsent;
 };
 
 // Deterministic N(0, std) value number `index` of the tensor `name`

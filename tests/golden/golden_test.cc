@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/t5.h"
 #include "src/common/file_util.h"
 #include "src/common/status_macros.h"
 
@@ -82,6 +83,13 @@ absl::StatusOr<Golden> LoadGolden(const std::string& stem) {
   const int64_t mlp = config.contains("mlp") ? config["mlp"] : 0;
   g.config.mlp = mlp == 2 ? MlpKind::kGatedGelu : mlp == 1 ? MlpKind::kRelu : MlpKind::kGelu;
   g.config.bias = !config.contains("bias") || config["bias"] != 0;
+  // An encoder-decoder (T5): `layers` encoder layers, then these.
+  if (config.contains("decoder_layers")) {
+    g.config.encoder_decoder = true;
+    g.config.decoder_layers = static_cast<int>(config["decoder_layers"]);
+    g.config.relative_buckets = static_cast<int>(config["buckets"]);
+    g.config.relative_max_distance = static_cast<int>(config["max_distance"]);
+  }
 
   size_t offset = 0;
   std::istringstream lines(manifest);
@@ -131,6 +139,17 @@ absl::StatusOr<Golden> LoadGolden(const std::string& stem) {
   for (int64_t k = 0; k < b.rows * b.seq; ++k) {
     b.real_tokens += b.segments[k] >= 0;
     b.loss_tokens += b.targets[k] >= 0;
+  }
+  if (g.config.encoder_decoder) {
+    for (const char* name : {"enc_tokens", "enc_segments"}) {
+      if (!g.tensors.contains(name) || g.tensors[name].shape.size() != 2 ||
+          g.tensors[name].shape.at(0) != b.rows) {
+        return absl::DataLossError(absl::StrCat(base, ".txt: no (rows, enc_seq) tensor ", name));
+      }
+    }
+    b.enc_seq = g.tensors["enc_tokens"].shape.at(1);
+    b.enc_tokens = g.tensors["enc_tokens"].i32;
+    b.enc_segments = g.tensors["enc_segments"].i32;
   }
   return g;
 }
@@ -187,7 +206,7 @@ std::unique_ptr<GptStage> MakeStage(const Golden& g, int first_layer, int num_la
   return std::move(*stage);
 }
 
-std::vector<float> Grad(const GptStage& stage, const std::string& name) {
+std::vector<float> Grad(const CpuStageBase& stage, const std::string& name) {
   const ParamInfo* p = stage.FindParam(name);
   REQUIRE(p != nullptr);
   const auto g = stage.grad_data().subspan(p->offset, p->size);
@@ -318,6 +337,67 @@ TEST_CASE("T5 v1.1's block (RMS norm, gated GELU, no biases) matches PyTorch on 
 TEST_CASE("A block with ReLU and LayerNorm without biases matches PyTorch on one stage and split over two") {
   CheckAgainstGolden("gpt_golden_relu", {2});
   CheckAgainstGolden("gpt_golden_relu", {1, 1});
+}
+
+// ---- T5 -----------------------------------------------------------------
+
+std::unique_ptr<T5Stage> MakeT5(const Golden& g, BufferPool* pool) {
+  StageOptions o;
+  o.num_layers = g.config.TotalLayers();
+  auto stage = T5Stage::Create(g.config, o, pool);
+  INFO(stage.status().ToString());
+  REQUIRE(stage.ok());
+  std::set<std::string> names;
+  for (const ParamInfo& p : (*stage)->layout().params()) {
+    INFO("stage parameter " << p.name);
+    REQUIRE(g.tensors.contains("param/" + p.name));
+    const Tensor& t = g.tensors.at("param/" + p.name);
+    REQUIRE(t.shape == p.shape);
+    std::copy(t.f32.begin(), t.f32.end(), (*stage)->param_data().begin() + p.offset);
+    names.insert(p.name);
+  }
+  CHECK(names == std::set<std::string>(g.params.begin(), g.params.end()));  // the golden's parameters exactly
+  REQUIRE((*stage)->ZeroGrads().ok());
+  return std::move(*stage);
+}
+
+void CheckT5AgainstGolden(const std::string& stem) {
+  const Golden g = Load(stem);
+  INFO(stem);
+  BufferPool pool(CpuAllocator());
+  std::unique_ptr<T5Stage> stage = MakeT5(g, &pool);
+  std::vector<float> logits(static_cast<size_t>(g.batch.rows * g.batch.seq * g.config.vocab));
+  REQUIRE(stage->Infer(g.batch, nullptr, logits.data()).ok());
+  INFO("logits: relative error " << RelError(logits, g.F("logits")));
+  CHECK(RelError(logits, g.F("logits")) <= kTolerance);
+
+  auto loss = stage->ForwardLoss(0, g.batch, nullptr, nullptr, LossScale(g.batch));
+  INFO(loss.status().ToString());
+  REQUIRE(loss.ok());
+  const double golden_loss = g.F("loss")[0];
+  INFO("loss " << *loss << " vs " << golden_loss);
+  CHECK(std::abs(*loss - golden_loss) <= kTolerance * std::abs(golden_loss));
+  REQUIRE(stage->Backward(0, nullptr, nullptr).ok());
+  CHECK(stage->in_flight() == 0);
+  Worst worst;
+  std::vector<std::string> failing;
+  for (const std::string& name : g.params) {
+    const double e = RelError(Grad(*stage, name), g.F("grad/" + name));
+    worst.Add("grad/" + name, e);
+    if (!(e <= kTolerance)) failing.push_back(absl::StrCat(name, " ", e));
+  }
+  INFO("worst gradient: " << worst.name << " relative error " << worst.error);
+  INFO("failing: " << Catch::Detail::stringify(failing));
+  CHECK(worst.error >= 0);
+  CHECK(worst.error <= kTolerance);
+}
+
+TEST_CASE("T5 v1.0 (RMS norm, ReLU, tied head) matches PyTorch: loss, logits, every gradient, packed and padded") {
+  CheckT5AgainstGolden("t5_golden");
+}
+
+TEST_CASE("T5 v1.1 (gated GELU, lm_head.w, 3 decoder layers) matches PyTorch: loss, logits, every gradient") {
+  CheckT5AgainstGolden("t5_golden_v11");
 }
 
 TEST_CASE("Token ids and positions in padding cells change neither loss nor gradients") {
