@@ -65,7 +65,8 @@ absl::StatusOr<BatchDump> DumpPlans(const proto::JobSpec& job, const std::string
       }
       if (fwd) {
         ASSIGN_OR_RETURN(it.batches[mb],
-                         runtime::model::BuildTokenBatch(plan.micro_batches(mb), *dataset, s.model().max_positions()));
+                         runtime::model::BuildTokenBatch(plan.micro_batches(mb), *dataset, s.model().max_positions(),
+                                                         s.model().kind() == proto::ModelKind::t5));
         it.recompute[mb] = FromProto(ins.forward().recompute());
         built[mb] = true;
       }

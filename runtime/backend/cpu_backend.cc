@@ -7,6 +7,7 @@
 #include "runtime/kernels/cuda/attention_choice.h"
 #include "runtime/comm/gloo_comm.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/t5.h"
 #include "src/common/logging.h"
 
 namespace dynapipe::runtime {
@@ -52,6 +53,11 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<model::Stage>> CreateStage(const model::GptConfig& config,
                                                             const model::StageOptions& options) override {
+    if (config.encoder_decoder) {
+      auto t5 = model::T5Stage::Create(config, options, &pool_);
+      if (!t5.ok()) return t5.status();
+      return std::unique_ptr<model::Stage>(std::move(*t5));
+    }
     auto stage = model::GptStage::Create(config, options, &pool_);
     if (!stage.ok()) return stage.status();
     return std::unique_ptr<model::Stage>(std::move(*stage));

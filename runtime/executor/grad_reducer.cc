@@ -12,6 +12,9 @@ std::vector<GradBucket> MakeBuckets(const model::GptLayout& layout, size_t min_s
   const model::StageOptions& o = layout.options();
   const auto& layers = layout.layers();
   const size_t n = layout.num_params();
+  // A T5 stage reports every gradient at the end of its backward: one
+  // bucket loses no overlap.
+  if (layout.config().encoder_decoder) return {{0, n}};
   // What follows a layer's parameters in the layout.
   const size_t tail = o.last ? layout.lnf_w() : n;
   auto layer_end = [&](size_t i) { return i + 1 < layers.size() ? layers[i + 1].ln1_w : tail; };

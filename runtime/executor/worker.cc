@@ -135,7 +135,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const spec::NormalizedJob
     o.first_layer = layers[i];
     o.num_layers = static_cast<int>(j - i);
     o.first = o.first_layer == 0;
-    o.last = o.first_layer + o.num_layers == config.num_layers;
+    o.last = o.first_layer + o.num_layers == config.TotalLayers();
     o.seed = spec.seed();
     ASSIGN_OR_RETURN(const model::GptLayout layout, model::GptLayout::Make(config, o));
     absl::StatusOr<std::unique_ptr<model::Stage>> stage;
@@ -326,7 +326,8 @@ absl::StatusOr<const model::TokenBatch*> Worker::BatchOf(const proto::ExecutionP
   auto found = it->batches.find(mb);
   if (found == it->batches.end()) {
     ASSIGN_OR_RETURN(model::TokenBatch b,
-                     model::BuildTokenBatch(plan.micro_batches(mb), *dataset_, spec_.model().max_positions()));
+                     model::BuildTokenBatch(plan.micro_batches(mb), *dataset_, spec_.model().max_positions(),
+                                            spec_.model().kind() == proto::ModelKind::t5));
     found = it->batches.emplace(mb, std::move(b)).first;
   }
   return &found->second;

@@ -6,6 +6,13 @@
 // first, then of the target); position ids restart at 0 for every sample;
 // the token at position p is scored with target token p + 1 for the
 // positions that predict target tokens (planner::LossTokens of them).
+//
+// An encoder-decoder sample (model.kind t5) of planned lengths L / T puts
+// input[0 : L] in the encoder grid (rows x seq_len) at its offset, and in
+// the decoder grid (rows x dec_seq_len) the decoder's input [pad] +
+// target[0 : T - 1] scored against target[0 : T] (pad starts the decoder, as
+// in T5), in the same row and segment; a row's samples take the decoder grid
+// one after another in the order the plan lists them.
 
 #include <cstdint>
 
@@ -25,6 +32,6 @@ inline constexpr int64_t kMaxMicroBatchTokens = int64_t{1} << 26;
 // shape or name lengths the dataset's sample does not have; OUT_OF_RANGE for
 // an id past the dataset.
 absl::StatusOr<TokenBatch> BuildTokenBatch(const proto::MicroBatch& mb, const data::Dataset& dataset,
-                                           int max_positions);
+                                           int max_positions, bool encoder_decoder = false);
 
 }  // namespace dynapipe::runtime::model
