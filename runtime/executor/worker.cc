@@ -7,6 +7,7 @@
 #include <limits>
 #include <new>
 #include <numeric>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -119,6 +120,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const spec::NormalizedJob
     return absl::InvalidArgumentError("communicator does not match the job's ranks");
   }
   if (backend == nullptr) return absl::InvalidArgumentError("worker: no backend");
+  if (config.encoder_decoder && pp_size > 1 && spec.optimizer().zero1()) {
+    return absl::UnimplementedError(
+        "optimizer.zero1 with model.kind t5 over several pipeline stages is not built yet (set zero1: false or pp: 1)");
+  }
   const proto::DType::Value dtype = spec.model().dtype();
   if (dtype != proto::DType::unspecified && dtype != ProtoDType(backend->activation_dtype())) {
     return absl::InvalidArgumentError(absl::StrCat("model.dtype: ", proto::DType::Value_Name(dtype), " jobs do not run on ",
@@ -381,17 +386,16 @@ absl::Status Worker::StartTransfer(const proto::CommOp& op, bool send, Iter* it)
 absl::Status Worker::RunForward(const proto::ExecutionPlan& plan, const proto::Instruction& ins, Iter* it) {
   ASSIGN_OR_RETURN(model::Stage * st, ChunkOf(ins));
   ASSIGN_OR_RETURN(const model::TokenBatch* b, BatchOf(plan, ins, it));
-  const size_t hidden_bytes = st->HiddenBytes(*b);
   const void* in = nullptr;
   if (!st->options().first) {
     if (ins.forward().input_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one input");
-    ASSIGN_OR_RETURN(Buffer * src, Slot(ins.forward().input_buffers(0), hidden_bytes, it));
+    ASSIGN_OR_RETURN(Buffer * src, Slot(ins.forward().input_buffers(0), st->InputBytes(*b), it));
     in = src->data();
   }
   void* out = nullptr;
   if (!st->options().last) {
     if (ins.forward().output_buffers_size() != 1) return absl::InvalidArgumentError("forward: expected one output");
-    ASSIGN_OR_RETURN(Buffer * dst, FreshSlot(ins.forward().output_buffers(0), hidden_bytes, it));
+    ASSIGN_OR_RETURN(Buffer * dst, FreshSlot(ins.forward().output_buffers(0), st->OutputBytes(*b), it));
     out = dst->data();
   }
   // The loss stays with the stage (on a device) until the iteration's end.
@@ -402,17 +406,16 @@ absl::Status Worker::RunBackward(const proto::ExecutionPlan& plan, int index, It
   const proto::Instruction& ins = plan.instructions(index);
   ASSIGN_OR_RETURN(model::Stage * st, ChunkOf(ins));
   ASSIGN_OR_RETURN(const model::TokenBatch* b, BatchOf(plan, ins, it));
-  const size_t hidden_bytes = st->HiddenBytes(*b);
   const void* dout = nullptr;
   if (!st->options().last) {
     if (ins.backward().grad_input_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient in");
-    ASSIGN_OR_RETURN(Buffer * src, Slot(ins.backward().grad_input_buffers(0), hidden_bytes, it));
+    ASSIGN_OR_RETURN(Buffer * src, Slot(ins.backward().grad_input_buffers(0), st->OutputBytes(*b), it));
     dout = src->data();
   }
   void* din = nullptr;
   if (!st->options().first) {
     if (ins.backward().grad_output_buffers_size() != 1) return absl::InvalidArgumentError("backward: no gradient out");
-    ASSIGN_OR_RETURN(Buffer * dst, FreshSlot(ins.backward().grad_output_buffers(0), hidden_bytes, it));
+    ASSIGN_OR_RETURN(Buffer * dst, FreshSlot(ins.backward().grad_output_buffers(0), st->InputBytes(*b), it));
     din = dst->data();
   }
   // The chunk's last backward: its gradients' reduction starts bucket by bucket.
@@ -450,7 +453,42 @@ absl::Status Worker::AllReduceGrads(const proto::Instruction& ins, Iter* it) {
   return absl::OkStatus();
 }
 
+// An encoder-decoder's tensors held by several stages (wte: the first
+// stage, the one where the decoder starts, a tied head; each stack's bias
+// table: every stage with a layer of it) get the sum of every copy's
+// gradient. The whole pipeline of this data-parallel group sums each one in
+// a fixed order, stages without a copy adding zeros, so no rank needs to
+// know where the others' layers lie.
+absl::Status Worker::ExchangeSharedTensors(const proto::ExecutionPlan& plan) {
+  if (pp_ == 1) return absl::OkStatus();  // one stage holds every tensor once
+  std::vector<int> pipeline(pp_);
+  std::iota(pipeline.begin(), pipeline.end(), plan.dp_rank() * pp_);
+  const model::GptConfig& c = chunks_.front()->config();
+  for (const char* name : {"wte", "enc.rel_bias", "dec.rel_bias"}) {
+    const size_t n = std::string_view(name) == "wte" ? static_cast<size_t>(c.vocab) * c.hidden
+                                                      : static_cast<size_t>(c.relative_buckets) * c.heads;
+    std::vector<float> sum(n, 0.0f), copy(n);
+    std::vector<std::pair<model::Stage*, size_t>> holders;  // chunk, offset
+    for (auto& chunk : chunks_) {
+      const model::ParamInfo* p = chunk->layout().FindParam(name);
+      if (p == nullptr) continue;
+      holders.emplace_back(chunk.get(), p->offset);
+      RETURN_IF_ERROR(backend_->CopyToHost(copy.data(), chunk->grads() + p->offset, n * sizeof(float)));
+      for (size_t i = 0; i < n; ++i) sum[i] += copy[i];
+    }
+    ASSIGN_OR_RETURN(Buffer scratch, backend_->pool().Get(n * sizeof(float), backend_->stream()));
+    RETURN_IF_ERROR(backend_->CopyFromHost(scratch.data(), sum.data(), n * sizeof(float)));
+    RETURN_IF_ERROR(comm_->AllReduceSum(pipeline, scratch.as<float>(), n, Deadline()));
+    RETURN_IF_ERROR(backend_->CopyToHost(sum.data(), scratch.data(), n * sizeof(float)));
+    for (auto [chunk, offset] : holders) {
+      RETURN_IF_ERROR(backend_->CopyFromHost(chunk->grads() + offset, sum.data(), n * sizeof(float)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan) {
+  if (chunks_.front()->config().encoder_decoder) return ExchangeSharedTensors(plan);
   model::Stage* first = nullptr;
   model::Stage* last = nullptr;
   for (auto& c : chunks_) {

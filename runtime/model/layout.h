@@ -78,6 +78,16 @@ struct GptConfig {
   bool NormBias() const { return norm == NormKind::kLayerNorm && bias; }
   // Layers of every stack, in the order stages hold them.
   int TotalLayers() const { return num_layers + (encoder_decoder ? decoder_layers : 0); }
+  // Elements of the hidden state crossing the stage boundary before layer
+  // `layer` (rows x seq x hidden). An encoder-decoder's, as the planner
+  // prices it (PipelineModel::BoundaryMb): inside the encoder its hidden
+  // state (rows x enc_seq); at the encoder's end its output (after
+  // enc.lnf); past it the encoder output followed by the decoder's hidden
+  // state (rows x (enc_seq + seq)).
+  int64_t BoundaryElements(int64_t rows, int64_t seq, int64_t enc_seq, int layer) const {
+    if (!encoder_decoder) return rows * seq * hidden;
+    return rows * (layer <= num_layers ? enc_seq : enc_seq + seq) * hidden;
+  }
 
   // INVALID_ARGUMENT naming the field for a spec this model cannot run.
   static absl::StatusOr<GptConfig> FromSpec(const proto::ModelSpec& spec);

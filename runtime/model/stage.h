@@ -49,9 +49,21 @@ class Stage {
   const StageOptions& options() const { return layout().options(); }
   // Element type of hidden states and their gradients (stage inputs, outputs).
   virtual DType activation_dtype() const = 0;
-  // Bytes of the hidden-state tensor crossing a stage boundary.
+  // Bytes of the hidden-state tensor crossing a stage boundary (a
+  // decoder-only model's; see InputBytes / OutputBytes for any model).
   size_t HiddenBytes(const TokenBatch& batch) const {
     return static_cast<size_t>(batch.rows * batch.seq * config().hidden) * DTypeBytes(activation_dtype());
+  }
+  // Bytes of this stage's input (from the previous stage) and output (to
+  // the next): GptConfig::BoundaryElements at its first layer and past its
+  // last.
+  size_t InputBytes(const TokenBatch& batch) const { return BoundaryBytes(batch, options().first_layer); }
+  size_t OutputBytes(const TokenBatch& batch) const {
+    return BoundaryBytes(batch, options().first_layer + options().num_layers);
+  }
+  size_t BoundaryBytes(const TokenBatch& batch, int layer) const {
+    return static_cast<size_t>(config().BoundaryElements(batch.rows, batch.seq, batch.enc_seq, layer)) *
+           DTypeBytes(activation_dtype());
   }
   // Bytes of parameters, gradients and optimizer state this stage holds.
   virtual size_t state_bytes() const = 0;

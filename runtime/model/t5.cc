@@ -62,10 +62,6 @@ absl::StatusOr<std::unique_ptr<T5Stage>> T5Stage::Create(const GptConfig& config
                                                          BufferPool* pool) {
   if (pool == nullptr) return absl::InvalidArgumentError("T5Stage: pool is null");
   if (!config.encoder_decoder) return absl::InvalidArgumentError("T5Stage: the model is not an encoder-decoder");
-  if (!options.first || !options.last) {
-    return absl::UnimplementedError(
-        "T5 split over pipeline stages is not built yet (parallelism.pp must be 1 for model.kind t5)");
-  }
   ASSIGN_OR_RETURN(GptLayout layout, GptLayout::Make(config, options));
   return std::unique_ptr<T5Stage>(new T5Stage(std::move(layout), pool));
 }
@@ -79,22 +75,31 @@ absl::StatusOr<Buffer> T5Stage::Zeros(int64_t floats) {
   return b;
 }
 
-absl::Status T5Stage::Forward(int mb, const TokenBatch& batch, const void* /*hidden_in*/, void* /*hidden_out*/,
+absl::StatusOr<Buffer> T5Stage::Copy(const float* src, int64_t floats) {
+  ASSIGN_OR_RETURN(Buffer b, Get(floats));
+  std::memcpy(b.data(), src, static_cast<size_t>(floats) * sizeof(float));
+  return b;
+}
+
+absl::Status T5Stage::Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
                               float loss_scale, Recompute recompute) {
   if (recompute != Recompute::kNone) {
     return absl::UnimplementedError("T5 stage: recomputation is not built yet (schedule.recompute must be none)");
   }
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is in flight"));
-  ASSIGN_OR_RETURN(const double loss, ForwardImpl(mb, batch, loss_scale));
+  ASSIGN_OR_RETURN(const double loss, ForwardImpl(mb, batch, static_cast<const float*>(hidden_in),
+                                                  static_cast<float*>(hidden_out), loss_scale));
   loss_total_ += loss;
   return absl::OkStatus();
 }
 
-absl::Status T5Stage::Infer(const TokenBatch& batch, const void* /*hidden_in*/, void* out) {
-  if (out == nullptr) return absl::InvalidArgumentError("T5 stage: no logits buffer");
-  absl::StatusOr<double> loss = ForwardImpl(kInferKey, batch, 0.0f);
+absl::Status T5Stage::Infer(const TokenBatch& batch, const void* hidden_in, void* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("T5 stage: no output buffer");
+  const bool last = options().last;
+  absl::StatusOr<double> loss = ForwardImpl(kInferKey, batch, static_cast<const float*>(hidden_in),
+                                            last ? nullptr : static_cast<float*>(out), 0.0f);
   auto it = stash_.find(kInferKey);
-  if (loss.ok()) {
+  if (loss.ok() && last) {
     const Stash& s = *it->second;
     std::memcpy(out, s.logits.data(), static_cast<size_t>(s.batch.rows * s.batch.seq * config().vocab) * sizeof(float));
   }
@@ -102,9 +107,31 @@ absl::Status T5Stage::Infer(const TokenBatch& batch, const void* /*hidden_in*/, 
   return loss.status();
 }
 
-absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, float loss_scale) {
+// The stage's input (GptConfig::BoundaryElements): the encoder's tokens on
+// the first stage; inside the encoder its hidden state; from its end on the
+// encoder output, then (past it) the decoder's hidden state. Returns the
+// current stack's hidden state (empty where the decoder starts here).
+absl::StatusOr<Buffer> T5Stage::StageInput(Stash& s, const float* in) {
+  const int64_t C = config().hidden, Ne = s.enc().n(), Nd = s.dec().n();
+  const int E = config().num_layers, lo = options().first_layer;
+  if (options().first) {
+    ASSIGN_OR_RETURN(Buffer x, Get(Ne * C));
+    Embed(x.as<float>(), s.batch.enc_tokens.data(), P(layout_.wte()), Ne, C);
+    return x;
+  }
+  if (in == nullptr) return absl::InvalidArgumentError("stage input: missing");
+  if (lo < E) return Copy(in, Ne * C);
+  ASSIGN_OR_RETURN(s.enc_out, Copy(in, Ne * C));
+  if (lo == E) return Buffer();
+  return Copy(in + Ne * C, Nd * C);
+}
+
+absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, const float* in, float* out,
+                                            float loss_scale) {
   RETURN_IF_ERROR(CheckTokenBatch(batch, config()));
-  const int64_t C = config().hidden, V = config().vocab;
+  if (!options().last && out == nullptr) return absl::InvalidArgumentError("stage output: missing");
+  const int64_t C = config().hidden;
+  const int E = config().num_layers, lo = options().first_layer, hi = lo + options().num_layers;
   auto owned = std::make_unique<Stash>();
   Stash& s = *owned;
   s.batch = batch;
@@ -112,22 +139,12 @@ absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, fl
   stash_[key] = std::move(owned);
   const Grid enc = s.enc(), dec = s.dec();
   const GptLayout& lay = layout_;
-  // The encoder, then its final norm: the output every decoder layer reads.
-  Buffer x;
-  ASSIGN_OR_RETURN(x, Get(enc.n() * C));
-  Embed(x.as<float>(), s.batch.enc_tokens.data(), P(lay.wte()), enc.n(), C);
+  ASSIGN_OR_RETURN(Buffer x, StageInput(s, in));
   s.layers.resize(lay.layers().size());
-  for (size_t i = 0; i < lay.layers().size(); ++i) {
-    const GptLayout::Layer& l = lay.layers()[i];
-    LayerActs& a = s.layers[i];
-    if (l.decoder && (i == 0 || !lay.layers()[i - 1].decoder)) {
-      // The encoder ends: its output, then the decoder's embedded tokens.
-      s.enc_last = std::move(x);
-      ASSIGN_OR_RETURN(s.enc_mean, Get(enc.n()));
-      ASSIGN_OR_RETURN(s.enc_rstd, Get(enc.n()));
-      ASSIGN_OR_RETURN(s.enc_out, Get(enc.n() * C));
-      NormForward(s.enc_out.as<float>(), s.enc_mean.as<float>(), s.enc_rstd.as<float>(), s.enc_last.as<float>(),
-                  lay.enc_lnf_w(), GptLayout::kAbsent, enc.n());
+  for (int i = lo; i < hi; ++i) {
+    const GptLayout::Layer& l = lay.layers()[i - lo];
+    LayerActs& a = s.layers[i - lo];
+    if (i == E) {  // the decoder starts: its embedded tokens
       ASSIGN_OR_RETURN(x, Get(dec.n() * C));
       Embed(x.as<float>(), s.batch.tokens.data(), P(lay.wte()), dec.n(), C);
     }
@@ -135,9 +152,30 @@ absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, fl
     const Grid& g = l.decoder ? dec : enc;
     ASSIGN_OR_RETURN(x, Get(g.n() * C));
     RETURN_IF_ERROR(LayerForward(l, a, g, enc, s.enc_out.as<float>(), x.as<float>()));
+    if (i == E - 1) {  // the encoder ends: its final norm gives the output every decoder layer reads
+      s.enc_last = std::move(x);
+      ASSIGN_OR_RETURN(s.enc_mean, Get(enc.n()));
+      ASSIGN_OR_RETURN(s.enc_rstd, Get(enc.n()));
+      ASSIGN_OR_RETURN(s.enc_out, Get(enc.n() * C));
+      NormForward(s.enc_out.as<float>(), s.enc_mean.as<float>(), s.enc_rstd.as<float>(), s.enc_last.as<float>(),
+                  lay.enc_lnf_w(), GptLayout::kAbsent, enc.n());
+    }
   }
-  // The head: final norm, T5's scale of a tied head, logits, loss.
-  const int64_t N = dec.n();
+  if (options().last) return Head(s, std::move(x));
+  // The stage's output, laid out as the next stage's input.
+  if (hi < E) {
+    std::memcpy(out, x.data(), static_cast<size_t>(enc.n() * C) * sizeof(float));
+  } else {
+    std::memcpy(out, s.enc_out.data(), static_cast<size_t>(enc.n() * C) * sizeof(float));
+    if (hi > E) std::memcpy(out + enc.n() * C, x.data(), static_cast<size_t>(dec.n() * C) * sizeof(float));
+  }
+  return 0.0;
+}
+
+// The last stage's head: final norm, T5's scale of a tied head, logits, loss.
+absl::StatusOr<double> T5Stage::Head(Stash& s, Buffer x) {
+  const int64_t C = config().hidden, V = config().vocab, N = s.dec().n();
+  const GptLayout& lay = layout_;
   s.dec_last = std::move(x);
   ASSIGN_OR_RETURN(s.lnf, Get(N * C));
   ASSIGN_OR_RETURN(s.lnf_mean, Get(N));
@@ -152,8 +190,8 @@ absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, fl
   ASSIGN_OR_RETURN(s.probs, Get(N * V));
   cpu::MatmulForward(s.logits.as<float>(), s.lnf.as<float>(), P(lay.head()), static_cast<const float*>(nullptr), N,
                      C, V);
-  return cpu::CrossEntropyForward(s.probs.as<float>(), s.logits.as<float>(), s.batch.targets.data(), loss_scale, N,
-                                  V);
+  return cpu::CrossEntropyForward(s.probs.as<float>(), s.logits.as<float>(), s.batch.targets.data(), s.loss_scale,
+                                  N, V);
 }
 
 absl::Status T5Stage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const Grid& g, const Grid& enc_grid,
@@ -213,17 +251,10 @@ absl::Status T5Stage::LayerForward(const GptLayout::Layer& l, LayerActs& a, cons
   return absl::OkStatus();
 }
 
-absl::Status T5Stage::Backward(int mb, const void* /*dhidden_out*/, void* /*dhidden_in*/, const GradsReady& ready) {
-  auto it = stash_.find(mb);
-  if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is not in flight"));
-  std::unique_ptr<Stash> owned = std::move(it->second);
-  stash_.erase(it);
-  Stash& s = *owned;
+// The head's backward into the gradient of the decoder's last hidden state.
+absl::StatusOr<Buffer> T5Stage::HeadBackward(const Stash& s) {
   const GptLayout& lay = layout_;
-  const int64_t C = config().hidden, V = config().vocab;
-  const Grid enc = s.enc(), dec = s.dec();
-  const int64_t N = dec.n();
-  // The head.
+  const int64_t C = config().hidden, V = config().vocab, N = s.dec().n();
   ASSIGN_OR_RETURN(Buffer dlogits, Zeros(N * V));
   cpu::CrossEntropyBackward(dlogits.as<float>(), s.probs.as<const float>(), s.batch.targets.data(), s.loss_scale, N,
                             V);
@@ -237,21 +268,60 @@ absl::Status T5Stage::Backward(int mb, const void* /*dhidden_out*/, void* /*dhid
   ASSIGN_OR_RETURN(Buffer dr, Zeros(N * C));
   NormBackward(dr.as<float>(), lay.lnf_w(), GptLayout::kAbsent, dz.as<const float>(), s.dec_last.as<const float>(),
                s.lnf_mean.as<const float>(), s.lnf_rstd.as<const float>(), N);
-  // The layers, last first; the encoder output's gradient gathers over the
-  // decoder layers, then enters the encoder through its final norm.
-  ASSIGN_OR_RETURN(Buffer denc, Zeros(enc.n() * C));
-  for (size_t i = lay.layers().size(); i-- > 0;) {
-    const GptLayout::Layer& l = lay.layers()[i];
-    RETURN_IF_ERROR(LayerBackward(l, s.layers[i], l.decoder ? dec : enc, enc, s.enc_out.as<const float>(),
-                                  dr.as<float>(), denc.as<float>()));
-    if (l.decoder && (i == 0 || !lay.layers()[i - 1].decoder)) {
-      EmbedBackward(G(lay.wte()), dr.as<const float>(), s.batch.tokens.data(), N, C);
+  return dr;
+}
+
+absl::Status T5Stage::Backward(int mb, const void* dhidden_out, void* dhidden_in, const GradsReady& ready) {
+  auto it = stash_.find(mb);
+  if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is not in flight"));
+  std::unique_ptr<Stash> owned = std::move(it->second);
+  stash_.erase(it);
+  const Stash& s = *owned;
+  const GptLayout& lay = layout_;
+  const int64_t C = config().hidden;
+  const int E = config().num_layers, lo = options().first_layer, hi = lo + options().num_layers;
+  const Grid enc = s.enc(), dec = s.dec();
+  const auto* dout = static_cast<const float*>(dhidden_out);
+  if (!options().last && dout == nullptr) return absl::InvalidArgumentError("stage output gradient: missing");
+  // The output's gradient: the current stack's (dr) and, from the encoder's
+  // end on, the encoder output's (denc), which every decoder layer adds to.
+  Buffer dr, denc;
+  if (hi >= E) {
+    ASSIGN_OR_RETURN(denc, Zeros(enc.n() * C));
+  }
+  if (options().last) {
+    ASSIGN_OR_RETURN(dr, HeadBackward(s));
+  } else if (hi < E) {
+    ASSIGN_OR_RETURN(dr, Copy(dout, enc.n() * C));
+  } else {
+    std::memcpy(denc.data(), dout, static_cast<size_t>(enc.n() * C) * sizeof(float));
+    if (hi > E) {
+      ASSIGN_OR_RETURN(dr, Copy(dout + enc.n() * C, dec.n() * C));
+    }
+  }
+  for (int i = hi; i-- > lo;) {
+    const GptLayout::Layer& l = lay.layers()[i - lo];
+    if (i == E - 1) {  // through the encoder's final norm into its last layer
       ASSIGN_OR_RETURN(dr, Zeros(enc.n() * C));
       NormBackward(dr.as<float>(), lay.enc_lnf_w(), GptLayout::kAbsent, denc.as<const float>(),
                    s.enc_last.as<const float>(), s.enc_mean.as<const float>(), s.enc_rstd.as<const float>(), enc.n());
     }
+    RETURN_IF_ERROR(LayerBackward(l, s.layers[i - lo], l.decoder ? dec : enc, enc, s.enc_out.as<const float>(),
+                                  dr.as<float>(), denc.as<float>()));
+    if (i == E) EmbedBackward(G(lay.wte()), dr.as<const float>(), s.batch.tokens.data(), dec.n(), C);
   }
-  EmbedBackward(G(lay.wte()), dr.as<const float>(), s.batch.enc_tokens.data(), enc.n(), C);
+  // The input's gradient, laid out as the previous stage's output.
+  auto* din = static_cast<float*>(dhidden_in);
+  if (options().first) {
+    EmbedBackward(G(lay.wte()), dr.as<const float>(), s.batch.enc_tokens.data(), enc.n(), C);
+  } else if (din == nullptr) {
+    return absl::InvalidArgumentError("stage input gradient: missing");
+  } else if (lo < E) {
+    std::memcpy(din, dr.data(), static_cast<size_t>(enc.n() * C) * sizeof(float));
+  } else {
+    std::memcpy(din, denc.data(), static_cast<size_t>(enc.n() * C) * sizeof(float));
+    if (lo > E) std::memcpy(din + enc.n() * C, dr.data(), static_cast<size_t>(dec.n() * C) * sizeof(float));
+  }
   return ready ? ready(0, lay.num_params()) : absl::OkStatus();
 }
 

@@ -14,10 +14,15 @@
 // heads) table per stack shared by its layers; the tied head scales by
 // hidden^-0.5.
 //
-// Built: the whole model on one stage, everything kept for backward.
-// Create refuses a stage split (the encoder output and the shared tables
-// across stages are the next step, docs/executor.md "T5 stages") and
-// recomputation, each with one line.
+// A stage holds any contiguous range of the layers (encoder layers, then
+// decoder layers; the boundary inside a stage or between stages). What
+// crosses a boundary is GptConfig::BoundaryElements: the encoder's hidden
+// state, then its output alone at its end, then the encoder output followed
+// by the decoder's hidden state; gradients travel back in the same layout,
+// the encoder output's summed over every decoder layer on the way. Tensors
+// several stages hold (wte, a stack's bias table) get the sum of their
+// copies' gradients from the worker. Everything is kept for backward:
+// Forward refuses recomputation in one line.
 
 #include <cstdint>
 #include <map>
@@ -38,8 +43,7 @@ class T5Stage final : public CpuStageBase {
   T5Stage(const T5Stage&) = delete;
   T5Stage& operator=(const T5Stage&) = delete;
 
-  // Stage (the rest in CpuStageBase). No hidden state crosses a boundary:
-  // hidden_in and hidden_out are unused.
+  // Stage (the rest in CpuStageBase).
   absl::Status Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out, float loss_scale,
                        Recompute recompute) override;
   using Stage::Backward;
@@ -53,7 +57,11 @@ class T5Stage final : public CpuStageBase {
   struct Stash;
   struct Grid;  // one stack's tokens as the kernels see them
   T5Stage(GptLayout layout, BufferPool* pool);
-  absl::StatusOr<double> ForwardImpl(int key, const TokenBatch& batch, float loss_scale);
+  absl::StatusOr<double> ForwardImpl(int key, const TokenBatch& batch, const float* in, float* out,
+                                     float loss_scale);
+  absl::StatusOr<Buffer> StageInput(Stash& s, const float* in);
+  absl::StatusOr<double> Head(Stash& s, Buffer x);
+  absl::StatusOr<Buffer> HeadBackward(const Stash& s);
   // One layer: self-attention (bidirectional in the encoder, causal in the
   // decoder), the decoder's cross-attention to `enc` (the encoder output,
   // (rows * enc_seq, C)), the feed-forward; from a.x to `out`.
@@ -65,6 +73,7 @@ class T5Stage final : public CpuStageBase {
   absl::Status LayerBackward(const GptLayout::Layer& l, const LayerActs& a, const Grid& g, const Grid& enc_grid,
                              const float* enc, float* dr, float* denc);
   absl::StatusOr<Buffer> Zeros(int64_t floats);
+  absl::StatusOr<Buffer> Copy(const float* src, int64_t floats);
 
   std::map<int, std::unique_ptr<Stash>> stash_;
   static constexpr int kInferKey = -1;
