@@ -7,14 +7,33 @@
 #include "planner/partition/global_batches.h"
 #include "src/checkpoint/checkpoint.h"
 #include "runtime/model/batch.h"
+#include "runtime/model/gpt.h"
+#include "runtime/model/t5.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::cli {
 
-absl::StatusOr<std::unique_ptr<runtime::model::GptStage>> LoadWholeModel(const proto::JobSpec& spec, const std::string& dir,
-                                                                int64_t iteration, runtime::BufferPool* pool) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<runtime::model::CpuStageBase>> WholeStage(const runtime::model::GptConfig& config,
+                                                                         uint64_t seed, runtime::BufferPool* pool) {
+  const runtime::model::StageOptions whole{0, config.TotalLayers(), true, true, seed};
+  if (config.encoder_decoder) {
+    ASSIGN_OR_RETURN(auto t5, runtime::model::T5Stage::Create(config, whole, pool));
+    return std::unique_ptr<runtime::model::CpuStageBase>(std::move(t5));
+  }
+  ASSIGN_OR_RETURN(auto gpt, runtime::model::GptStage::Create(config, whole, pool));
+  return std::unique_ptr<runtime::model::CpuStageBase>(std::move(gpt));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<runtime::model::CpuStageBase>> LoadWholeModel(const proto::JobSpec& spec,
+                                                                             const std::string& dir,
+                                                                             int64_t iteration,
+                                                                             runtime::BufferPool* pool) {
   ASSIGN_OR_RETURN(const runtime::model::GptConfig config, runtime::model::GptConfig::FromSpec(spec.model()));
-  ASSIGN_OR_RETURN(auto whole, runtime::model::GptStage::Create(config, {0, config.num_layers, true, true, spec.seed()}, pool));
+  ASSIGN_OR_RETURN(auto whole, WholeStage(config, spec.seed(), pool));
   if (iteration < 0) return whole;
   const int pp = std::max(1, spec.parallelism().pp());
   std::map<std::string, bool> filled;
@@ -38,27 +57,30 @@ absl::StatusOr<std::unique_ptr<runtime::model::GptStage>> LoadWholeModel(const p
   return whole;
 }
 
-absl::StatusOr<std::vector<TaskAccuracy>> Evaluate(runtime::model::GptStage& model, const data::Dataset& dataset,
+absl::StatusOr<std::vector<TaskAccuracy>> Evaluate(runtime::model::CpuStageBase& model, const data::Dataset& dataset,
                                                    int64_t max_samples, int max_seq_len) {
   const auto& info = dataset.info();
   std::vector<TaskAccuracy> out(std::max(1, info.tasks_size()));
   for (int t = 0; t < info.tasks_size(); ++t) out[t].task = info.tasks(t);
   const int V = model.config().vocab;
+  const bool ed = model.config().encoder_decoder;
   const int max_len = std::min(max_seq_len, model.config().max_positions);
   std::vector<float> logits;
   const int64_t n = std::min<int64_t>(max_samples, static_cast<int64_t>(dataset.size()));
   for (int64_t i = 0; i < n; ++i) {
     const data::SampleView sv = dataset.sample(static_cast<uint64_t>(i));
     const planner::Sample s = planner::Truncate(
-        i, {static_cast<int64_t>(sv.input.size()), static_cast<int64_t>(sv.target.size())}, max_len, false);
+        i, {static_cast<int64_t>(sv.input.size()), static_cast<int64_t>(sv.target.size())}, max_len, ed);
+    if (ed && (s.input <= 0 || s.target <= 0)) continue;  // nothing to read or to predict
     proto::MicroBatch mb;
     mb.set_rows(1);
     mb.set_seq_len(s.input);
+    if (ed) mb.set_dec_seq_len(s.target);
     auto* ps = mb.add_samples();
     ps->set_id(i);
     ps->set_input_len(s.input);
     ps->set_target_len(s.target);
-    ASSIGN_OR_RETURN(const runtime::model::TokenBatch b, runtime::model::BuildTokenBatch(mb, dataset, model.config().max_positions));
+    ASSIGN_OR_RETURN(const runtime::model::TokenBatch b, runtime::model::BuildTokenBatch(mb, dataset, model.config().max_positions, ed));
     logits.resize(static_cast<size_t>(b.seq) * V);
     RETURN_IF_ERROR(model.Infer(b, nullptr, logits.data()));
     TaskAccuracy& acc = out[std::min<size_t>(sv.task, out.size() - 1)];

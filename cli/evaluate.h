@@ -15,12 +15,14 @@
 #include "proto/job.pb.h"
 #include "src/data/dataset.h"
 #include "runtime/memory/buffer_pool.h"
-#include "runtime/model/gpt.h"
+#include "runtime/model/cpu_stage.h"
 
 namespace dynapipe::cli {
 
-// `iteration` < 0: the model as initialised from the job's seed.
-absl::StatusOr<std::unique_ptr<runtime::model::GptStage>> LoadWholeModel(const proto::JobSpec& spec, const std::string& dir,
+// The whole model on one CPU stage (a GPT or a T5 stage, by model.kind),
+// from the checkpoint's shards; `iteration` < 0: as initialised from the
+// job's seed.
+absl::StatusOr<std::unique_ptr<runtime::model::CpuStageBase>> LoadWholeModel(const proto::JobSpec& spec, const std::string& dir,
                                                                 int64_t iteration, runtime::BufferPool* pool);
 
 struct TaskAccuracy {
@@ -30,8 +32,9 @@ struct TaskAccuracy {
 };
 
 // The first `max_samples` samples of `dataset` (truncated to the model's
-// positions like training does), one row each.
-absl::StatusOr<std::vector<TaskAccuracy>> Evaluate(runtime::model::GptStage& model, const data::Dataset& dataset,
+// positions like training does), one row each; a T5 reads the input and
+// predicts the target with teacher forcing, as it trains.
+absl::StatusOr<std::vector<TaskAccuracy>> Evaluate(runtime::model::CpuStageBase& model, const data::Dataset& dataset,
                                                    int64_t max_samples, int max_seq_len);
 
 }  // namespace dynapipe::cli

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command: trains a tiny GPT end to end on this machine.
 #
-#   bash deploy/quickstart.sh
+#   bash deploy/quickstart.sh [JOB]     # JOB: configs/jobs/quickstart.pbtxt (default)
+#                                       #   or configs/jobs/t5-quickstart.pbtxt (a tiny T5)
 #
 # Installs what is missing (deploy/setup.sh), builds the daemons, generates
 # the synthetic multi-task dataset (FLAN-like length mix) and a held-out set
@@ -14,8 +15,9 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-out="$root/out/quickstart"
-job_file="configs/jobs/quickstart.pbtxt"
+job_file="${1:-configs/jobs/quickstart.pbtxt}"
+[ -f "$job_file" ] || { echo "quickstart: no job file $job_file" >&2; exit 2; }
+out="$root/out/$(basename "$job_file" .pbtxt)"
 
 bash deploy/setup.sh
 
@@ -39,13 +41,16 @@ if [ ! -f data/quickstart-eval/dataset.pbtxt ]; then
     --input-scale 0.125 --alphabet 8 --seed 2
 fi
 
-# The cost profile the job plans with (cost_profile_path): this machine's
-# kernels timed per layer shape, then 40 iterations trained under the job's
-# own layout for what layers leave out. Measured again after each rebuild
-# (the kernels may have changed), else kept, so reruns plan alike.
-if [ ! -f data/quickstart-profile.json ] || [ bazel-bin/cli/dynapipe -nt data/quickstart-profile.json ]; then
+# The cost profile the job plans with (its cost_profile_path, if it names
+# one): this machine's kernels timed per layer shape, then 40 iterations
+# trained under the job's own layout for what layers leave out. Measured
+# again after each rebuild (the kernels may have changed), else kept, so
+# reruns plan alike.
+profile="$(sed -n 's/^cost_profile_path: *"\([^"]*\)".*/\1/p' "$job_file" | head -1)"
+if [ -n "$profile" ] && { [ ! -f "$profile" ] || [ bazel-bin/cli/dynapipe -nt "$profile" ]; }; then
   echo "quickstart: measuring this machine's costs (dynapipe profile, a few seconds)"
-  OPENBLAS_NUM_THREADS=1 "$dynapipe" profile --job "$job_file" --out data/quickstart-profile.json --data-root . \
+  mkdir -p "$out"
+  OPENBLAS_NUM_THREADS=1 "$dynapipe" profile --job "$job_file" --out "$profile" --data-root . \
     > "$out/profile.log" 2>&1 || { cat "$out/profile.log" >&2; exit 1; }
   tail -2 "$out/profile.log"
 fi

@@ -274,6 +274,69 @@ TEST_CASE("a SIGKILLed executor fails the job naming its rank; the others stop; 
   CHECK(s2.start_iteration() % 3 == 0);
 }
 
+TEST_CASE("a T5 job trains 2 x 2 through the daemons; an executor SIGKILLed after a checkpoint, the resumed job "
+          "ends with the uninterrupted run's bits",
+          "[executor][integration]") {
+  const absl::Duration heartbeat_timeout = absl::Seconds(3);
+  Stack stack = StartStack("", heartbeat_timeout);
+  auto client = Client(stack.address());
+  std::vector<std::unique_ptr<ChildProcess>> executors;
+  for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
+  // 2 encoder and 2 decoder layers on 2 stages x 2 groups; the learning rate
+  // schedule does not depend on the iteration count (TrainJob).
+  auto t5 = [](int iterations, const std::string& dir) {
+    proto::JobSpec s = TrainJob(iterations, dir, 3);
+    s.set_name("t5-itest");
+    s.mutable_model()->set_kind(proto::ModelKind::t5);
+    s.mutable_model()->set_num_layers(2);
+    s.mutable_model()->set_num_decoder_layers(2);
+    return s;
+  };
+  constexpr int kIterations = 400;
+  const std::string full = TmpDir() + "/t5-full";
+  auto a = client->Submit(t5(kIterations, full));
+  REQUIRE(a.ok());
+  const proto::JobStatus sa = WaitEnded(client.get(), *a, absl::Seconds(180));
+  INFO(sa.error());
+  REQUIRE(sa.state() == proto::JobState::succeeded);
+
+  const std::string part = TmpDir() + "/t5-part";
+  auto b = client->Submit(t5(kIterations, part));
+  REQUIRE(b.ok());
+  REQUIRE(Eventually([&] { return checkpoint::LatestCompleteOnDisk(part, 4).value_or(-1) >= 2; },
+                     absl::Seconds(60)));
+  auto list = client->Executors();
+  REQUIRE(list.ok());
+  int device = -1;
+  for (const auto& e : list->executors()) {
+    if (e.assignment().job_id() == *b && e.assignment().rank() == 3) device = e.info().device_index();
+  }
+  REQUIRE(device >= 0);
+  executors[device]->Signal(SIGKILL);
+  REQUIRE(executors[device]->Exited(absl::Seconds(10)));
+  const proto::JobStatus sb = WaitEnded(client.get(), *b, heartbeat_timeout + absl::Seconds(5));
+  INFO(sb.error());
+  REQUIRE(sb.state() == proto::JobState::failed);  // killed before its end (400 iterations take seconds)
+
+  executors[device] = StartExecutor(stack.address(), device);
+  proto::JobSpec resume = t5(kIterations, part);
+  resume.mutable_checkpoint()->set_resume(true);
+  auto c = client->Submit(resume);
+  REQUIRE(c.ok());
+  const proto::JobStatus sc = WaitEnded(client.get(), *c, absl::Seconds(180));
+  INFO(sc.error());
+  REQUIRE(sc.state() == proto::JobState::succeeded);
+  CHECK(sc.start_iteration() >= 3);
+  CHECK(sc.start_iteration() < kIterations);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(Params(part, kIterations - 1, r) == Params(full, kIterations - 1, r));
+  }
+  CHECK(sc.last_loss() == sa.last_loss());
+  CHECK(sa.last_loss() > 0);
+  for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
+}
+
 // Runs a shell command, collecting its output; its wait status.
 int RunCapturing(const std::string& cmd, std::string* out) {
   FILE* pipe = ::popen(cmd.c_str(), "r");
