@@ -7,11 +7,11 @@
 #include <limits>
 #include <new>
 #include <numeric>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/plan/plan_seal.h"
+#include "runtime/executor/shared_tensors.h"
 #include "runtime/model/batch.h"
 #include "runtime/optim/adamw.h"
 #include "src/common/logging.h"
@@ -453,42 +453,12 @@ absl::Status Worker::AllReduceGrads(const proto::Instruction& ins, Iter* it) {
   return absl::OkStatus();
 }
 
-// An encoder-decoder's tensors held by several stages (wte: the first
-// stage, the one where the decoder starts, a tied head; each stack's bias
-// table: every stage with a layer of it) get the sum of every copy's
-// gradient. The whole pipeline of this data-parallel group sums each one in
-// a fixed order, stages without a copy adding zeros, so no rank needs to
-// know where the others' layers lie.
-absl::Status Worker::ExchangeSharedTensors(const proto::ExecutionPlan& plan) {
-  if (pp_ == 1) return absl::OkStatus();  // one stage holds every tensor once
-  std::vector<int> pipeline(pp_);
-  std::iota(pipeline.begin(), pipeline.end(), plan.dp_rank() * pp_);
-  const model::GptConfig& c = chunks_.front()->config();
-  for (const char* name : {"wte", "enc.rel_bias", "dec.rel_bias"}) {
-    const size_t n = std::string_view(name) == "wte" ? static_cast<size_t>(c.vocab) * c.hidden
-                                                      : static_cast<size_t>(c.relative_buckets) * c.heads;
-    std::vector<float> sum(n, 0.0f), copy(n);
-    std::vector<std::pair<model::Stage*, size_t>> holders;  // chunk, offset
-    for (auto& chunk : chunks_) {
-      const model::ParamInfo* p = chunk->layout().FindParam(name);
-      if (p == nullptr) continue;
-      holders.emplace_back(chunk.get(), p->offset);
-      RETURN_IF_ERROR(backend_->CopyToHost(copy.data(), chunk->grads() + p->offset, n * sizeof(float)));
-      for (size_t i = 0; i < n; ++i) sum[i] += copy[i];
-    }
-    ASSIGN_OR_RETURN(Buffer scratch, backend_->pool().Get(n * sizeof(float), backend_->stream()));
-    RETURN_IF_ERROR(backend_->CopyFromHost(scratch.data(), sum.data(), n * sizeof(float)));
-    RETURN_IF_ERROR(comm_->AllReduceSum(pipeline, scratch.as<float>(), n, Deadline()));
-    RETURN_IF_ERROR(backend_->CopyToHost(sum.data(), scratch.data(), n * sizeof(float)));
-    for (auto [chunk, offset] : holders) {
-      RETURN_IF_ERROR(backend_->CopyFromHost(chunk->grads() + offset, sum.data(), n * sizeof(float)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan) {
-  if (chunks_.front()->config().encoder_decoder) return ExchangeSharedTensors(plan);
+  if (chunks_.front()->config().encoder_decoder) {
+    std::vector<int> pipeline(pp_);
+    std::iota(pipeline.begin(), pipeline.end(), plan.dp_rank() * pp_);
+    return SumSharedTensors(chunks_, pipeline, backend_, comm_, Deadline());
+  }
   model::Stage* first = nullptr;
   model::Stage* last = nullptr;
   for (auto& c : chunks_) {

@@ -108,10 +108,9 @@ class Worker {
   absl::StatusOr<Buffer*> FreshSlot(int id, size_t bytes, Iter* it);
   absl::Status OptimizerStep(const proto::ExecutionPlan& plan, Iter* it);
   // Sums the two copies of a tied embedding's gradient (first and last
-  // stage); under ZeRO-1 only the part this rank owns.
+  // stage); under ZeRO-1 only the part this rank owns. An encoder-decoder's
+  // shared tensors: SumSharedTensors (shared_tensors.h).
   absl::Status ExchangeTiedEmbedding(const proto::ExecutionPlan& plan);
-  // An encoder-decoder's: wte and the bias tables, summed over the pipeline.
-  absl::Status ExchangeSharedTensors(const proto::ExecutionPlan& plan);
   // The squared gradient norm of this rank's chunks, on data-parallel rank 0
   // (0 elsewhere): per chunk, a sum over every member's shard of every
   // ownership region in offset order, so that sharded and whole optimizers,
