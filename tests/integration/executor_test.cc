@@ -284,14 +284,7 @@ TEST_CASE("a T5 job trains 2 x 2 through the daemons; an executor SIGKILLed afte
   for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
   // 2 encoder and 2 decoder layers on 2 stages x 2 groups; the learning rate
   // schedule does not depend on the iteration count (TrainJob).
-  auto t5 = [](int iterations, const std::string& dir) {
-    proto::JobSpec s = TrainJob(iterations, dir, 3);
-    s.set_name("t5-itest");
-    s.mutable_model()->set_kind(proto::ModelKind::t5);
-    s.mutable_model()->set_num_layers(2);
-    s.mutable_model()->set_num_decoder_layers(2);
-    return s;
-  };
+  auto t5 = [](int iterations, const std::string& dir) { return T5TrainJob(iterations, dir, 3); };
   constexpr int kIterations = 400;
   const std::string full = TmpDir() + "/t5-full";
   auto a = client->Submit(t5(kIterations, full));

@@ -127,6 +127,15 @@ proto::JobSpec TrainJob(int iterations, const std::string& ckpt, int interval) {
   return s;
 }
 
+proto::JobSpec T5TrainJob(int iterations, const std::string& ckpt, int interval) {
+  proto::JobSpec s = TrainJob(iterations, ckpt, interval);
+  s.set_name("t5-itest");
+  s.mutable_model()->set_kind(proto::ModelKind::t5);
+  s.mutable_model()->set_num_layers(2);
+  s.mutable_model()->set_num_decoder_layers(2);
+  return s;
+}
+
 proto::JobStatus WaitEnded(rpc::PlannerClient* client, const std::string& job, absl::Duration limit) {
   proto::JobStatus last;
   Eventually(

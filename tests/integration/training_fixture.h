@@ -57,6 +57,9 @@ std::string WideDataset();
 // A 2 (pipeline) x 2 (data-parallel) GPT job on Dataset(), checkpointing
 // every `interval` iterations into `ckpt`.
 proto::JobSpec TrainJob(int iterations, const std::string& ckpt, int interval);
+// The same job with a T5 (2 encoder and 2 decoder layers): inputs to the
+// encoder, targets to the decoder.
+proto::JobSpec T5TrainJob(int iterations, const std::string& ckpt, int interval);
 
 // The job's status once it has ended, or its last status after `limit`.
 proto::JobStatus WaitEnded(rpc::PlannerClient* client, const std::string& job, absl::Duration limit);

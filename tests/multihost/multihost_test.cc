@@ -104,8 +104,8 @@ proto::JobStatus Train(rpc::PlannerClient* client, const proto::JobSpec& spec) {
   return WaitEnded(client, *job, absl::Seconds(180));
 }
 
-TEST_CASE("A 2 x 2 job across two hosts trains as on one; a partition fails it naming a rank; resume is "
-          "bit-identical") {
+TEST_CASE("A 2 x 2 job across two hosts trains as on one (a GPT and a T5); a partition fails it naming a rank; "
+          "resume is bit-identical") {
   if (::geteuid() != 0) {
     WARN("skipped: network namespaces need root (ip netns); the multi-host test did not run");
     return;
@@ -120,9 +120,9 @@ TEST_CASE("A 2 x 2 job across two hosts trains as on one; a partition fails it n
   std::filesystem::create_directories(tmp);
   const std::string dataset = Dataset();  // made here, read by every host (one file system)
 
-  // The single-host reference: the same job on loopback.
-  const std::string reference = tmp + "/ckpt-one-host";
-  proto::JobStatus one_host;
+  // The single-host references: the same jobs (a GPT, a T5) on loopback.
+  const std::string reference = tmp + "/ckpt-one-host", t5_reference = tmp + "/ckpt-t5-one-host";
+  proto::JobStatus one_host, t5_one_host;
   {
     Stack stack = StartStack("", absl::Seconds(5));
     auto client = Client(stack.address());
@@ -131,6 +131,9 @@ TEST_CASE("A 2 x 2 job across two hosts trains as on one; a partition fails it n
     one_host = Train(client.get(), TrainJob(kIterations, reference, kInterval));
     INFO(one_host.error());
     REQUIRE(one_host.state() == proto::JobState::succeeded);
+    t5_one_host = Train(client.get(), T5TrainJob(kIterations, t5_reference, kInterval));
+    INFO(t5_one_host.error());
+    REQUIRE(t5_one_host.state() == proto::JobState::succeeded);
     for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
   }
 
@@ -191,6 +194,18 @@ TEST_CASE("A 2 x 2 job across two hosts trains as on one; a partition fails it n
       INFO("rank " << r);
       CHECK(Params(dir, kIterations - 1, r) == Params(reference, kIterations - 1, r));
       CHECK(!Params(dir, kIterations - 1, r).empty());
+    }
+    // A T5 across the hosts: the encoder output crosses them with the
+    // decoder's hidden state, the shared tensors are summed across them.
+    const std::string t5_dir = tmp + "/ckpt-t5-two-hosts";
+    const proto::JobStatus t5 = Train(client.get(), T5TrainJob(kIterations, t5_dir, kInterval));
+    INFO(t5.error());
+    REQUIRE(t5.state() == proto::JobState::succeeded);
+    CHECK(t5.last_loss() == t5_one_host.last_loss());
+    for (int r = 0; r < 4; ++r) {
+      INFO("T5 rank " << r);
+      CHECK(Params(t5_dir, kIterations - 1, r) == Params(t5_reference, kIterations - 1, r));
+      CHECK(!Params(t5_dir, kIterations - 1, r).empty());
     }
   }
 
