@@ -87,9 +87,13 @@ absl::Status T5Stage::Forward(int mb, const TokenBatch& batch, const void* hidde
     return absl::UnimplementedError("T5 stage: recomputation is not built yet (schedule.recompute must be none)");
   }
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is in flight"));
-  ASSIGN_OR_RETURN(const double loss, ForwardImpl(mb, batch, static_cast<const float*>(hidden_in),
-                                                  static_cast<float*>(hidden_out), loss_scale));
-  loss_total_ += loss;
+  const absl::StatusOr<double> loss =
+      ForwardImpl(mb, batch, static_cast<const float*>(hidden_in), static_cast<float*>(hidden_out), loss_scale);
+  if (!loss.ok()) {
+    stash_.erase(mb);  // nothing half-kept: the micro-batch is not in flight
+    return loss.status();
+  }
+  loss_total_ += *loss;
   return absl::OkStatus();
 }
 

@@ -283,26 +283,16 @@ std::vector<float> Logits(const Golden& g, const std::vector<int>& split) {
   return in;
 }
 
-void CheckAgainstGolden(const std::string& stem, const std::vector<int>& split) {
-  const Golden g = Load(stem);
-  INFO(stem << ", stages of " << Catch::Detail::stringify(split) << " layers");
-
-  const std::vector<float> logits = Logits(g, split);
-  const double logits_error = RelError(logits, g.F("logits"));
-  INFO("logits: relative error " << logits_error);
-  CHECK(logits_error <= kTolerance);
-
-  const Run run = ForwardBackward(g, g.batch, split);
+// The run's loss and every gradient against the golden's, and the stages
+// holding exactly the golden's parameters.
+void CheckRun(const Golden& g, const Run& run) {
   const double golden_loss = g.F("loss")[0];
   const double loss_error = std::abs(run.loss - golden_loss) / std::abs(golden_loss);
   INFO("loss " << run.loss << " vs " << golden_loss << ": relative error " << loss_error);
   CHECK(loss_error <= kTolerance);
-
-  // The stages hold exactly the golden's parameters.
   std::set<std::string> ours, theirs(g.params.begin(), g.params.end());
   for (const auto& [name, grad] : run.grads) ours.insert(name);
   CHECK(ours == theirs);
-
   Worst worst;
   std::vector<std::string> failing;
   for (const std::string& name : g.params) {
@@ -315,6 +305,19 @@ void CheckAgainstGolden(const std::string& stem, const std::vector<int>& split) 
   INFO("failing: " << Catch::Detail::stringify(failing));
   CHECK(worst.error >= 0);
   CHECK(worst.error <= kTolerance);
+}
+
+void CheckAgainstGolden(const std::string& stem, const std::vector<int>& split) {
+  const Golden g = Load(stem);
+  INFO(stem << ", stages of " << Catch::Detail::stringify(split) << " layers");
+
+  const std::vector<float> logits = Logits(g, split);
+  const double logits_error = RelError(logits, g.F("logits"));
+  INFO("logits: relative error " << logits_error);
+  CHECK(logits_error <= kTolerance);
+
+  const Run run = ForwardBackward(g, g.batch, split);
+  CheckRun(g, run);
 }
 
 TEST_CASE("Tied GPT on one stage matches PyTorch: loss, logits, every gradient") {
@@ -436,25 +439,7 @@ void CheckT5AgainstGolden(const std::string& stem, const std::vector<int>& split
   INFO("logits: relative error " << RelError(logits, g.F("logits")));
   CHECK(RelError(logits, g.F("logits")) <= kTolerance);
 
-  const Run run = T5ForwardBackward(g, split);
-  const double golden_loss = g.F("loss")[0];
-  INFO("loss " << run.loss << " vs " << golden_loss);
-  CHECK(std::abs(run.loss - golden_loss) <= kTolerance * std::abs(golden_loss));
-  std::set<std::string> ours, theirs(g.params.begin(), g.params.end());
-  for (const auto& [name, grad] : run.grads) ours.insert(name);
-  CHECK(ours == theirs);  // the stages hold exactly the golden's parameters
-  Worst worst;
-  std::vector<std::string> failing;
-  for (const std::string& name : g.params) {
-    if (!run.grads.contains(name)) continue;
-    const double e = RelError(run.grads.at(name), g.F("grad/" + name));
-    worst.Add("grad/" + name, e);
-    if (!(e <= kTolerance)) failing.push_back(absl::StrCat(name, " ", e));
-  }
-  INFO("worst gradient: " << worst.name << " relative error " << worst.error);
-  INFO("failing: " << Catch::Detail::stringify(failing));
-  CHECK(worst.error >= 0);
-  CHECK(worst.error <= kTolerance);
+  CheckRun(g, T5ForwardBackward(g, split));
 }
 
 TEST_CASE("T5 v1.0 (RMS norm, ReLU, tied head) matches PyTorch: loss, logits, every gradient, packed and padded") {
