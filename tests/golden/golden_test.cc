@@ -184,17 +184,19 @@ struct Worst {
   }
 };
 
-std::unique_ptr<GptStage> MakeStage(const Golden& g, int first_layer, int num_layers, BufferPool* pool) {
-  GptStage::Options o;
+// Stage `Kind` (GptStage, T5Stage) for layers [first_layer, +num_layers)
+// with the golden weights in place of its own initialisation.
+template <typename Kind>
+std::unique_ptr<Kind> MakeGoldenStage(const Golden& g, int first_layer, int num_layers, BufferPool* pool) {
+  StageOptions o;
   o.first_layer = first_layer;
   o.num_layers = num_layers;
   o.first = first_layer == 0;
-  o.last = first_layer + num_layers == g.config.num_layers;
+  o.last = first_layer + num_layers == g.config.TotalLayers();
   o.seed = 1;
-  auto stage = GptStage::Create(g.config, o, pool);
+  auto stage = Kind::Create(g.config, o, pool);
   INFO(stage.status().ToString());
   REQUIRE(stage.ok());
-  // The golden weights replace the stage's own initialisation.
   for (const ParamInfo& p : (*stage)->layout().params()) {
     INFO("stage parameter " << p.name);
     REQUIRE(g.tensors.contains("param/" + p.name));
@@ -204,6 +206,10 @@ std::unique_ptr<GptStage> MakeStage(const Golden& g, int first_layer, int num_la
   }
   REQUIRE((*stage)->ZeroGrads().ok());
   return std::move(*stage);
+}
+
+std::unique_ptr<GptStage> MakeStage(const Golden& g, int first_layer, int num_layers, BufferPool* pool) {
+  return MakeGoldenStage<GptStage>(g, first_layer, num_layers, pool);
 }
 
 std::vector<float> Grad(const CpuStageBase& stage, const std::string& name) {
@@ -345,23 +351,7 @@ TEST_CASE("A block with ReLU and LayerNorm without biases matches PyTorch on one
 // ---- T5 -----------------------------------------------------------------
 
 std::unique_ptr<T5Stage> MakeT5(const Golden& g, int first_layer, int num_layers, BufferPool* pool) {
-  StageOptions o;
-  o.first_layer = first_layer;
-  o.num_layers = num_layers;
-  o.first = first_layer == 0;
-  o.last = first_layer + num_layers == g.config.TotalLayers();
-  auto stage = T5Stage::Create(g.config, o, pool);
-  INFO(stage.status().ToString());
-  REQUIRE(stage.ok());
-  for (const ParamInfo& p : (*stage)->layout().params()) {
-    INFO("stage parameter " << p.name);
-    REQUIRE(g.tensors.contains("param/" + p.name));
-    const Tensor& t = g.tensors.at("param/" + p.name);
-    REQUIRE(t.shape == p.shape);
-    std::copy(t.f32.begin(), t.f32.end(), (*stage)->param_data().begin() + p.offset);
-  }
-  REQUIRE((*stage)->ZeroGrads().ok());
-  return std::move(*stage);
+  return MakeGoldenStage<T5Stage>(g, first_layer, num_layers, pool);
 }
 
 std::vector<std::unique_ptr<T5Stage>> MakeT5Stages(const Golden& g, const std::vector<int>& split, BufferPool* pool) {
