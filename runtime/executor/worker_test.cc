@@ -1,6 +1,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <tuple>
 
 #include "cli/local_run.h"
 #include "runtime/executor/test_dataset.h"
@@ -264,8 +265,9 @@ namespace dynapipe::runtime::executor {
 namespace {
 
 // A T5 job: the same dataset, inputs to the encoder and targets to the decoder.
-proto::JobSpec T5Spec(const std::string& dataset, int pp, int dp, const char* method = "dynamic") {
-  proto::JobSpec spec = Spec(dataset, pp, dp, method);
+proto::JobSpec T5Spec(const std::string& dataset, int pp, int dp, const char* method = "dynamic",
+                      const char* recompute = "none") {
+  proto::JobSpec spec = Spec(dataset, pp, dp, method, recompute);
   proto::ModelSpec* m = spec.mutable_model();
   m->set_kind(proto::ModelKind::t5);
   m->set_num_layers(2);
@@ -296,16 +298,17 @@ TEST_CASE("T5 trains through the plan interpreter: it learns, and 1 x 2 ranks gi
   }
 }
 
-TEST_CASE("T5 over pipelines: pp=2, 4 and 2x2 give pp=1's losses (encoder output and shared tables across stages)",
+TEST_CASE("T5 over pipelines: pp=2, 4 and 2x2, with and without recomputation, give pp=1's losses",
           "[executor]") {
   const std::string ds = MakeDataset();
   auto base = cli::RunLocal(T5Spec(ds, 1, 1), "/", 5);
   INFO(base.status());
   REQUIRE(base.ok());
   const std::vector<double> want = Losses(*base);
-  for (auto [pp, dp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
-    INFO("pp=" << pp << " dp=" << dp);
-    auto run = cli::RunLocal(T5Spec(ds, pp, dp), "/", 5);
+  for (auto [pp, dp, recompute] : {std::tuple{2, 1, "none"}, {4, 1, "none"}, {2, 2, "none"}, {2, 2, "full"},
+                                   {2, 1, "selective"}}) {
+    INFO("pp=" << pp << " dp=" << dp << " recompute " << recompute);
+    auto run = cli::RunLocal(T5Spec(ds, pp, dp, "dynamic", recompute), "/", 5);
     INFO(run.status());
     REQUIRE(run.ok());
     for (int r = 0; r < pp * dp; ++r) {

@@ -35,6 +35,7 @@ struct T5Stage::Stash {
   Buffer enc_last, enc_mean, enc_rstd, enc_out;  // the encoder's last hidden state, its final norm
   Buffer dec_last, lnf, lnf_mean, lnf_rstd, probs, logits;
   float loss_scale = 0;
+  Recompute recompute = Recompute::kNone;
   Grid enc() const { return {batch.rows, batch.enc_seq, batch.enc_segments.data()}; }
   Grid dec() const { return {batch.rows, batch.seq, batch.segments.data()}; }
 };
@@ -83,12 +84,9 @@ absl::StatusOr<Buffer> T5Stage::Copy(const float* src, int64_t floats) {
 
 absl::Status T5Stage::Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
                               float loss_scale, Recompute recompute) {
-  if (recompute != Recompute::kNone) {
-    return absl::UnimplementedError("T5 stage: recomputation is not built yet (schedule.recompute must be none)");
-  }
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is in flight"));
-  const absl::StatusOr<double> loss =
-      ForwardImpl(mb, batch, static_cast<const float*>(hidden_in), static_cast<float*>(hidden_out), loss_scale);
+  const absl::StatusOr<double> loss = ForwardImpl(mb, batch, static_cast<const float*>(hidden_in),
+                                                  static_cast<float*>(hidden_out), loss_scale, recompute);
   if (!loss.ok()) {
     stash_.erase(mb);  // nothing half-kept: the micro-batch is not in flight
     return loss.status();
@@ -101,7 +99,7 @@ absl::Status T5Stage::Infer(const TokenBatch& batch, const void* hidden_in, void
   if (out == nullptr) return absl::InvalidArgumentError("T5 stage: no output buffer");
   const bool last = options().last;
   absl::StatusOr<double> loss = ForwardImpl(kInferKey, batch, static_cast<const float*>(hidden_in),
-                                            last ? nullptr : static_cast<float*>(out), 0.0f);
+                                            last ? nullptr : static_cast<float*>(out), 0.0f, Recompute::kFull);
   auto it = stash_.find(kInferKey);
   if (loss.ok() && last) {
     const Stash& s = *it->second;
@@ -131,7 +129,7 @@ absl::StatusOr<Buffer> T5Stage::StageInput(Stash& s, const float* in) {
 }
 
 absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, const float* in, float* out,
-                                            float loss_scale) {
+                                            float loss_scale, Recompute recompute) {
   RETURN_IF_ERROR(CheckTokenBatch(batch, config()));
   if (!options().last && out == nullptr) return absl::InvalidArgumentError("stage output: missing");
   const int64_t C = config().hidden;
@@ -140,6 +138,7 @@ absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, co
   Stash& s = *owned;
   s.batch = batch;
   s.loss_scale = loss_scale;
+  s.recompute = recompute;
   stash_[key] = std::move(owned);
   const Grid enc = s.enc(), dec = s.dec();
   const GptLayout& lay = layout_;
@@ -156,6 +155,7 @@ absl::StatusOr<double> T5Stage::ForwardImpl(int key, const TokenBatch& batch, co
     const Grid& g = l.decoder ? dec : enc;
     ASSIGN_OR_RETURN(x, Get(g.n() * C));
     RETURN_IF_ERROR(LayerForward(l, a, g, enc, s.enc_out.as<float>(), x.as<float>()));
+    Drop(a, recompute);
     if (i == E - 1) {  // the encoder ends: its final norm gives the output every decoder layer reads
       s.enc_last = std::move(x);
       ASSIGN_OR_RETURN(s.enc_mean, Get(enc.n()));
@@ -198,16 +198,62 @@ absl::StatusOr<double> T5Stage::Head(Stash& s, Buffer x) {
                                   N, V);
 }
 
-absl::Status T5Stage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const Grid& g, const Grid& enc_grid,
-                                   const float* enc, float* out) {
-  const int64_t N = g.n(), C = config().hidden, F = config().ffn, W = config().MlpWidth(), NH = config().heads;
-  const cpu::AttentionKernel kernel = CpuKernel(config().attention);
+// The layer's self-attention: bidirectional in the encoder, causal in the
+// decoder, unscaled, with its stack's relative position bias.
+cpu::AttentionOptions<float> T5Stage::SelfAttention(const GptLayout::Layer& l) {
   cpu::AttentionOptions<float> opt;
   opt.causal = l.decoder;
   opt.scaled = false;
   opt.bias = P(l.decoder ? layout_.dec_rel() : layout_.enc_rel());
   opt.buckets = config().relative_buckets;
   opt.max_distance = config().relative_max_distance;
+  return opt;
+}
+
+// What forward drops after a layer: with kFull everything but its input;
+// with kSelective the attention probabilities (self and cross).
+void T5Stage::Drop(LayerActs& a, Recompute recompute) {
+  if (recompute == Recompute::kSelective) {
+    a.att = Buffer();
+    a.xatt = Buffer();
+  } else if (recompute == Recompute::kFull) {
+    Buffer x = std::move(a.x);
+    a = LayerActs();
+    a.x = std::move(x);
+  }
+}
+
+// Before a layer's backward, what its forward dropped, recomputed by the
+// same arithmetic in the same order: the gradients are bit-identical to
+// those of a forward that kept everything.
+absl::Status T5Stage::Restore(const GptLayout::Layer& l, LayerActs& a, const Grid& g, const Grid& enc_grid,
+                              const float* enc, Recompute recompute) {
+  const int64_t C = config().hidden, NH = config().heads;
+  if (recompute == Recompute::kFull) {
+    ASSIGN_OR_RETURN(Buffer out, Get(g.n() * C));
+    return LayerForward(l, a, g, enc_grid, enc, out.as<float>());
+  }
+  if (recompute != Recompute::kSelective) return absl::OkStatus();
+  const cpu::AttentionKernel kernel = CpuKernel(config().attention);
+  ASSIGN_OR_RETURN(Buffer scratch, Get(g.n() * C));
+  ASSIGN_OR_RETURN(a.att, Get(cpu::AttentionProbsSize(g.segments, g.rows, g.seq, NH, kernel)));
+  cpu::AttentionForward(scratch.as<float>(), a.att.as<float>(), a.qkv.as<const float>(), g.segments, g.rows, g.seq,
+                        C, NH, kernel, SelfAttention(l));
+  if (l.decoder) {
+    ASSIGN_OR_RETURN(a.xatt, Get(cpu::CrossAttentionProbsSize(g.segments, enc_grid.segments, g.rows, g.seq,
+                                                              enc_grid.seq, NH)));
+    cpu::CrossAttentionForward(scratch.as<float>(), a.xatt.as<float>(), a.q.as<const float>(),
+                               a.kv.as<const float>(), g.segments, enc_grid.segments, g.rows, g.seq, enc_grid.seq, C,
+                               NH, /*scaled=*/false);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status T5Stage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const Grid& g, const Grid& enc_grid,
+                                   const float* enc, float* out) {
+  const int64_t N = g.n(), C = config().hidden, F = config().ffn, W = config().MlpWidth(), NH = config().heads;
+  const cpu::AttentionKernel kernel = CpuKernel(config().attention);
+  const cpu::AttentionOptions<float> opt = SelfAttention(l);
   ASSIGN_OR_RETURN(a.ln1, Get(N * C));
   ASSIGN_OR_RETURN(a.mean1, Get(N));
   ASSIGN_OR_RETURN(a.rstd1, Get(N));
@@ -280,7 +326,7 @@ absl::Status T5Stage::Backward(int mb, const void* dhidden_out, void* dhidden_in
   if (it == stash_.end()) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is not in flight"));
   std::unique_ptr<Stash> owned = std::move(it->second);
   stash_.erase(it);
-  const Stash& s = *owned;
+  Stash& s = *owned;
   const GptLayout& lay = layout_;
   const int64_t C = config().hidden;
   const int E = config().num_layers, lo = options().first_layer, hi = lo + options().num_layers;
@@ -310,8 +356,11 @@ absl::Status T5Stage::Backward(int mb, const void* dhidden_out, void* dhidden_in
       NormBackward(dr.as<float>(), lay.enc_lnf_w(), GptLayout::kAbsent, denc.as<const float>(),
                    s.enc_last.as<const float>(), s.enc_mean.as<const float>(), s.enc_rstd.as<const float>(), enc.n());
     }
+    RETURN_IF_ERROR(Restore(l, s.layers[i - lo], l.decoder ? dec : enc, enc, s.enc_out.as<const float>(),
+                            s.recompute));
     RETURN_IF_ERROR(LayerBackward(l, s.layers[i - lo], l.decoder ? dec : enc, enc, s.enc_out.as<const float>(),
                                   dr.as<float>(), denc.as<float>()));
+    s.layers[i - lo] = LayerActs();  // done with: back to the pool
     if (i == E) EmbedBackward(G(lay.wte()), dr.as<const float>(), s.batch.tokens.data(), dec.n(), C);
   }
   // The input's gradient, laid out as the previous stage's output.
@@ -367,13 +416,8 @@ absl::Status T5Stage::LayerBackward(const GptLayout::Layer& l, const LayerActs& 
   cpu::MatmulBackward(datty.as<float>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const float>(), P(l.proj_w), N, C,
                       C);
   ASSIGN_OR_RETURN(Buffer dqkv, Zeros(N * 3 * C));
-  cpu::AttentionOptions<float> opt;
-  opt.causal = l.decoder;
-  opt.scaled = false;
+  const cpu::AttentionOptions<float> opt = SelfAttention(l);
   const size_t table = l.decoder ? layout_.dec_rel() : layout_.enc_rel();
-  opt.bias = P(table);
-  opt.buckets = config().relative_buckets;
-  opt.max_distance = config().relative_max_distance;
   cpu::AttentionBackward(dqkv.as<float>(), datty.as<const float>(), a.qkv.as<const float>(), a.att.as<const float>(),
                          g.segments, g.rows, g.seq, C, NH, kernel, opt, G(table));
   std::fill_n(dln.as<float>(), N * C, 0.0f);

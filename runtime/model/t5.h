@@ -21,14 +21,17 @@
 // by the decoder's hidden state; gradients travel back in the same layout,
 // the encoder output's summed over every decoder layer on the way. Tensors
 // several stages hold (wte, a stack's bias table) get the sum of their
-// copies' gradients from the worker. Everything is kept for backward:
-// Forward refuses recomputation in one line.
+// copies' gradients from the worker. Recomputation as GptStage's: kSelective
+// drops the attention probabilities (self and cross), kFull all but each
+// layer's input; backward recomputes them by the same arithmetic, so the
+// gradients are bit-identical whatever is kept.
 
 #include <cstdint>
 #include <map>
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "runtime/kernels/cpu/ops.h"
 #include "runtime/memory/buffer_pool.h"
 #include "runtime/model/cpu_stage.h"
 #include "runtime/model/layout.h"
@@ -58,7 +61,7 @@ class T5Stage final : public CpuStageBase {
   struct Grid;  // one stack's tokens as the kernels see them
   T5Stage(GptLayout layout, BufferPool* pool);
   absl::StatusOr<double> ForwardImpl(int key, const TokenBatch& batch, const float* in, float* out,
-                                     float loss_scale);
+                                     float loss_scale, Recompute recompute);
   absl::StatusOr<Buffer> StageInput(Stash& s, const float* in);
   absl::StatusOr<double> Head(Stash& s, Buffer x);
   absl::StatusOr<Buffer> HeadBackward(const Stash& s);
@@ -72,6 +75,10 @@ class T5Stage final : public CpuStageBase {
   // output's gradient into `denc`.
   absl::Status LayerBackward(const GptLayout::Layer& l, const LayerActs& a, const Grid& g, const Grid& enc_grid,
                              const float* enc, float* dr, float* denc);
+  cpu::AttentionOptions<float> SelfAttention(const GptLayout::Layer& l);
+  void Drop(LayerActs& a, Recompute recompute);
+  absl::Status Restore(const GptLayout::Layer& l, LayerActs& a, const Grid& g, const Grid& enc_grid,
+                       const float* enc, Recompute recompute);
   absl::StatusOr<Buffer> Zeros(int64_t floats);
   absl::StatusOr<Buffer> Copy(const float* src, int64_t floats);
 
