@@ -12,9 +12,9 @@ std::vector<GradBucket> MakeBuckets(const model::GptLayout& layout, size_t min_s
   const model::StageOptions& o = layout.options();
   const auto& layers = layout.layers();
   const size_t n = layout.num_params();
-  // A T5 stage reports every gradient at the end of its backward: one
-  // bucket loses no overlap.
-  if (layout.config().encoder_decoder) return {{0, n}};
+  // A T5 stage reports every gradient at the end of its backward: buckets
+  // as large as its ownership regions lose no overlap.
+  if (layout.config().encoder_decoder) return OwnershipRegions(layout);
   // What follows a layer's parameters in the layout.
   const size_t tail = o.last ? layout.lnf_w() : n;
   auto layer_end = [&](size_t i) { return i + 1 < layers.size() ? layers[i + 1].ln1_w : tail; };
@@ -52,12 +52,33 @@ std::vector<GradBucket> MakeBuckets(const model::GptLayout& layout, size_t min_s
   return out;
 }
 
+bool IsSharedTensor(std::string_view name) {
+  return name == "wte" || name == "enc.rel_bias" || name == "dec.rel_bias";
+}
+
 GradBucket ShardOf(const GradBucket& run, int members, int index) {
   const size_t begin = comm::ShardBegin(run.size, members, index);
   return {run.offset + begin, comm::ShardBegin(run.size, members, index + 1) - begin};
 }
 
 std::vector<GradBucket> OwnershipRegions(const model::GptLayout& layout) {
+  if (layout.config().encoder_decoder) {
+    // Each tensor several stages hold is a region of its own, cut alike on
+    // every holder (SumSharedTensors sums the shards); the runs between them
+    // are regions too.
+    std::vector<GradBucket> out;
+    bool open = false;  // out.back() is a run of unshared tensors that may grow
+    for (const model::ParamInfo& p : layout.params()) {
+      const bool alone = IsSharedTensor(p.name);
+      if (open && !alone) {
+        out.back().size += p.size;
+      } else {
+        out.push_back({p.offset, p.size});
+      }
+      open = !alone;
+    }
+    return out;
+  }
   const model::ParamInfo* wte = layout.FindParam("wte");
   if (wte == nullptr) return {{0, layout.num_params()}};
   // The token embedding leads the layout whenever a stage holds one.

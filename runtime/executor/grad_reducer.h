@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +44,9 @@ GradBucket ShardOf(const GradBucket& run, int members, int index);
 // tied embedding's copies alike and sum them shard by shard) and the rest;
 // member k owns its even shard of each region.
 std::vector<GradBucket> OwnershipRegions(const model::GptLayout& layout);
+// An encoder-decoder's tensors that several pipeline stages hold (wte, the
+// relative bias tables): each an ownership region (and bucket) of its own.
+bool IsSharedTensor(std::string_view name);
 // Member `index`'s runs, in layout order.
 std::vector<model::ParamRun> OwnedRuns(const std::vector<GradBucket>& regions, int members, int index);
 // How many elements of `bucket` (inside one region) each member owns, in

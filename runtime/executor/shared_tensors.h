@@ -22,8 +22,11 @@
 namespace dynapipe::runtime::executor {
 
 // `pipeline`: the global ranks of this rank's pipeline, every one of which
-// makes the same call; `chunks`: this rank's stages.
+// makes the same call; `chunks`: this rank's stages. Under ZeRO-1 (`dp` > 1
+// members, this rank member `dp_rank`) only this rank's shard of each tensor
+// (its own ownership region, grad_reducer.h) is summed.
 absl::Status SumSharedTensors(std::span<const std::unique_ptr<model::Stage>> chunks, std::span<const int> pipeline,
-                              Backend* backend, comm::Communicator* comm, absl::Time deadline);
+                              Backend* backend, comm::Communicator* comm, absl::Time deadline, int dp = 1,
+                              int dp_rank = 0);
 
 }  // namespace dynapipe::runtime::executor

@@ -120,10 +120,6 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const spec::NormalizedJob
     return absl::InvalidArgumentError("communicator does not match the job's ranks");
   }
   if (backend == nullptr) return absl::InvalidArgumentError("worker: no backend");
-  if (config.encoder_decoder && pp_size > 1 && spec.optimizer().zero1()) {
-    return absl::UnimplementedError(
-        "optimizer.zero1 with model.kind t5 over several pipeline stages is not built yet (set zero1: false or pp: 1)");
-  }
   const proto::DType::Value dtype = spec.model().dtype();
   if (dtype != proto::DType::unspecified && dtype != ProtoDType(backend->activation_dtype())) {
     return absl::InvalidArgumentError(absl::StrCat("model.dtype: ", proto::DType::Value_Name(dtype), " jobs do not run on ",
@@ -457,7 +453,7 @@ absl::Status Worker::ExchangeTiedEmbedding(const proto::ExecutionPlan& plan) {
   if (chunks_.front()->config().encoder_decoder) {
     std::vector<int> pipeline(pp_);
     std::iota(pipeline.begin(), pipeline.end(), plan.dp_rank() * pp_);
-    return SumSharedTensors(chunks_, pipeline, backend_, comm_, Deadline());
+    return SumSharedTensors(chunks_, pipeline, backend_, comm_, Deadline(), sharded() ? dp_ : 1, dp_rank_);
   }
   model::Stage* first = nullptr;
   model::Stage* last = nullptr;
