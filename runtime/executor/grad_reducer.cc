@@ -52,10 +52,6 @@ std::vector<GradBucket> MakeBuckets(const model::GptLayout& layout, size_t min_s
   return out;
 }
 
-bool IsSharedTensor(std::string_view name) {
-  return name == "wte" || name == "enc.rel_bias" || name == "dec.rel_bias";
-}
-
 GradBucket ShardOf(const GradBucket& run, int members, int index) {
   const size_t begin = comm::ShardBegin(run.size, members, index);
   return {run.offset + begin, comm::ShardBegin(run.size, members, index + 1) - begin};
@@ -69,7 +65,7 @@ std::vector<GradBucket> OwnershipRegions(const model::GptLayout& layout) {
     std::vector<GradBucket> out;
     bool open = false;  // out.back() is a run of unshared tensors that may grow
     for (const model::ParamInfo& p : layout.params()) {
-      const bool alone = IsSharedTensor(p.name);
+      const bool alone = model::IsEncoderDecoderShared(p.name);
       if (open && !alone) {
         out.back().size += p.size;
       } else {

@@ -17,7 +17,6 @@
 #include <cstddef>
 #include <memory>
 #include <span>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,10 +42,9 @@ GradBucket ShardOf(const GradBucket& run, int members, int index);
 // regions, a token embedding (so that the first and the last stage cut a
 // tied embedding's copies alike and sum them shard by shard) and the rest;
 // member k owns its even shard of each region.
+// An encoder-decoder's: each tensor several stages hold
+// (model::kEncoderDecoderShared) a region of its own, and the runs between.
 std::vector<GradBucket> OwnershipRegions(const model::GptLayout& layout);
-// An encoder-decoder's tensors that several pipeline stages hold (wte, the
-// relative bias tables): each an ownership region (and bucket) of its own.
-bool IsSharedTensor(std::string_view name);
 // Member `index`'s runs, in layout order.
 std::vector<model::ParamRun> OwnedRuns(const std::vector<GradBucket>& regions, int members, int index);
 // How many elements of `bucket` (inside one region) each member owns, in

@@ -12,7 +12,7 @@ absl::Status SumSharedTensors(std::span<const std::unique_ptr<model::Stage>> chu
                               Backend* backend, comm::Communicator* comm, absl::Time deadline, int dp, int dp_rank) {
   if (chunks.empty() || pipeline.size() <= 1) return absl::OkStatus();  // one stage holds every tensor once
   const model::GptConfig& c = chunks.front()->config();
-  for (const char* name : {"wte", "enc.rel_bias", "dec.rel_bias"}) {
+  for (const char* name : model::kEncoderDecoderShared) {
     const size_t whole = std::string_view(name) == "wte" ? static_cast<size_t>(c.vocab) * c.hidden
                                                           : static_cast<size_t>(c.relative_buckets) * c.heads;
     const GradBucket part = dp > 1 ? ShardOf({0, whole}, dp, dp_rank) : GradBucket{0, whole};

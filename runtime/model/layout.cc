@@ -95,6 +95,13 @@ constexpr size_t kInitChunk = size_t{1} << 20;
 
 }  // namespace
 
+bool IsEncoderDecoderShared(std::string_view name) {
+  for (const char* shared : kEncoderDecoderShared) {
+    if (name == shared) return true;
+  }
+  return false;
+}
+
 uint64_t InitKey(uint64_t seed, const std::string& name) {
   return keyed_normal::StreamKey(seed, name.data(), name.size());
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -115,6 +116,12 @@ struct TokenBatch {
 // token id or position lies outside the model (the embedding kernels of both
 // backends trust them).
 absl::Status CheckTokenBatch(const TokenBatch& batch, const GptConfig& config);
+
+// An encoder-decoder's tensors that several pipeline stages may hold (each
+// copy's gradient summed over them, GptLayout::AddEncoderDecoder): the token
+// embedding and each stack's relative position bias table.
+inline constexpr const char* kEncoderDecoderShared[] = {"wte", "enc.rel_bias", "dec.rel_bias"};
+bool IsEncoderDecoderShared(std::string_view name);
 
 // Which part of the model a stage holds.
 struct StageOptions {

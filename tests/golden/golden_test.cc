@@ -392,13 +392,12 @@ Run T5ForwardBackward(const Golden& g, const std::vector<int>& split) {
     INFO(st.ToString());
     REQUIRE(st.ok());
   }
-  const std::set<std::string> shared = {"wte", "enc.rel_bias", "dec.rel_bias"};
   for (const auto& stage : stages) {
     for (const ParamInfo& p : stage->layout().params()) {
       std::vector<float> grad = Grad(*stage, p.name);
       auto [it, inserted] = run.grads.emplace(p.name, grad);
       if (!inserted) {
-        CHECK(shared.contains(p.name));
+        CHECK(IsEncoderDecoderShared(p.name));
         for (size_t i = 0; i < grad.size(); ++i) it->second[i] += grad[i];
       }
     }
