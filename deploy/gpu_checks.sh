@@ -4,7 +4,7 @@
 # binaries, a few of them again under compute-sanitizer's memcheck on small
 # shapes, a one-rank end-to-end training job (then the same job killed after
 # its first checkpoint and resumed, its losses against the uninterrupted
-# run's), and the GPU profiler.
+# run's), the GPU profiler, and a one-rank T5 training job.
 #
 #   deploy/bundle.sh --gpu-checks                 # here: out/bundle/dynapipe-gpu-bundle.tar.xz
 #   bash deploy/gpu_checks.sh BUNDLE.tar.xz OUT   # there
@@ -13,28 +13,30 @@
 # driver and the CUDA runtime, cuBLAS and NCCL (bin/dynapipe-env finds them).
 # Redis comes with the bundle; no curl, python or network is used.
 #
-# Time: at most about 5 minutes in all (TOTAL_BUDGET_S), so that this and
-# deploy/gpu_bench.sh fit one 9-minute device call. Every step runs under
+# Time: at most about 6.5 minutes in all (TOTAL_BUDGET_S), so that this and
+# a short deploy/gpu_bench.sh fit one 10-minute device call. Every step runs under
 # `timeout -k`, so a hang is a failure, never a stuck session:
 #   test binaries   each at most TEST_LIMIT_S, all together TESTS_BUDGET_S
 #   memcheck        MEMCHECK_BUDGET_S: compute-sanitizer on small cases
 #   end-to-end job  E2E_BUDGET_S: dataset, Redis, planner, one CUDA executor;
 #                   then RESUME_BUDGET_S: the job killed and resumed
 #   profiler        PROFILE_BUDGET_S, a small grid
+#   T5 job          T5_BUDGET_S: configs/jobs/cuda-t5-tiny.pbtxt, fresh daemons
 # ONLY_TESTS names the test binaries to run (default: all); E2E_ITERATIONS
-# sets the job's length (default 1000 on a GPU, the job's 50 on the CPU).
+# sets the GPT job's length (default 1000 on a GPU, the job's 50 on the CPU),
+# E2E_T5_ITERATIONS the T5 job's (default 300 on a GPU, the job's 20 on the CPU).
 #
 # OUT gets at most 7 files, each written as the run goes (a run killed
 # half-way still leaves what it did):
 #   gpu-checks-summary.txt  device lines, one line per test binary, e2e,
-#                           profile, totals (also printed to stdout)
+#                           profile, the T5 job, totals (also printed to stdout)
 #   gpu-checks.log          nvidia-smi, every test binary's Catch2 output,
 #                           the profiler's output
 #   e2e.log                 the job's steps, `dynapipe watch` (one line per
 #                           iteration: loss, ms, tokens/s), the final status
 #   planner.log, executor.log, redis.log   the daemons' output
 #   profile.json            the cost profile of the cuda-tiny model
-# Exit status 0 only when every test binary, the job and the profiler passed.
+# Exit status 0 only when every test binary, both jobs and the profiler passed.
 #
 # GPU_CHECKS_BACKEND=cpu is a dry run of the script itself on a machine
 # without a GPU (deploy/gpu_checks_test): the job and its resume on a CPU
@@ -43,13 +45,14 @@ set -uo pipefail
 
 BACKEND=${GPU_CHECKS_BACKEND:-cuda}
 
-TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-330}  # + timeout -k and daemon shutdown grace: under 6 minutes
+TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-390}  # + timeout -k and daemon shutdown grace: under 7 minutes
 TEST_LIMIT_S=${TEST_LIMIT_S:-60}
 TESTS_BUDGET_S=${TESTS_BUDGET_S:-120}
 MEMCHECK_BUDGET_S=${MEMCHECK_BUDGET_S:-40}
 E2E_BUDGET_S=${E2E_BUDGET_S:-80}
 RESUME_BUDGET_S=${RESUME_BUDGET_S:-70}
 PROFILE_BUDGET_S=${PROFILE_BUDGET_S:-20}
+T5_BUDGET_S=${T5_BUDGET_S:-60}
 KILL_AFTER_S=10  # timeout -k: SIGKILL this long after SIGTERM
 
 usage="usage: gpu_checks.sh BUNDLE.tar.gz OUT_DIR"
@@ -186,6 +189,8 @@ memcheck_cases=(
   "layers_test|GeluForward/Backward match the CPU backend"
   "layers_test|ReLU and gated GELU forward/backward match the CPU backend"
   "layers_test|RmsNormForward/Backward and LayerNorm without a shift match the CPU backend"
+  "t5_attention_test|T5 cross-attention matches the CPU (targets against their own inputs)"
+  "t5_attention_test|T5 decoder self-attention matches the CPU (causal, bias)"
 )
 if [ $dry_run -eq 1 ]; then
   say "memcheck: skipped (cpu dry run)"
@@ -284,9 +289,12 @@ run_e2e() {
   cd "$root" || return 1
   note "e2e: $(date -u +%H:%M:%SZ) job $job_file, budget ${E2E_BUDGET_S}s"
 
-  # The quickstart's dataset (deploy/quickstart.sh), under the data root.
+  # The quickstart's dataset (deploy/quickstart.sh), under the data root
+  # (made once: the T5 job reads it too).
   note "e2e: dataset: dynapipe data synth --out data/quickstart ..."
-  if ! limited "$(left "$deadline")" bin/dynapipe data synth --out data/quickstart \
+  if [ -d data/quickstart ]; then
+    note "e2e: dataset: data/quickstart is there already"
+  elif ! limited "$(left "$deadline")" bin/dynapipe data synth --out data/quickstart \
     --lengths tests/data/flan-like-lengths.txt --samples 20000 --input-scale 0.125 --alphabet 8 --seed 1 \
     >>"$e2e_log" 2>&1; then
     e2e_result="FAIL (dataset: dynapipe data synth failed; see e2e.log)"
@@ -311,7 +319,9 @@ run_e2e() {
     return 1
   fi
 
-  # The planner picks its own ports and writes them once it serves.
+  # The planner picks its own ports and writes them once it serves (a
+  # previous job's port files go first: that planner is gone).
+  rm -f "$work/planner.port" "$work/executor.port"
   note "e2e: dynapipe-planner"
   daemon "$out/planner.log" "$(left $((deadline + RESUME_BUDGET_S + 30)))" bin/dynapipe-planner --listen=127.0.0.1:0 --http-port=0 \
     --redis="127.0.0.1:$redis_port" --token-file="$work/token" --data-root="$root" \
@@ -367,7 +377,9 @@ run_e2e() {
     state="$(awk '{print $3; exit}' <<<"$status")"
   fi
   note "$status"
-  [ -d out/cuda-tiny/checkpoints ] && note "e2e: checkpoints: $(ls out/cuda-tiny/checkpoints | tr '\n' ' ')"
+  local ckpt_dir
+  ckpt_dir="$(sed -n 's/^checkpoint { dir: "\([^"]*\)".*/\1/p' "$job_file")"
+  [ -n "$ckpt_dir" ] && [ -d "$ckpt_dir" ] && note "e2e: checkpoints: $(ls "$ckpt_dir" | tr '\n' ' ')"
 
   # Per-iteration figures from watch's lines:
   # "JOB STATE iteration D/N | lr R | loss L (avg A) | grad norm G | M ms (planned P) | T tokens/s | ETA E".
@@ -556,7 +568,34 @@ echo "===== dynapipe-gpu-profile: exit $rc, $((SECONDS - start))s" >>"$log"
 [ $rc -eq 0 ] || failed=$((failed + 1))
 say "profile cuda-tiny: $verdict, $((SECONDS - start))s"
 
+# ------------------------------------------------------------- a T5 job
+# configs/jobs/cuda-t5-tiny.pbtxt through fresh daemons, as the GPT job:
+# encoder-decoder stages (runtime/model/t5_cuda.h) on the device.
+job_file="configs/jobs/cuda-t5-tiny.pbtxt"
+if [ $dry_run -eq 1 ]; then
+  sed 's/dtype: bf16/dtype: fp32/' "$root/$job_file" >"$work/cuda-t5-tiny-cpu.pbtxt"
+  job_file="$work/cuda-t5-tiny-cpu.pbtxt"
+else  # the file's 20 iterations end in a blink on a GPU
+  src="$root/$job_file"
+  sed "s/^iterations: .*/iterations: ${E2E_T5_ITERATIONS:-300}/" "$src" >"$work/cuda-t5-tiny-e2e.pbtxt"
+  job_file="$work/cuda-t5-tiny-e2e.pbtxt"
+fi
+t5_start=$SECONDS
+e2e_result=""
+if [ $((TOTAL_BUDGET_S - SECONDS)) -lt 30 ]; then
+  e2e_result="NOT RUN (total budget spent)"
+  t5_rc=1
+else
+  E2E_BUDGET_S=$T5_BUDGET_S run_e2e
+  t5_rc=$?
+fi
+stop_daemons
+cd "$work" || exit 1
+say "e2e cuda-t5-tiny: ${e2e_result:-FAIL (no result)} [$((SECONDS - t5_start))s in all]"
+[ $t5_rc -eq 0 ] || failed=$((failed + 1))
+
 say "gpu_checks: $passed_tests/$total_tests test binaries passed; memcheck $([ $memcheck_failed -eq 0 ] && echo ok || echo FAILED);" \
   "e2e $([ $e2e_rc -eq 0 ] && echo ok || echo FAILED); resume $([ "${resume_rc:-1}" -eq 0 ] && echo ok || echo FAILED);" \
-  "profile $([ $rc -eq 0 ] && echo ok || echo FAILED); $failed check(s) failed; ${SECONDS}s in all"
+  "profile $([ $rc -eq 0 ] && echo ok || echo FAILED); t5 $([ $t5_rc -eq 0 ] && echo ok || echo FAILED);" \
+  "$failed check(s) failed; ${SECONDS}s in all"
 [ $failed -eq 0 ]

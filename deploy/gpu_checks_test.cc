@@ -19,7 +19,7 @@ using dynapipe::testing::RunShell;
 
 TEST_CASE("gpu_checks.sh runs its job, kills and resumes it, and reports each step (cpu dry run)") {
   const std::string out = dynapipe::testing::FreshTempDir("gpu_checks");
-  const auto run = RunShell("GPU_CHECKS_BACKEND=cpu TOTAL_BUDGET_S=240 E2E_BUDGET_S=90 RESUME_BUDGET_S=90 bash '" +
+  const auto run = RunShell("GPU_CHECKS_BACKEND=cpu TOTAL_BUDGET_S=330 E2E_BUDGET_S=90 RESUME_BUDGET_S=90 T5_BUDGET_S=80 bash '" +
                             Runfiles() + "/deploy/gpu_checks.sh' '" + Runfiles() +
                             "/deploy/dynapipe-gpu-bundle.tar.xz' '" + out + "' 2>&1");
   const std::string summary = ReadAll(out + "/gpu-checks-summary.txt");
@@ -32,6 +32,7 @@ TEST_CASE("gpu_checks.sh runs its job, kills and resumes it, and reports each st
   CHECK(summary.find("overlapping the killed run within 0.000000") != std::string::npos);  // the CPU repeats its bits
   CHECK(summary.find("against the uninterrupted run") != std::string::npos);
   CHECK(summary.find("memcheck: skipped (cpu dry run)") != std::string::npos);
+  CHECK(summary.find("e2e cuda-t5-tiny: ok") != std::string::npos);  // an encoder-decoder job too
   CHECK(summary.find("0 check(s) failed") != std::string::npos);
 }
 

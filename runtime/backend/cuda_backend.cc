@@ -18,6 +18,7 @@
 #include "runtime/comm/nccl_comm.h"
 #include "runtime/comm/staged_comm.h"
 #include "runtime/model/gpt_cuda.h"
+#include "runtime/model/t5_cuda.h"
 #include "src/common/logging.h"
 #include "src/common/mutex.h"
 #include "src/common/status_macros.h"
@@ -181,11 +182,13 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<model::Stage>> CreateStage(const model::GptConfig& config,
                                                             const model::StageOptions& options) override {
-    if (config.encoder_decoder) {
-      return absl::UnimplementedError("model.kind t5: the CUDA backend has no T5 stage yet (the CPU backend has)");
-    }
     model::CudaKernels kernels;
     kernels.matmul_epilogues = epilogues_;
+    if (config.encoder_decoder) {  // T5's attention is its own kernel (cuda/t5_attention.h), not cuDNN's
+      ASSIGN_OR_RETURN(std::unique_ptr<model::CudaT5Stage> stage,
+                       model::CudaT5Stage::Create(config, options, stream_, pool_.get(), timeout_, kernels));
+      return std::unique_ptr<model::Stage>(std::move(stage));
+    }
     const int head_dim = config.heads > 0 ? config.hidden / config.heads : 0;
     if (cudnn_attention_ != nullptr &&
         std::find(cudnn_head_dims_.begin(), cudnn_head_dims_.end(), head_dim) != cudnn_head_dims_.end()) {

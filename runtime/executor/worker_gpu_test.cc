@@ -20,7 +20,7 @@ std::string MakeDataset() { return testing::WorkerTestDataset("worker_gpu_ds"); 
 // A model the CUDA kernels run (head dimension 32, ffn a multiple of 8), in
 // the dtype of the backend that trains it.
 proto::JobSpec Spec(const std::string& dataset, int pp, int dp, const char* dtype, const char* recompute = "none",
-                    bool zero1 = false) {
+                    bool zero1 = false, bool t5 = false) {
   proto::JobSpec spec;
   const std::string text = absl::StrCat(R"pb(
     name: "worker-gpu-test"
@@ -38,6 +38,12 @@ proto::JobSpec Spec(const std::string& dataset, int pp, int dp, const char* dtyp
     parallelism { pp: )pb", pp, " dp: ", dp, " }");
   REQUIRE(ParseTextProto(text, "spec", &spec).ok());
   spec.mutable_optimizer()->set_zero1(zero1);
+  if (t5) {  // the same dataset, inputs to the encoder and targets to the decoder
+    spec.mutable_model()->set_kind(proto::ModelKind::t5);
+    spec.mutable_model()->set_num_layers(2);
+    spec.mutable_model()->set_num_decoder_layers(2);
+    spec.mutable_optimizer()->set_lr(1e-2);  // learns visibly in 6 iterations
+  }
   return spec;
 }
 
@@ -48,11 +54,12 @@ std::vector<double> Losses(const cli::LocalRunResult& r) {
 }
 
 // The CUDA run's losses follow the CPU's within bf16 tolerance, and learn.
-void CheckAgainstCpu(int pp, int dp, CommKind comm, const char* recompute = "none", bool zero1 = false) {
+void CheckAgainstCpu(int pp, int dp, CommKind comm, const char* recompute = "none", bool zero1 = false,
+                     bool t5 = false) {
   const std::string ds = MakeDataset();
-  auto cpu = cli::RunLocal(Spec(ds, pp, dp, "fp32", recompute, zero1), "/", 6);
+  auto cpu = cli::RunLocal(Spec(ds, pp, dp, "fp32", recompute, zero1, t5), "/", 6);
   REQUIRE(cpu.ok());
-  auto gpu = cli::RunLocal(Spec(ds, pp, dp, "bf16", recompute, zero1), "/", 6, {},
+  auto gpu = cli::RunLocal(Spec(ds, pp, dp, "bf16", recompute, zero1, t5), "/", 6, {},
                       {.kind = proto::Backend::cuda, .device = 0, .comm = comm});
   INFO(gpu.status());
   REQUIRE(gpu.ok());
@@ -84,8 +91,9 @@ void CheckAgainstCpu(int pp, int dp, CommKind comm, const char* recompute = "non
 
 TEST_CASE("CPU reference of the GPU worker tests: the jobs plan, run and learn, so the comparison is not vacuous") {
   const std::string ds = MakeDataset();
-  for (auto [pp, dp] : {std::pair{1, 1}, {2, 1}, {2, 2}}) {
-    auto cpu = cli::RunLocal(Spec(ds, pp, dp, "fp32", pp * dp == 4 ? "full" : "none"), "/", 6);
+  for (auto [pp, dp, t5] : {std::tuple{1, 1, false}, {2, 1, false}, {2, 2, false}, {1, 1, true}, {2, 1, true}}) {
+    INFO("pp " << pp << " dp " << dp << (t5 ? " t5" : " gpt"));
+    auto cpu = cli::RunLocal(Spec(ds, pp, dp, "fp32", pp * dp == 4 ? "full" : "none", false, t5), "/", 6);
     REQUIRE(cpu.ok());
     const std::vector<double> losses = Losses(*cpu);
     CHECK(losses.front() > 3.0);  // about ln(32) at initialisation
@@ -110,6 +118,12 @@ TEST_CASE("two pipeline stages on one GPU over host-staged Gloo train as the CPU
 
 TEST_CASE("2 x 2 ranks on one GPU with full recomputation train as the CPU does", "[gpu]") {
   CheckAgainstCpu(2, 2, CommKind::kGloo, "full");
+}
+
+TEST_CASE("T5 on the CUDA backend: one rank with NCCL, and two pipeline stages over Gloo, train as the CPU does",
+          "[gpu]") {
+  CheckAgainstCpu(1, 1, CommKind::kNccl, "none", false, /*t5=*/true);
+  CheckAgainstCpu(2, 1, CommKind::kGloo, "none", false, /*t5=*/true);  // the encoder output crosses the boundary
 }
 
 TEST_CASE("ZeRO-1 on the CUDA stage: 1 x 2 ranks on one GPU train as the CPU does, and as without ZeRO-1", "[gpu]") {

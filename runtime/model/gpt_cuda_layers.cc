@@ -27,17 +27,6 @@ constexpr size_t kBf16 = sizeof(bf16), kF32 = sizeof(float);
 constexpr int64_t kIntAlign = 64;
 int64_t AlignInts(int64_t n) { return (n + kIntAlign - 1) / kIntAlign * kIntAlign; }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-absl::Status Zero(const Buffer& b, cudaStream_t stream) {
-  if (b.empty()) return absl::OkStatus();
-  return cuda::CudaStatus(cudaMemsetAsync(b.data(), 0, b.bytes(), stream), "cudaMemsetAsync");
-}
-
-absl::Status CopyD2D(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-  return cuda::CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync D2D");
-}
-
 }  // namespace
 
 // Gradient scratch of a layer's backward, shared by every layer of the stage.
@@ -48,67 +37,6 @@ struct CudaGptStage::LayerGrads {
   Buffer datty;  // (N, C) bf16
   Buffer dqkv;   // (N, 3C) bf16
 };
-
-absl::Status CudaGptStage::PrepareCudnnBatch(const TokenBatch& batch, Stash& s) {
-  std::string why;
-  if (kernels_.cudnn_attention == nullptr) {
-    return absl::OkStatus();  // the process chose the tiled kernel (logged by the backend)
-  } else if (attention_mode_ != cuda::AttentionMode::kVarlen) {
-    why = "materialized attention (the packing baseline) computes every causal pair of a row";
-  } else if (!cuda::CudnnAttentionSupportsHeadDim(config().hidden / config().heads)) {
-    why = absl::StrCat("head dimension ", config().hidden / config().heads, " is not a multiple of 8 up to 128");
-  } else {
-    absl::StatusOr<cuda::CudnnAttentionBatch> b = cuda::MakeCudnnAttentionBatch(
-        batch.segments.data(), batch.rows, batch.seq, config().hidden, config().heads);
-    if (b.ok()) {
-      s.cudnn = std::move(*b);
-      s.cudnn_host.resize(s.cudnn->DeviceBytes());
-      s.cudnn->Pack(s.cudnn_host.data());
-      ASSIGN_OR_RETURN(s.cudnn_device, Get(s.cudnn_host.size()));
-      // Pageable source, kept with the stash (as the ints in RunForward).
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.cudnn_device.data(), s.cudnn_host.data(), s.cudnn_host.size(),
-                                           cudaMemcpyHostToDevice, stream_));
-      s.cudnn_arrays = cuda::CudnnAttention::Locate(*s.cudnn, s.cudnn_device.data());
-      return absl::OkStatus();
-    }
-    why = std::string(b.status().message());
-  }
-  if (why != tiled_reason_) {
-    spdlog::info("attention: the tiled kernel runs this micro-batch, not cuDNN: {}", why);
-    tiled_reason_ = why;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaGptStage::AttentionForward(LayerActs& a, const Stash& s) {
-  const int64_t B = s.rows, T = s.seq, C = config().hidden, NH = config().heads;
-  if (!s.cudnn.has_value()) {
-    return cuda::AttentionForward(a.atty.as<bf16>(), a.lse.as<float>(), a.qkv.as<const bf16>(), s.segments, B, T, C,
-                                  NH, attention_mode_, stream_);
-  }
-  cuda::CudnnAttention& att = *kernels_.cudnn_attention;
-  ASSIGN_OR_RETURN(const size_t bytes, att.ForwardWorkspace(*s.cudnn, B, T, C, NH));
-  ASSIGN_OR_RETURN(Buffer ws, Get(std::max<size_t>(bytes, 256)));
-  // cuDNN writes the tokens of sequences only: padding rows must read as 0.
-  RETURN_IF_ERROR(Zero(a.atty, stream_));
-  return att.Forward(a.atty.as<bf16>(), a.lse.as<float>(), a.qkv.as<const bf16>(), *s.cudnn, s.cudnn_arrays, B, T, C,
-                     NH, ws.data(), ws.bytes(), stream_);
-}
-
-absl::Status CudaGptStage::AttentionBackward(bf16* dqkv, const bf16* datty, const LayerActs& a, const Stash& s) {
-  const int64_t B = s.rows, T = s.seq, C = config().hidden, NH = config().heads;
-  if (!s.cudnn.has_value()) {
-    ASSIGN_OR_RETURN(Buffer scratch, GetF32(cuda::AttentionBackwardScratchElements(B, T, C, NH)));
-    return cuda::AttentionBackward(dqkv, datty, a.qkv.as<const bf16>(), a.atty.as<const bf16>(),
-                                   a.lse.as<const float>(), s.segments, B, T, C, NH, attention_mode_,
-                                   scratch.as<float>(), stream_);
-  }
-  cuda::CudnnAttention& att = *kernels_.cudnn_attention;
-  ASSIGN_OR_RETURN(const size_t bytes, att.BackwardWorkspace(*s.cudnn, B, T, C, NH));
-  ASSIGN_OR_RETURN(Buffer ws, Get(bytes));
-  return att.Backward(dqkv, datty, a.qkv.as<const bf16>(), a.atty.as<const bf16>(), a.lse.as<const float>(), *s.cudnn,
-                      s.cudnn_arrays, B, T, C, NH, ws.data(), ws.bytes(), stream_);
-}
 
 absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, bf16* out) {
   const int64_t B = s.rows, T = s.seq, N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
@@ -132,7 +60,9 @@ absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a,
   ASSIGN_OR_RETURN(a.ln2_rstd, GetF32(N));
   RETURN_IF_ERROR(NormForward(a.ln2.as<bf16>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
                               a.x2.as<const bf16>(), l.ln2_w, l.ln2_b, N));
-  RETURN_IF_ERROR(MlpForward(l, a, N));
+  ASSIGN_OR_RETURN(a.fc, GetBf16(N * config().MlpWidth()));
+  ASSIGN_OR_RETURN(a.gelu, GetBf16(N * F));
+  RETURN_IF_ERROR(MlpForward(l, a.ln2.as<const bf16>(), a.fc.as<bf16>(), a.gelu.as<bf16>(), N));
   if (out != nullptr) {
     RETURN_IF_ERROR(matmul_->ForwardResidual(out, a.gelu.as<const bf16>(), W(l.mproj_w), W(l.mproj_b),
                                              a.x2.as<const bf16>(), N, F, C, st));
@@ -164,7 +94,7 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
                                            W(layout_.wpe()), N, C, st));
   } else {
     // Copied, as on the CPU: the plan may reuse the input's slot afterwards.
-    RETURN_IF_ERROR(CopyD2D(x.data(), hidden_in, static_cast<size_t>(N * C) * kBf16, st));
+    RETURN_IF_ERROR(CopyD2D(x.data(), hidden_in, static_cast<size_t>(N * C) * kBf16));
   }
   RETURN_IF_ERROR(LayersForward(*s, x, hidden_out, recompute));
   if (o.last) RETURN_IF_ERROR(FinalNormForward(*s, x));
@@ -214,7 +144,6 @@ absl::Status CudaGptStage::UploadTokens(const TokenBatch& batch, Stash& s) {
 absl::Status CudaGptStage::LayersForward(Stash& s, Buffer& x, bf16* hidden_out, Recompute recompute) {
   const StageOptions& o = options();
   const int64_t N = s.rows * s.seq, C = config().hidden;
-  cudaStream_t st = stream_;
   const std::vector<GptLayout::Layer>& layers = layout_.layers();
   s.layers.resize(layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -240,7 +169,7 @@ absl::Status CudaGptStage::LayersForward(Stash& s, Buffer& x, bf16* hidden_out, 
     x = std::move(next);
   }
   if (layers.empty() && !o.last) {
-    RETURN_IF_ERROR(CopyD2D(hidden_out, x.data(), static_cast<size_t>(N * C) * kBf16, st));
+    RETURN_IF_ERROR(CopyD2D(hidden_out, x.data(), static_cast<size_t>(N * C) * kBf16));
   }
   return absl::OkStatus();
 }
@@ -261,7 +190,7 @@ absl::Status CudaGptStage::FinalNormForward(Stash& s, const Buffer& x) {
 absl::Status CudaGptStage::Loss(const Stash& s) {
   const int64_t M = s.scored_count, C = config().hidden, V = config().vocab;
   if (M == 0) return absl::OkStatus();
-  if (pending_losses_ == kLossSlots) RETURN_IF_ERROR(FoldLosses());
+  ASSIGN_OR_RETURN(float* slot, NextLossSlot());
   cudaStream_t st = stream_;
   // Loss only: the logits (M, V) are not kept; Backward recomputes them.
   ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
@@ -269,26 +198,8 @@ absl::Status CudaGptStage::Loss(const Stash& s) {
   RETURN_IF_ERROR(
       matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(layout_.head()), nullptr, M, C, V, st));
   // The slot is zero (Init, FoldLosses): the kernel adds into it.
-  return cuda::SoftmaxCrossEntropy(loss_slots_ + pending_losses_++, row_loss.as<float>(), nullptr,
+  return cuda::SoftmaxCrossEntropy(slot, row_loss.as<float>(), nullptr,
                                    logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st);
-}
-
-absl::Status CudaGptStage::FoldLosses() {
-  if (pending_losses_ == 0) return absl::OkStatus();
-  const size_t bytes = static_cast<size_t>(pending_losses_) * kF32;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_->losses, loss_slots_, bytes, cudaMemcpyDeviceToHost, stream_));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(loss_slots_, 0, bytes, stream_));
-  RETURN_IF_ERROR(WaitStream("CudaGptStage: the micro-batches' losses"));
-  for (int i = 0; i < pending_losses_; ++i) loss_folded_ += static_cast<double>(host_->losses[i]);
-  pending_losses_ = 0;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> CudaGptStage::TakeLoss() {
-  RETURN_IF_ERROR(FoldLosses());
-  const double loss = loss_folded_;
-  loss_folded_ = 0;
-  return loss;
 }
 
 absl::Status CudaGptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
@@ -337,17 +248,17 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
   // Gradient of the residual stream (bf16), accumulated layer by layer downwards.
   ASSIGN_OR_RETURN(Buffer dres, GetBf16(N * C));
   if (o.last) {
-    RETURN_IF_ERROR(Zero(dres, st));
+    RETURN_IF_ERROR(Zero(dres));
     RETURN_IF_ERROR(HeadBackward(*s, dres.as<bf16>()));
   } else {
-    RETURN_IF_ERROR(CopyD2D(dres.data(), dhidden_out, static_cast<size_t>(N * C) * kBf16, st));
+    RETURN_IF_ERROR(CopyD2D(dres.data(), dhidden_out, static_cast<size_t>(N * C) * kBf16));
   }
   RETURN_IF_ERROR(LayersBackward(*s, dres.as<bf16>()));
   if (o.first) {
     RETURN_IF_ERROR(cuda::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dres.as<const bf16>(), s->tokens,
                                             s->positions, N, C, st));
   } else {
-    RETURN_IF_ERROR(CopyD2D(dhidden_in, dres.data(), static_cast<size_t>(N * C) * kBf16, st));
+    RETURN_IF_ERROR(CopyD2D(dhidden_in, dres.data(), static_cast<size_t>(N * C) * kBf16));
   }
   if (ready) RETURN_IF_ERROR(ready(0, layout_.num_params()));
   return absl::OkStatus();
@@ -366,18 +277,18 @@ absl::Status CudaGptStage::HeadBackward(const Stash& s, bf16* dres) {
   ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
   ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
   RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(head), nullptr, M, C, V, st));
-  RETURN_IF_ERROR(Zero(dlogits, st));
-  RETURN_IF_ERROR(Zero(loss_sum, st));
+  RETURN_IF_ERROR(Zero(dlogits));
+  RETURN_IF_ERROR(Zero(loss_sum));
   RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), dlogits.as<bf16>(),
                                             logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st));
   logits.Release();
   ASSIGN_OR_RETURN(Buffer dlnf, GetBf16(M * C));
   ASSIGN_OR_RETURN(Buffer dxs, GetBf16(M * C));
-  RETURN_IF_ERROR(Zero(dlnf, st));
+  RETURN_IF_ERROR(Zero(dlnf));
   RETURN_IF_ERROR(matmul_->Backward(dlnf.as<bf16>(), G(head), nullptr, dlogits.as<const bf16>(),
                                     s.lnf.as<const bf16>(), W(head), M, C, V, st));
   dlogits.Release();
-  RETURN_IF_ERROR(Zero(dxs, st));
+  RETURN_IF_ERROR(Zero(dxs));
   RETURN_IF_ERROR(NormBackward(dxs.as<bf16>(), lnf_w, lnf_b, dlnf.as<const bf16>(), s.xs.as<const bf16>(),
                                s.lnf_mean.as<const float>(), s.lnf_rstd.as<const float>(), M));
   return cuda::ScatterAddRows(dres, dxs.as<const bf16>(), s.scored, M, C, st);
@@ -409,80 +320,21 @@ absl::Status CudaGptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a
   // kFull: the whole layer again from its input (the same kernels on the
   // same values, so the same activations), without its output product.
   if (a.ln1.empty()) RETURN_IF_ERROR(LayerForward(l, a, s, nullptr));
-  RETURN_IF_ERROR(MlpBackward(l, a, dr, g, N));
+  RETURN_IF_ERROR(MlpBackward(l, a.ln2.as<const bf16>(), a.fc.as<const bf16>(), a.gelu.as<const bf16>(), dr,
+                              g.dF.as<bf16>(), g.dfc.as<bf16>(), g.dln.as<bf16>(), N));
   RETURN_IF_ERROR(NormBackward(dr, l.ln2_w, l.ln2_b, g.dln.as<const bf16>(), a.x2.as<const bf16>(),
                                a.ln2_mean.as<const float>(), a.ln2_rstd.as<const float>(), N));
   // Attention branch.
-  RETURN_IF_ERROR(Zero(g.datty, st));
+  RETURN_IF_ERROR(Zero(g.datty));
   RETURN_IF_ERROR(matmul_->Backward(g.datty.as<bf16>(), G(l.proj_w), G(l.proj_b), dr, a.atty.as<const bf16>(),
                                     W(l.proj_w), N, C, C, st));
-  RETURN_IF_ERROR(Zero(g.dqkv, st));
+  RETURN_IF_ERROR(Zero(g.dqkv));
   RETURN_IF_ERROR(AttentionBackward(g.dqkv.as<bf16>(), g.datty.as<const bf16>(), a, s));
-  RETURN_IF_ERROR(Zero(g.dln, st));
+  RETURN_IF_ERROR(Zero(g.dln));
   RETURN_IF_ERROR(matmul_->Backward(g.dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), g.dqkv.as<const bf16>(),
                                     a.ln1.as<const bf16>(), W(l.qkv_w), N, C, 3 * C, st));
   return NormBackward(dr, l.ln1_w, l.ln1_b, g.dln.as<const bf16>(), a.x.as<const bf16>(),
                       a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N);
-}
-
-absl::Status CudaGptStage::NormForward(bf16* out, float* mean, float* rstd, const bf16* x, size_t w, size_t b,
-                                       int64_t N) {
-  const int64_t C = config().hidden;
-  if (config().norm == NormKind::kRms) return cuda::RmsNormForward(out, rstd, x, W(w), N, C, stream_);
-  return cuda::LayerNormForward(out, mean, rstd, x, W(w), W(b), N, C, stream_);
-}
-
-absl::Status CudaGptStage::NormBackward(bf16* dx, size_t w, size_t b, const bf16* dout, const bf16* x,
-                                        const float* mean, const float* rstd, int64_t N) {
-  const int64_t C = config().hidden;
-  if (config().norm == NormKind::kRms) return cuda::RmsNormBackward(dx, G(w), dout, x, W(w), rstd, N, C, stream_);
-  return cuda::LayerNormBackward(dx, G(w), G(b), dout, x, W(w), mean, rstd, N, C, stream_);
-}
-
-absl::Status CudaGptStage::MlpForward(const GptLayout::Layer& l, LayerActs& a, int64_t N) {
-  const int64_t C = config().hidden, F = config().ffn, Wd = config().MlpWidth();
-  cudaStream_t st = stream_;
-  ASSIGN_OR_RETURN(a.fc, GetBf16(N * Wd));
-  ASSIGN_OR_RETURN(a.gelu, GetBf16(N * F));
-  switch (config().mlp) {
-    case MlpKind::kGelu:  // in the fc product's epilogue, which also keeps its input (a.fc)
-      return matmul_->ForwardGelu(a.gelu.as<bf16>(), a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b),
-                                  N, C, F, st);
-    case MlpKind::kRelu:
-      RETURN_IF_ERROR(matmul_->Forward(a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b), N, C, F, st));
-      return cuda::ReluForward(a.gelu.as<bf16>(), a.fc.as<const bf16>(), N * F, st);
-    case MlpKind::kGatedGelu:
-      RETURN_IF_ERROR(matmul_->Forward(a.fc.as<bf16>(), a.ln2.as<const bf16>(), W(l.fc_w), W(l.fc_b), N, C, Wd, st));
-      return cuda::GatedGeluForward(a.gelu.as<bf16>(), a.fc.as<const bf16>(), N, F, st);
-  }
-  return absl::InternalError("unknown model.block.mlp");
-}
-
-absl::Status CudaGptStage::MlpBackward(const GptLayout::Layer& l, const LayerActs& a, bf16* dr, LayerGrads& g,
-                                       int64_t N) {
-  const int64_t C = config().hidden, F = config().ffn, Wd = config().MlpWidth();
-  cudaStream_t st = stream_;
-  const bf16* dfc = g.dF.as<const bf16>();
-  if (config().mlp == MlpKind::kGelu) {
-    // The GELU's gradient in the mproj product's epilogue.
-    RETURN_IF_ERROR(matmul_->BackwardThroughGelu(g.dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr,
-                                                 a.gelu.as<const bf16>(), W(l.mproj_w), a.fc.as<const bf16>(), N, F,
-                                                 C, st));
-  } else {
-    RETURN_IF_ERROR(Zero(g.dF, st));
-    RETURN_IF_ERROR(matmul_->Backward(g.dF.as<bf16>(), G(l.mproj_w), G(l.mproj_b), dr, a.gelu.as<const bf16>(),
-                                      W(l.mproj_w), N, F, C, st));
-    RETURN_IF_ERROR(Zero(g.dfc, st));
-    if (config().mlp == MlpKind::kRelu) {
-      RETURN_IF_ERROR(cuda::ReluBackward(g.dfc.as<bf16>(), a.fc.as<const bf16>(), g.dF.as<const bf16>(), N * F, st));
-    } else {
-      RETURN_IF_ERROR(cuda::GatedGeluBackward(g.dfc.as<bf16>(), a.fc.as<const bf16>(), g.dF.as<const bf16>(), N, F, st));
-    }
-    dfc = g.dfc.as<const bf16>();
-  }
-  RETURN_IF_ERROR(Zero(g.dln, st));
-  return matmul_->Backward(g.dln.as<bf16>(), G(l.fc_w), G(l.fc_b), dfc, a.ln2.as<const bf16>(), W(l.fc_w), N, C, Wd,
-                           st);
 }
 
 }  // namespace dynapipe::runtime::model

@@ -1,8 +1,8 @@
 #pragma once
 
 // Internal to the gpt_cuda target: what CudaGptStage keeps between a
-// micro-batch's forward and backward, shared by gpt_cuda.cc (state,
-// optimizer) and gpt_cuda_layers.cc (forward, backward).
+// micro-batch's forward and backward, shared by gpt_cuda.cc (creation,
+// attention) and gpt_cuda_layers.cc (forward, backward).
 
 #include <cstdint>
 #include <optional>
@@ -12,13 +12,6 @@
 #include "runtime/model/gpt_cuda.h"
 
 namespace dynapipe::runtime::model {
-
-// Values coming back to the host, in pinned memory so the copies are truly
-// asynchronous and WaitStream bounds the wait.
-struct CudaGptStage::HostScalars {
-  double sum_squares = 0;
-  float losses[kLossSlots] = {};  // TakeLoss's copy of the device's slots
-};
 
 // What backward needs from one layer's forward (device buffers from the
 // pool, on the compute stream). Mirrors GptStage's, except that the

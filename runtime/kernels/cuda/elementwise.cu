@@ -17,6 +17,13 @@ __global__ void ResidualAddKernel(bf16* out, const bf16* a, const bf16* b, int64
   }
 }
 
+__global__ void ScaleKernel(bf16* x, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = ToBf16(ToF32(x[i]) * s);
+  }
+}
+
 __global__ void AddF32Kernel(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -59,6 +66,14 @@ absl::Status ResidualAdd(bf16* out, const bf16* a, const bf16* b, int64_t n, cud
   }
   ResidualAddKernel<<<GridFor(n), kThreads, 0, stream>>>(out, a, b, n);
   return CudaStatus(cudaGetLastError(), "ResidualAdd launch");
+}
+
+absl::Status Scale(bf16* x, float s, int64_t n, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("Scale: n must be >= 0, got ", n));
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr) return absl::InvalidArgumentError("Scale: null device pointer");
+  ScaleKernel<<<GridFor(n), kThreads, 0, stream>>>(x, s, n);
+  return CudaStatus(cudaGetLastError(), "Scale launch");
 }
 
 absl::Status AddF32(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {

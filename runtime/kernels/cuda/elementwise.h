@@ -26,6 +26,11 @@ absl::Status ResidualAdd(__nv_bfloat16* out,      // (n)
                          const __nv_bfloat16* b,  // (n)
                          int64_t n, cudaStream_t stream);
 
+// x[i] *= s in place (fp32 product, rounded once): T5's tied head scales
+// its input by hidden^-0.5, and its gradient likewise.
+absl::Status Scale(__nv_bfloat16* x,  // (n)
+                   float s, int64_t n, cudaStream_t stream);
+
 // out[i] = a[i] + b[i] in fp32 (the CPU's `a[i] + b[i]`, bit for bit). out may
 // alias a or b, as ResidualAdd.
 absl::Status AddF32(float* out,      // (n)

@@ -5,6 +5,7 @@
 #include "runtime/kernels/cuda/elementwise.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -138,10 +139,26 @@ TEST_CASE("GatherRows copies the indexed rows; ScatterAddRows adds into distinct
   CheckGatherScatter(2000, 999, 257, 24); // M * C not a multiple of the block
 }
 
+TEST_CASE("Scale multiplies in fp32 and rounds once, bit for bit", "[gpu]") {
+  Stream stream;
+  const int64_t n = 100003;
+  const std::vector<bf16> x = ToBf16(RandomNormal(n, 41, 3.0f));
+  const float s = 1.0f / std::sqrt(96.0f);
+  std::vector<bf16> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = HostBf16(HostF32(x[i]) * s);
+  DeviceArray<bf16> d(x);
+  REQUIRE_OK(Scale(d.get(), s, n, stream.get()));
+  stream.Sync();
+  CHECK(Mismatches(d.Download(), want) == 0);
+  CHECK(Mismatches(want, x) > n / 2);  // not vacuous: most values changed
+}
+
 TEST_CASE("Element-wise launchers reject bad sizes and accept empty work before touching the device") {
   CHECK(ResidualAdd(nullptr, nullptr, nullptr, 0, nullptr).ok());
   CHECK(ResidualAdd(nullptr, nullptr, nullptr, -1, nullptr).code() == absl::StatusCode::kInvalidArgument);
   CHECK(ResidualAdd(nullptr, nullptr, nullptr, 8, nullptr).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Scale(nullptr, 2.0f, 0, nullptr).ok());
+  CHECK(Scale(nullptr, 2.0f, 5, nullptr).code() == absl::StatusCode::kInvalidArgument);
   CHECK(GatherRows(nullptr, nullptr, nullptr, 0, 4, nullptr).ok());
   CHECK(GatherRows(nullptr, nullptr, nullptr, -1, 4, nullptr).code() == absl::StatusCode::kInvalidArgument);
   CHECK(GatherRows(nullptr, nullptr, nullptr, 3, 0, nullptr).code() == absl::StatusCode::kInvalidArgument);

@@ -16,8 +16,12 @@ __global__ void EmbeddingForwardKernel(bf16* out, const int32_t* tokens, const i
                                        const bf16* wpe, int64_t N, int64_t C) {
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
     const bf16* e = wte + static_cast<int64_t>(tokens[i]) * C;
-    const bf16* p = wpe + static_cast<int64_t>(positions[i]) * C;
     bf16* o = out + i * C;
+    if (wpe == nullptr) {  // no learned positions (T5): a copy
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = e[c];
+      continue;
+    }
+    const bf16* p = wpe + static_cast<int64_t>(positions[i]) * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = ToBf16(ToF32(e[c]) + ToF32(p[c]));
   }
 }
@@ -28,12 +32,12 @@ __global__ void EmbeddingBackwardKernel(float* dwte, float* dwpe, const bf16* do
                                         const int32_t* positions, int64_t N, int64_t C) {
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
     float* e = dwte + static_cast<int64_t>(tokens[i]) * C;
-    float* p = dwpe + static_cast<int64_t>(positions[i]) * C;
+    float* p = dwpe == nullptr ? nullptr : dwpe + static_cast<int64_t>(positions[i]) * C;
     const bf16* d = dout + i * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       const float g = ToF32(d[c]);
       atomicAdd(e + c, g);
-      atomicAdd(p + c, g);
+      if (p != nullptr) atomicAdd(p + c, g);
     }
   }
 }
@@ -50,7 +54,7 @@ absl::Status EmbeddingForward(bf16* out, const int32_t* tokens, const int32_t* p
                               const bf16* wpe, int64_t N, int64_t C, cudaStream_t stream) {
   if (absl::Status s = CheckSizes("EmbeddingForward", N, C); !s.ok()) return s;
   if (N == 0 || C == 0) return absl::OkStatus();
-  if (out == nullptr || tokens == nullptr || positions == nullptr || wte == nullptr || wpe == nullptr) {
+  if (out == nullptr || tokens == nullptr || wte == nullptr || (wpe == nullptr) != (positions == nullptr)) {
     return absl::InvalidArgumentError("EmbeddingForward: null device pointer");
   }
   EmbeddingForwardKernel<<<RowGrid(N), kThreads, 0, stream>>>(out, tokens, positions, wte, wpe, N, C);
@@ -61,7 +65,7 @@ absl::Status EmbeddingBackward(float* dwte, float* dwpe, const bf16* dout, const
                                const int32_t* positions, int64_t N, int64_t C, cudaStream_t stream) {
   if (absl::Status s = CheckSizes("EmbeddingBackward", N, C); !s.ok()) return s;
   if (N == 0 || C == 0) return absl::OkStatus();
-  if (dwte == nullptr || dwpe == nullptr || dout == nullptr || tokens == nullptr || positions == nullptr) {
+  if (dwte == nullptr || dout == nullptr || tokens == nullptr || (dwpe == nullptr) != (positions == nullptr)) {
     return absl::InvalidArgumentError("EmbeddingBackward: null device pointer");
   }
   EmbeddingBackwardKernel<<<RowGrid(N), kThreads, 0, stream>>>(dwte, dwpe, dout, tokens, positions, N, C);

@@ -15,7 +15,9 @@
 
 namespace dynapipe::runtime::cuda {
 
-// out[i, :] = wte[tokens[i], :] + wpe[positions[i], :] (fp32 sum, one rounding).
+// out[i, :] = wte[tokens[i], :] + wpe[positions[i], :] (fp32 sum, one rounding);
+// wpe and positions both null: out[i, :] = wte[tokens[i], :] (T5, whose
+// positions are relative).
 absl::Status EmbeddingForward(__nv_bfloat16* out,             // (N, C)
                               const int32_t* tokens,          // (N)
                               const int32_t* positions,       // (N)
@@ -23,7 +25,8 @@ absl::Status EmbeddingForward(__nv_bfloat16* out,             // (N, C)
                               const __nv_bfloat16* wpe,       // (P, C)
                               int64_t N, int64_t C, cudaStream_t stream);
 
-// dwte[tokens[i], :] += dout[i, :] and dwpe[positions[i], :] += dout[i, :].
+// dwte[tokens[i], :] += dout[i, :] and dwpe[positions[i], :] += dout[i, :]
+// (dwpe and positions both null: no positions).
 // Rows hit by several tokens are summed with fp32 atomicAdd, so the result is
 // NOT bitwise deterministic from run to run (the order of the additions varies;
 // the values agree to fp32 rounding). dwte and dwpe must not overlap.

@@ -59,6 +59,36 @@ std::vector<double> ToDouble(const std::vector<float>& v) { return std::vector<d
 
 // ---------------------------------------------------------------- embedding
 
+TEST_CASE("Embedding without positions copies token rows and adds only into dwte", "[gpu]") {
+  const int64_t N = 200, V = 40, C = 96;
+  std::vector<int32_t> tokens(N);
+  for (int64_t i = 0; i < N; ++i) tokens[i] = static_cast<int32_t>((i * 13) % V);
+  const std::vector<float> wte = RandomBf16(V * C, 21);
+  Stream stream;
+  DeviceArray<int32_t> d_tokens(tokens);
+  auto d_wte = UploadBf16(wte);
+  DeviceArray<bf16> d_out(N * C);
+  REQUIRE(EmbeddingForward(d_out.get(), d_tokens.get(), nullptr, d_wte.get(), nullptr, N, C, stream.get()).ok());
+  const std::vector<float> out = DownloadBf16(d_out);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t c = 0; c < C; ++c) wrong += out[i * C + c] != wte[tokens[i] * C + c];
+  }
+  CHECK(wrong == 0);
+  const std::vector<float> dout = RandomBf16(N * C, 22);
+  std::vector<float> want(V * C, 0.0f);
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t c = 0; c < C; ++c) want[tokens[i] * C + c] += dout[i * C + c];
+  }
+  DeviceArray<float> d_dwte(std::vector<float>(V * C, 0.0f));
+  auto d_dout = UploadBf16(dout);
+  REQUIRE(EmbeddingBackward(d_dwte.get(), nullptr, d_dout.get(), d_tokens.get(), nullptr, N, C, stream.get()).ok());
+  CHECK(RelativeError(d_dwte.Download(), want) <= 1e-5);
+  // Positions without a table (or the reverse) are refused.
+  CHECK(EmbeddingForward(d_out.get(), d_tokens.get(), d_tokens.get(), d_wte.get(), nullptr, N, C, stream.get())
+            .code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("EmbeddingForward/Backward match the CPU backend with repeated tokens and positions", "[gpu]") {
   for (const int64_t C : {768, 37}) {
     INFO("C=" << C);
