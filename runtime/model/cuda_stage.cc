@@ -11,6 +11,7 @@
 #include "runtime/device/cuda_status.h"
 #include "runtime/kernels/cuda/device_memory.h"
 #include "runtime/kernels/cuda/optimizer.h"
+#include "runtime/kernels/cuda/cross_entropy.h"
 #include "runtime/kernels/cuda/gelu.h"
 #include "runtime/kernels/cuda/layernorm.h"
 #include "src/common/logging.h"
@@ -343,6 +344,40 @@ absl::Status CudaStageBase::CopyD2D(void* dst, const void* src, size_t bytes) {
 absl::StatusOr<float*> CudaStageBase::NextLossSlot() {
   if (pending_losses_ == kLossSlots) RETURN_IF_ERROR(FoldLosses());
   return loss_slots_ + pending_losses_++;
+}
+
+absl::Status CudaStageBase::HeadLoss(const bf16* lnf, const int32_t* targets, int64_t M, float loss_scale) {
+  if (M == 0) return absl::OkStatus();
+  const int64_t C = config().hidden, V = config().vocab;
+  ASSIGN_OR_RETURN(float* slot, NextLossSlot());
+  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
+  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
+  RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), lnf, W(layout_.head()), nullptr, M, C, V, stream_));
+  // The slot is zero (Init, FoldLosses): the kernel adds into it.
+  return cuda::SoftmaxCrossEntropy(slot, row_loss.as<float>(), nullptr, logits.as<const bf16>(), targets, loss_scale,
+                                   M, V, stream_);
+}
+
+absl::Status CudaStageBase::HeadLossBackward(const bf16* lnf, const int32_t* targets, int64_t M, float loss_scale,
+                                             bf16* dlnf) {
+  if (M == 0) return absl::OkStatus();
+  const int64_t C = config().hidden, V = config().vocab;
+  const size_t head = layout_.head();
+  // Recompute the logits (one (M, C) x (C, V) product) rather than keep
+  // (M, V) per micro-batch in flight; the fused kernel then adds the
+  // gradient into zeroed dlogits.
+  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
+  ASSIGN_OR_RETURN(Buffer dlogits, GetBf16(M * V));
+  ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
+  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
+  RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), lnf, W(head), nullptr, M, C, V, stream_));
+  RETURN_IF_ERROR(Zero(dlogits));
+  RETURN_IF_ERROR(Zero(loss_sum));
+  RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), dlogits.as<bf16>(),
+                                            logits.as<const bf16>(), targets, loss_scale, M, V, stream_));
+  logits.Release();
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dlnf, 0, static_cast<size_t>(M * C) * kBf16, stream_));
+  return matmul_->Backward(dlnf, G(head), nullptr, dlogits.as<const bf16>(), lnf, W(head), M, C, V, stream_);
 }
 
 absl::Status CudaStageBase::FoldLosses() {

@@ -161,9 +161,13 @@ class CudaStageBase : public Stage {
   absl::Status MlpForward(const GptLayout::Layer& l, const bf16* in, bf16* fc, bf16* act, int64_t N);
   absl::Status MlpBackward(const GptLayout::Layer& l, const bf16* in, const bf16* fc, const bf16* act,
                            const bf16* dr, bf16* dF, bf16* dfc, bf16* dln, int64_t N);
-  // The next free loss slot on the device (zero: kernels add into it);
-  // folds the slots into the host total first when all are pending.
-  absl::StatusOr<float*> NextLossSlot();
+  // The LM head's loss over M scored rows: `lnf` (M, C) the head's input,
+  // `targets` (M) device. HeadLoss adds it into the next loss slot (the
+  // logits are not kept); HeadLossBackward recomputes the logits and adds
+  // the head's gradient, writing its input's into `dlnf` (M, C, zeroed
+  // first). Both enqueued.
+  absl::Status HeadLoss(const bf16* lnf, const int32_t* targets, int64_t M, float loss_scale);
+  absl::Status HeadLossBackward(const bf16* lnf, const int32_t* targets, int64_t M, float loss_scale, bf16* dlnf);
 
   GptLayout layout_;
   cudaStream_t stream_;
@@ -176,6 +180,9 @@ class CudaStageBase : public Stage {
   struct HostScalars;
   // Parameters in the owned runs (ZeRO-1).
   size_t OwnedTotal() const;
+  // The next free loss slot on the device (zero: kernels add into it);
+  // folds the slots into the host total first when all are pending.
+  absl::StatusOr<float*> NextLossSlot();
   // Copies the pending slots back, waits, adds them to loss_folded_, zeroes them.
   absl::Status FoldLosses();
 

@@ -128,9 +128,6 @@ class CudaGptStage final : public CudaStageBase {
   // The stash's cuDNN batch (uploaded on the stream), or none where the
   // micro-batch takes the tiled kernel; the first reason for that is logged.
   absl::Status PrepareCudnnBatch(const TokenBatch& batch, Stash& s);
-  // The last stage's loss of a stash (head, cross-entropy) into the next
-  // loss slot; enqueued.
-  absl::Status Loss(const Stash& s);
 
   cuda::AttentionMode attention_mode_;
   std::string tiled_reason_;  // why the last micro-batch took the tiled kernel (logged when it changes)

@@ -4,7 +4,6 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/kernels/cuda/cross_entropy.h"
 #include "runtime/device/cuda_status.h"
 #include "runtime/kernels/cuda/elementwise.h"
 #include "runtime/kernels/cuda/embedding.h"
@@ -22,7 +21,7 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-constexpr size_t kBf16 = sizeof(bf16), kF32 = sizeof(float);
+constexpr size_t kBf16 = sizeof(bf16);
 // Offsets of the int32 regions in Stash::ints: 256-byte multiples.
 constexpr int64_t kIntAlign = 64;
 int64_t AlignInts(int64_t n) { return (n + kIntAlign - 1) / kIntAlign * kIntAlign; }
@@ -187,28 +186,13 @@ absl::Status CudaGptStage::FinalNormForward(Stash& s, const Buffer& x) {
                      layout_.lnf_w(), layout_.lnf_b(), M);
 }
 
-absl::Status CudaGptStage::Loss(const Stash& s) {
-  const int64_t M = s.scored_count, C = config().hidden, V = config().vocab;
-  if (M == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(float* slot, NextLossSlot());
-  cudaStream_t st = stream_;
-  // Loss only: the logits (M, V) are not kept; Backward recomputes them.
-  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
-  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
-  RETURN_IF_ERROR(
-      matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(layout_.head()), nullptr, M, C, V, st));
-  // The slot is zero (Init, FoldLosses): the kernel adds into it.
-  return cuda::SoftmaxCrossEntropy(slot, row_loss.as<float>(), nullptr,
-                                   logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st);
-}
-
 absl::Status CudaGptStage::Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
                                    float loss_scale, Recompute recompute) {
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " forwarded twice"));
   ASSIGN_OR_RETURN(std::unique_ptr<Stash> s,
                    RunForward(batch, static_cast<const bf16*>(hidden_in), static_cast<bf16*>(hidden_out), recompute));
   s->loss_scale = loss_scale;
-  if (options().last) RETURN_IF_ERROR(Loss(*s));
+  if (options().last) RETURN_IF_ERROR(HeadLoss(s->lnf.as<const bf16>(), s->targets, s->scored_count, loss_scale));
   stash_[mb] = std::move(s);
   return absl::OkStatus();
 }
@@ -265,33 +249,15 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
 }
 
 absl::Status CudaGptStage::HeadBackward(const Stash& s, bf16* dres) {
-  const int64_t C = config().hidden, V = config().vocab, M = s.scored_count;
+  const int64_t C = config().hidden, M = s.scored_count;
   if (M == 0) return absl::OkStatus();
-  cudaStream_t st = stream_;
-  const size_t head = layout_.head(), lnf_w = layout_.lnf_w(), lnf_b = layout_.lnf_b();
-  // Recompute the logits from the stashed final LayerNorm output (one
-  // (M, C) x (C, V) product) rather than keep (M, V) per micro-batch in
-  // flight; the fused kernel then adds the gradient into zeroed dlogits.
-  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
-  ASSIGN_OR_RETURN(Buffer dlogits, GetBf16(M * V));
-  ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
-  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
-  RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(head), nullptr, M, C, V, st));
-  RETURN_IF_ERROR(Zero(dlogits));
-  RETURN_IF_ERROR(Zero(loss_sum));
-  RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), dlogits.as<bf16>(),
-                                            logits.as<const bf16>(), s.targets, s.loss_scale, M, V, st));
-  logits.Release();
   ASSIGN_OR_RETURN(Buffer dlnf, GetBf16(M * C));
+  RETURN_IF_ERROR(HeadLossBackward(s.lnf.as<const bf16>(), s.targets, M, s.loss_scale, dlnf.as<bf16>()));
   ASSIGN_OR_RETURN(Buffer dxs, GetBf16(M * C));
-  RETURN_IF_ERROR(Zero(dlnf));
-  RETURN_IF_ERROR(matmul_->Backward(dlnf.as<bf16>(), G(head), nullptr, dlogits.as<const bf16>(),
-                                    s.lnf.as<const bf16>(), W(head), M, C, V, st));
-  dlogits.Release();
   RETURN_IF_ERROR(Zero(dxs));
-  RETURN_IF_ERROR(NormBackward(dxs.as<bf16>(), lnf_w, lnf_b, dlnf.as<const bf16>(), s.xs.as<const bf16>(),
-                               s.lnf_mean.as<const float>(), s.lnf_rstd.as<const float>(), M));
-  return cuda::ScatterAddRows(dres, dxs.as<const bf16>(), s.scored, M, C, st);
+  RETURN_IF_ERROR(NormBackward(dxs.as<bf16>(), layout_.lnf_w(), layout_.lnf_b(), dlnf.as<const bf16>(),
+                               s.xs.as<const bf16>(), s.lnf_mean.as<const float>(), s.lnf_rstd.as<const float>(), M));
+  return cuda::ScatterAddRows(dres, dxs.as<const bf16>(), s.scored, M, C, stream_);
 }
 
 absl::Status CudaGptStage::LayersBackward(Stash& s, bf16* dr) {

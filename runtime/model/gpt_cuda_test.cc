@@ -19,6 +19,7 @@
 
 #include "runtime/kernels/cuda/device_memory.h"
 #include "runtime/kernels/cuda/test_util.h"
+#include "runtime/model/cuda_stage_test_util.h"
 #include "runtime/model/gpt.h"
 #include "runtime/optim/adamw.h"
 
@@ -27,6 +28,10 @@ namespace {
 
 using cuda::testing::RelativeError;
 using cuda::testing::RoundBf16;
+using testing::Params;
+using testing::RoundParams;
+using testing::SetParams;
+using testing::Slice;
 using bf16 = __nv_bfloat16;
 
 // Head dimension 32, tied embeddings.
@@ -94,27 +99,6 @@ TokenBatch PackedBatch(int vocab) {
                    vocab);
 }
 
-std::vector<float> Slice(std::span<const float> all, const ParamInfo& p) {
-  return std::vector<float>(all.begin() + p.offset, all.begin() + p.offset + p.size);
-}
-
-// Through the Stage interface, so the same code reads and writes either backend.
-std::vector<float> Params(Stage& s) {
-  StageState st;
-  REQUIRE_OK(s.ExportState(&st));
-  return st.params;
-}
-void SetParams(Stage& s, std::vector<float> params) {
-  StageState st;
-  st.adam_m.assign(params.size(), 0.0f);
-  st.adam_v.assign(params.size(), 0.0f);
-  st.params = std::move(params);
-  REQUIRE_OK(s.ImportState(st));
-}
-// The stage's initial parameters rounded to bf16, so both backends start
-// from identical values (initial values depend on names only, so a split
-// stage gets the whole model's values).
-void RoundParams(Stage& s) { SetParams(s, RoundBf16(Params(s))); }
 double SumOfSquares(Stage& s) {
   double sum = 0;
   REQUIRE_OK(s.AddGradSumOfSquares(&sum));
@@ -134,37 +118,15 @@ std::unique_ptr<GptStage> CpuStage(const GptConfig& config, const StageOptions& 
   return std::move(*s);
 }
 
-// The device, a pool over it and a compute stream, in destruction order.
-struct Gpu {
-  cuda::testing::Stream stream;
-  cuda::CudaAllocator allocator;
-  cuda::CudaEventFences fences;
-  BufferPool pool{&allocator, &fences};
-
-  // A CUDA stage with bf16-rounded initial weights (the CPU stage's).
+// The test device, making CUDA GPT stages with bf16-rounded initial weights
+// (the CPU stage's).
+struct Gpu : testing::TestGpu {
   std::unique_ptr<CudaGptStage> Stage(const GptConfig& config, const StageOptions& options,
                                       CudaKernels kernels = {}) {
     auto s = CudaGptStage::Create(config, options, stream.get(), &pool, absl::Minutes(5), kernels);
     REQUIRE_OK(s.status());
     RoundParams(**s);
     return std::move(*s);
-  }
-  std::vector<float> Grads(CudaGptStage& s) {
-    std::vector<float> g(s.num_params());
-    REQUIRE_OK(s.CopyGradsToHost(g));
-    return g;
-  }
-  // bf16 device buffer of n elements from the pool.
-  Buffer Bf16(int64_t n) {
-    auto b = pool.Get(static_cast<size_t>(n) * sizeof(bf16), cuda::Handle(stream.get()));
-    REQUIRE_OK(b.status());
-    return std::move(*b);
-  }
-  std::vector<float> Download(const Buffer& b, int64_t n) {
-    std::vector<bf16> h(n);
-    CUDA_REQUIRE(cudaStreamSynchronize(stream.get()));
-    CUDA_REQUIRE(cudaMemcpy(h.data(), b.data(), n * sizeof(bf16), cudaMemcpyDeviceToHost));
-    return cuda::testing::ToF32(h);
   }
 };
 

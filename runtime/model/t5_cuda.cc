@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda_status.h"
 #include "runtime/kernels/cuda/attention_ranges.h"
-#include "runtime/kernels/cuda/cross_entropy.h"
 #include "runtime/kernels/cuda/elementwise.h"
 #include "runtime/kernels/cuda/embedding.h"
 #include "runtime/model/t5_cuda_stash.h"
@@ -229,25 +228,13 @@ absl::Status CudaT5Stage::HeadForward(Stash& s, const Buffer& x) {
   return cuda::Scale(s.lnf.as<bf16>(), 1.0f / std::sqrt(static_cast<float>(C)), M * C, stream_);
 }
 
-absl::Status CudaT5Stage::Loss(const Stash& s) {
-  const int64_t M = s.scored_count, C = config().hidden, V = config().vocab;
-  if (M == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(float* slot, NextLossSlot());
-  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
-  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
-  RETURN_IF_ERROR(
-      matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(layout_.head()), nullptr, M, C, V, stream_));
-  return cuda::SoftmaxCrossEntropy(slot, row_loss.as<float>(), nullptr, logits.as<const bf16>(), s.targets,
-                                   s.loss_scale, M, V, stream_);
-}
-
 absl::Status CudaT5Stage::Forward(int mb, const TokenBatch& batch, const void* hidden_in, void* hidden_out,
                                   float loss_scale, Recompute recompute) {
   if (stash_.contains(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is in flight"));
   ASSIGN_OR_RETURN(std::unique_ptr<Stash> s,
                    RunForward(batch, static_cast<const bf16*>(hidden_in), static_cast<bf16*>(hidden_out), recompute));
   s->loss_scale = loss_scale;
-  if (options().last) RETURN_IF_ERROR(Loss(*s));
+  if (options().last) RETURN_IF_ERROR(HeadLoss(s->lnf.as<const bf16>(), s->targets, s->scored_count, loss_scale));
   stash_[mb] = std::move(s);
   return absl::OkStatus();
 }
@@ -269,24 +256,10 @@ absl::Status CudaT5Stage::Infer(const TokenBatch& batch, const void* hidden_in, 
 
 // The head's backward (logits recomputed) into the scored rows of dr.
 absl::Status CudaT5Stage::HeadBackward(const Stash& s, bf16* dr) {
-  const int64_t C = config().hidden, V = config().vocab, M = s.scored_count;
+  const int64_t C = config().hidden, M = s.scored_count;
   if (M == 0) return absl::OkStatus();
-  const size_t head = layout_.head();
-  ASSIGN_OR_RETURN(Buffer logits, GetBf16(M * V));
-  ASSIGN_OR_RETURN(Buffer dlogits, GetBf16(M * V));
-  ASSIGN_OR_RETURN(Buffer loss_sum, GetF32(1));
-  ASSIGN_OR_RETURN(Buffer row_loss, GetF32(M));
-  RETURN_IF_ERROR(matmul_->Forward(logits.as<bf16>(), s.lnf.as<const bf16>(), W(head), nullptr, M, C, V, stream_));
-  RETURN_IF_ERROR(Zero(dlogits));
-  RETURN_IF_ERROR(Zero(loss_sum));
-  RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(loss_sum.as<float>(), row_loss.as<float>(), dlogits.as<bf16>(),
-                                            logits.as<const bf16>(), s.targets, s.loss_scale, M, V, stream_));
-  logits.Release();
   ASSIGN_OR_RETURN(Buffer dlnf, GetBf16(M * C));
-  RETURN_IF_ERROR(Zero(dlnf));
-  RETURN_IF_ERROR(matmul_->Backward(dlnf.as<bf16>(), G(head), nullptr, dlogits.as<const bf16>(),
-                                    s.lnf.as<const bf16>(), W(head), M, C, V, stream_));
-  dlogits.Release();
+  RETURN_IF_ERROR(HeadLossBackward(s.lnf.as<const bf16>(), s.targets, M, s.loss_scale, dlnf.as<bf16>()));
   if (config().tie_embeddings) {
     RETURN_IF_ERROR(cuda::Scale(dlnf.as<bf16>(), 1.0f / std::sqrt(static_cast<float>(C)), M * C, stream_));
   }

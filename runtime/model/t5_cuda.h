@@ -82,7 +82,6 @@ class CudaT5Stage final : public CudaStageBase {
                                                     Recompute recompute);
   absl::Status StageInput(Stash& s, const bf16* in, Buffer* x);
   absl::Status HeadForward(Stash& s, const Buffer& x);
-  absl::Status Loss(const Stash& s);
   absl::Status HeadBackward(const Stash& s, bf16* dr);
   // One layer from a.x: self-attention, the decoder's cross-attention to
   // the encoder output, the feed-forward; its output to `out` unless null.

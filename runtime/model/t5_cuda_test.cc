@@ -18,6 +18,7 @@
 
 #include "runtime/kernels/cuda/device_memory.h"
 #include "runtime/kernels/cuda/test_util.h"
+#include "runtime/model/cuda_stage_test_util.h"
 #include "runtime/model/t5.h"
 #include "runtime/optim/adamw.h"
 
@@ -25,7 +26,8 @@ namespace dynapipe::runtime::model {
 namespace {
 
 using cuda::testing::RelativeError;
-using cuda::testing::RoundBf16;
+using testing::RoundParams;
+using testing::Slice;
 using bf16 = __nv_bfloat16;
 
 constexpr uint64_t kSeed = 5;
@@ -108,49 +110,12 @@ TokenBatch Packed(int vocab) {
   return T5Batch(2, 40, 30, {{0, 12, 5}, {0, 20, 17}, {0, 8, 8}, {1, 33, 11}, {1, 7, 19}}, 12, vocab);
 }
 
-std::vector<float> Params(Stage& s) {
-  StageState st;
-  REQUIRE_OK(s.ExportState(&st));
-  return st.params;
-}
-void RoundParams(Stage& s) {
-  StageState st;
-  st.params = RoundBf16(Params(s));
-  st.adam_m.assign(st.params.size(), 0.0f);
-  st.adam_v.assign(st.params.size(), 0.0f);
-  REQUIRE_OK(s.ImportState(st));
-}
-std::vector<float> Slice(std::span<const float> all, const ParamInfo& p) {
-  return std::vector<float>(all.begin() + p.offset, all.begin() + p.offset + p.size);
-}
-
-struct Gpu {
-  cuda::testing::Stream stream;
-  cuda::CudaAllocator allocator;
-  cuda::CudaEventFences fences;
-  BufferPool pool{&allocator, &fences};
-
+struct Gpu : testing::TestGpu {
   std::unique_ptr<CudaT5Stage> Stage(const GptConfig& config, const StageOptions& options) {
     auto s = CudaT5Stage::Create(config, options, stream.get(), &pool);
     REQUIRE_OK(s.status());
     RoundParams(**s);
     return std::move(*s);
-  }
-  std::vector<float> Grads(CudaT5Stage& s) {
-    std::vector<float> g(s.num_params());
-    REQUIRE_OK(s.CopyGradsToHost(g));
-    return g;
-  }
-  Buffer Bytes(size_t n) {
-    auto b = pool.Get(std::max<size_t>(n, 16), cuda::Handle(stream.get()));
-    REQUIRE_OK(b.status());
-    return std::move(*b);
-  }
-  std::vector<float> Download(const Buffer& b, int64_t n) {
-    std::vector<bf16> h(n);
-    CUDA_REQUIRE(cudaStreamSynchronize(stream.get()));
-    CUDA_REQUIRE(cudaMemcpy(h.data(), b.data(), n * sizeof(bf16), cudaMemcpyDeviceToHost));
-    return cuda::testing::ToF32(h);
   }
 };
 

@@ -20,18 +20,8 @@ using testing::RandomNormal;
 using testing::RelativeError;
 using testing::RoundBf16;
 
-// seg (B, T): row b holds samples of lengths rows[b] one after another
-// (segment ids 0, 1, ...), then padding (-1).
 std::vector<int32_t> PackedSeg(int64_t T, const std::vector<std::vector<int64_t>>& rows) {
-  std::vector<int32_t> seg(rows.size() * T, -1);
-  for (size_t b = 0; b < rows.size(); ++b) {
-    int64_t t = 0;
-    for (size_t s = 0; s < rows[b].size(); ++s) {
-      for (int64_t k = 0; k < rows[b][s]; ++k) seg[b * T + t++] = static_cast<int32_t>(s);
-    }
-    REQUIRE(t <= T);
-  }
-  return seg;
+  return testing::PackedSegments(T, rows);
 }
 
 // Random sample lengths in [1, max_len] filling up to `fill` of T tokens.

@@ -26,19 +26,6 @@ using testing::RoundBf16;
 
 constexpr int kBuckets = 32, kMaxDistance = 128;
 
-// seg (B, T): row b holds samples of lengths rows[b] one after another.
-std::vector<int32_t> Seg(int64_t T, const std::vector<std::vector<int64_t>>& rows) {
-  std::vector<int32_t> seg(rows.size() * T, -1);
-  for (size_t b = 0; b < rows.size(); ++b) {
-    int64_t t = 0;
-    for (size_t s = 0; s < rows[b].size(); ++s) {
-      for (int64_t k = 0; k < rows[b][s]; ++k) seg[b * T + t++] = static_cast<int32_t>(s);
-    }
-    REQUIRE(t <= T);
-  }
-  return seg;
-}
-
 // dst starts from random values about half the size of `ref`'s, so += is
 // tested; returns them.
 std::vector<float> InitLike(const std::vector<float>& ref, uint64_t seed) {
@@ -68,7 +55,7 @@ struct SelfCase {
 void CheckSelf(const SelfCase& c) {
   INFO(c.name);
   const int64_t B = static_cast<int64_t>(c.rows.size()), T = c.T, NH = c.NH, C = NH * c.hs;
-  const std::vector<int32_t> seg = Seg(T, c.rows);
+  const std::vector<int32_t> seg = testing::PackedSegments(T, c.rows);
   const std::vector<float> qkv = RoundBf16(RandomNormal(B * T * 3 * C, c.seed, 0.5f));
   const std::vector<float> dout = RoundBf16(RandomNormal(B * T * C, c.seed + 1));
   const std::vector<float> bias = RoundBf16(RandomNormal(kBuckets * NH, c.seed + 2));
@@ -152,8 +139,8 @@ TEST_CASE("T5 decoder self-attention matches the CPU (causal, bias)", "[gpu]") {
 
 TEST_CASE("T5 cross-attention matches the CPU (targets against their own inputs)", "[gpu]") {
   const int64_t B = 3, Tq = 70, Tk = 120, NH = 2, hs = 64, C = NH * hs;
-  const std::vector<int32_t> seg_q = Seg(Tq, {{20, 30, 5}, {70}, {1}});
-  const std::vector<int32_t> seg_k = Seg(Tk, {{50, 10, 60}, {33}, {120}});
+  const std::vector<int32_t> seg_q = testing::PackedSegments(Tq, {{20, 30, 5}, {70}, {1}});
+  const std::vector<int32_t> seg_k = testing::PackedSegments(Tk, {{50, 10, 60}, {33}, {120}});
   const std::vector<float> q = RoundBf16(RandomNormal(B * Tq * C, 31, 0.5f));
   const std::vector<float> kv = RoundBf16(RandomNormal(B * Tk * 2 * C, 32, 0.5f));
   const std::vector<float> dout = RoundBf16(RandomNormal(B * Tq * C, 33));

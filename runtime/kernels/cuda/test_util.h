@@ -128,6 +128,20 @@ class DeviceArray {
 };
 
 // bf16 device copy of float host values (rounded).
+// seg (B, T) for attention tests: row b holds samples of lengths rows[b]
+// one after another (segment ids 0, 1, ...), then padding (-1).
+inline std::vector<int32_t> PackedSegments(int64_t T, const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int32_t> seg(rows.size() * T, -1);
+  for (size_t b = 0; b < rows.size(); ++b) {
+    int64_t t = 0;
+    for (size_t s = 0; s < rows[b].size(); ++s) {
+      for (int64_t k = 0; k < rows[b][s]; ++k) seg[b * T + t++] = static_cast<int32_t>(s);
+    }
+    REQUIRE(t <= T);
+  }
+  return seg;
+}
+
 inline DeviceArray<bf16> UploadBf16(const std::vector<float>& v) { return DeviceArray<bf16>(ToBf16(v)); }
 inline std::vector<float> DownloadBf16(const DeviceArray<bf16>& d) { return ToF32(d.Download()); }
 
