@@ -29,8 +29,8 @@ LAYERS = [
     },
     {
         "name": "formats",
-        "doc": "What the planner and the runtime share: the job spec, the plan seal, the dataset and lengths formats, checkpoint shards, the store, RPC and HTTP plumbing.",
-        "packages": ["//src/spec", "//src/plan", "//src/data", "//src/checkpoint", "//src/store", "//src/rpc", "//src/http"],
+        "doc": "What the planner and the runtime share: the job spec, the plan seal, the dataset and lengths formats, checkpoint shards, safetensors files, the store, RPC and HTTP plumbing.",
+        "packages": ["//src/spec", "//src/plan", "//src/data", "//src/checkpoint", "//src/safetensors", "//src/store", "//src/rpc", "//src/http"],
         "uses": ["fixtures", "third_party", "common"],
     },
     {

@@ -5,6 +5,7 @@
 
 #include "cli/data_command.h"
 #include "cli/eval_command.h"
+#include "cli/export_command.h"
 #include "cli/help.h"
 #include "cli/job_commands.h"
 #include "cli/plan_command.h"
@@ -19,6 +20,7 @@ int Run(const std::string& command, const std::vector<std::string>& args) {
   if (command == "plan") return dynapipe::cli::RunPlanCommand(args, std::cout, std::cerr);
   if (command == "data") return dynapipe::cli::RunDataCommand(args, std::cout, std::cerr);
   if (command == "eval") return dynapipe::cli::RunEvalCommand(args, std::cout, std::cerr);
+  if (command == "export") return dynapipe::cli::RunExportCommand(args, std::cout, std::cerr);
   if (command == "profile") return dynapipe::cli::RunProfileCommand(args, std::cout, std::cerr);
   return dynapipe::cli::RunJobCommand(command, args, std::cout, std::cerr);
 }

@@ -77,6 +77,8 @@ std::vector<VerbHelp> MakeVerbs() {
        "dynapipe data info data/quickstart"},
       {"eval", "per-task held-out accuracy of a job's checkpoint", "", {},
        "dynapipe eval --job configs/jobs/quickstart.pbtxt --data data/quickstart-eval"},
+      {"export", "a job's trained model in Hugging Face's format (safetensors + config.json)", "", {},
+       "dynapipe export configs/jobs/quickstart.pbtxt --out out/quickstart-hf"},
       {"profile", "measure the job's model on this CPU into a cost profile", "", {},
        "dynapipe profile --job configs/jobs/cpu-throughput.pbtxt --out data/throughput/cpu-profile.json"},
   };

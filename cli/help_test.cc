@@ -28,9 +28,9 @@ TEST_CASE("every verb and sub-verb answers --help with its usage, flags and an e
     }
     ++verbs;
   }
-  CHECK(verbs == 15);  // 12 verbs and data's three sub-verbs
+  CHECK(verbs == 16);  // 13 verbs and data's three sub-verbs
   // After other arguments too, and never read as an argument.
-  for (const char* cmd : {"data info --help", "status job-x --help", "plan --lengths x --help", "eval --help",
+  for (const char* cmd : {"data info --help", "status job-x --help", "plan --lengths x --help", "eval --help", "export --help",
                           "profile --job x --help", "submit configs/jobs/quickstart.pbtxt --help"}) {
     const auto r = testing::RunShell(absl::StrCat(dynapipe, " ", cmd));
     INFO(cmd << ": " << r.text);

@@ -21,7 +21,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-all=(config lengths dataset checkpoint plan http_head)
+all=(config lengths dataset checkpoint safetensors plan http_head)
 seconds="${FUZZ_SECONDS:-10}"
 output_base="${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel-fuzz}"
 out="${FUZZ_OUT:-$root/out/fuzz}"

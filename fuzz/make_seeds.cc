@@ -29,6 +29,7 @@
 #include "planner/service/job_runtime.h"
 #include "proto/job.pb.h"
 #include "src/checkpoint/checkpoint.h"
+#include "src/safetensors/safetensors.h"
 #include "src/data/dataset.h"
 #include "src/data/synth.h"
 #include "src/common/file_util.h"
@@ -246,6 +247,33 @@ absl::Status CheckpointSeeds(const Dirs& d) {
   return absl::OkStatus();
 }
 
+// ---- safetensors: weight files -------------------------------------------------
+
+absl::Status SafetensorsSeeds(const Dirs& d) {
+  const std::vector<float> w = {0.5f, -1.25f, 3.0f, 0.0f, -0.0f, 7.0f}, b = {1e-8f, 2.0f};
+  const uint16_t half[] = {0x3C00, 0xC000, 0x0001};
+  using safetensors::TensorOut;
+  const std::vector<TensorOut> two = {safetensors::F32Tensor("h.0.attn.c_attn.weight", {2, 3}, w),
+                                      safetensors::F32Tensor("h.0.attn.c_attn.bias", {2}, b),
+                                      {"half", safetensors::DType::kF16, {3},
+                                       {reinterpret_cast<const char*>(half), sizeof(half)}}};
+  ASSIGN_OR_RETURN(const std::string ok, safetensors::Serialize(two, {{"format", "pt"}}));
+  RETURN_IF_ERROR(Put(d, "safetensors", "two-tensors.safetensors", ok));
+  ASSIGN_OR_RETURN(const std::string empty, safetensors::Serialize(std::vector<TensorOut>{}));
+  RETURN_IF_ERROR(Put(d, "safetensors", "empty.safetensors", empty));
+  std::string s = ok;
+  s[0] = static_cast<char>(s[0] + 64);  // header length past the file
+  RETURN_IF_ERROR(Put(d, "safetensors", "bad-header-length.safetensors", s));
+  RETURN_IF_ERROR(Put(d, "safetensors", "bad-truncated.safetensors", ok.substr(0, ok.size() - 2)));
+  s = ok;
+  if (const size_t at = s.find("\"F32\""); at != std::string::npos) s[at + 2] = '1';  // unknown dtype F12
+  RETURN_IF_ERROR(Put(d, "safetensors", "bad-dtype.safetensors", s));
+  s = ok;
+  if (const size_t at = s.find("[0,24]"); at != std::string::npos) s[at + 4] = '0';  // [0,20]: shape mismatch
+  RETURN_IF_ERROR(Put(d, "safetensors", "bad-offsets.safetensors", s));
+  return absl::OkStatus();
+}
+
 // ---- plan: stored plans of one iteration -------------------------------------
 
 // Must match plan_fuzzer.cc.
@@ -270,6 +298,8 @@ absl::StatusOr<PlanSet> Plans(const Dirs& d, proto::JobSpec spec) {
 absl::Status PlanSeeds(const Dirs& d) {
   proto::JobSpec quickstart;
   RETURN_IF_ERROR(LoadProtoFile(d.root + "/configs/jobs/quickstart.pbtxt", &quickstart));
+  // The quickstart's measured profile exists only after deploy/quickstart.sh: plan from the analytic model.
+  quickstart.clear_cost_profile_path();
   ASSIGN_OR_RETURN(const PlanSet pp2dp2, Plans(d, quickstart));
   RETURN_IF_ERROR(Put(d, "plan", "pp2-dp2.bin", pp2dp2.SerializeAsString()));
   proto::JobSpec s = quickstart;
@@ -369,6 +399,7 @@ absl::Status Run(const Dirs& d) {
   RETURN_IF_ERROR(Annotate(LengthsSeeds(d), "lengths"));
   RETURN_IF_ERROR(Annotate(DatasetSeeds(d), "dataset"));
   RETURN_IF_ERROR(Annotate(CheckpointSeeds(d), "checkpoint"));
+  RETURN_IF_ERROR(Annotate(SafetensorsSeeds(d), "safetensors"));
   RETURN_IF_ERROR(Annotate(PlanSeeds(d), "plan"));
   RETURN_IF_ERROR(Annotate(HttpHeadSeeds(d), "http_head"));
   return absl::OkStatus();

@@ -1,0 +1,255 @@
+#include "runtime/model/hf_checkpoint.h"
+
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "src/common/json_writer.h"
+#include "src/common/status_macros.h"
+
+namespace dynapipe::runtime::model {
+
+namespace {
+
+// Pieces of the layout's tensors, built against their shapes.
+class PieceList {
+ public:
+  explicit PieceList(const GptLayout& whole) : whole_(whole) {}
+
+  // The whole of `ours`, as is (transpose: GPT-2's Conv1D (in, out)).
+  absl::Status Whole(const std::string& hf, const std::string& ours, bool transpose = false) {
+    const ParamInfo* p = whole_.FindParam(ours);
+    if (p == nullptr) return absl::InternalError(absl::StrCat("layout has no ", ours));
+    const int64_t rows = p->shape.empty() ? 1 : p->shape[0];
+    return Rows(hf, ours, 0, rows, transpose);
+  }
+  // Rows [row0, row0 + rows) of `ours`.
+  absl::Status Rows(const std::string& hf, const std::string& ours, int64_t row0, int64_t rows,
+                    bool transpose = false) {
+    const ParamInfo* p = whole_.FindParam(ours);
+    if (p == nullptr) return absl::InternalError(absl::StrCat("layout has no ", ours));
+    HfPiece piece;
+    piece.hf = hf;
+    piece.ours = ours;
+    piece.row0 = row0;
+    piece.rows = rows;
+    piece.cols = p->shape.size() <= 1 ? 1 : static_cast<int64_t>(p->size) / p->shape[0];
+    piece.transpose = transpose;
+    if (p->shape.size() <= 1) {
+      piece.hf_shape = {rows};
+    } else {
+      piece.hf_shape = transpose ? std::vector<int64_t>{piece.cols, rows} : std::vector<int64_t>{rows, piece.cols};
+    }
+    covered_[ours] += rows * piece.cols;
+    pieces_.push_back(std::move(piece));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<HfPiece>> Done() {
+    for (const ParamInfo& p : whole_.params()) {
+      if (covered_[p.name] != static_cast<int64_t>(p.size)) {
+        return absl::InternalError(absl::StrCat("Hugging Face mapping covers ", covered_[p.name], " of ", p.size,
+                                                " values of ", p.name));
+      }
+    }
+    return std::move(pieces_);
+  }
+
+ private:
+  const GptLayout& whole_;
+  std::vector<HfPiece> pieces_;
+  std::map<std::string, int64_t> covered_;
+};
+
+absl::StatusOr<std::vector<HfPiece>> Gpt2Pieces(const GptLayout& whole) {
+  const GptConfig& c = whole.config();
+  if (c.norm != NormKind::kLayerNorm || c.mlp != MlpKind::kGelu || !c.bias) {
+    return absl::InvalidArgumentError(
+        "model.block: GPT2LMHeadModel has LayerNorm with a shift, GELU and biases; this model's block differs");
+  }
+  PieceList l(whole);
+  const std::string t = "transformer.";
+  RETURN_IF_ERROR(l.Whole(t + "wte.weight", "wte"));
+  RETURN_IF_ERROR(l.Whole(t + "wpe.weight", "wpe"));
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string o = absl::StrCat("h.", i, "."), h = absl::StrCat(t, "h.", i, ".");
+    RETURN_IF_ERROR(l.Whole(h + "ln_1.weight", o + "ln1.w"));
+    RETURN_IF_ERROR(l.Whole(h + "ln_1.bias", o + "ln1.b"));
+    RETURN_IF_ERROR(l.Whole(h + "attn.c_attn.weight", o + "attn.qkv.w", /*transpose=*/true));
+    RETURN_IF_ERROR(l.Whole(h + "attn.c_attn.bias", o + "attn.qkv.b"));
+    RETURN_IF_ERROR(l.Whole(h + "attn.c_proj.weight", o + "attn.proj.w", true));
+    RETURN_IF_ERROR(l.Whole(h + "attn.c_proj.bias", o + "attn.proj.b"));
+    RETURN_IF_ERROR(l.Whole(h + "ln_2.weight", o + "ln2.w"));
+    RETURN_IF_ERROR(l.Whole(h + "ln_2.bias", o + "ln2.b"));
+    RETURN_IF_ERROR(l.Whole(h + "mlp.c_fc.weight", o + "mlp.fc.w", true));
+    RETURN_IF_ERROR(l.Whole(h + "mlp.c_fc.bias", o + "mlp.fc.b"));
+    RETURN_IF_ERROR(l.Whole(h + "mlp.c_proj.weight", o + "mlp.proj.w", true));
+    RETURN_IF_ERROR(l.Whole(h + "mlp.c_proj.bias", o + "mlp.proj.b"));
+  }
+  RETURN_IF_ERROR(l.Whole(t + "ln_f.weight", "lnf.w"));
+  RETURN_IF_ERROR(l.Whole(t + "ln_f.bias", "lnf.b"));
+  if (!c.tie_embeddings) RETURN_IF_ERROR(l.Whole("lm_head.weight", "lm_head.w"));
+  return l.Done();
+}
+
+// T5's feed-forward of one block: wi (ReLU) or wi_0 / wi_1 (gated: our gate
+// rows, then up rows), then wo.
+absl::Status T5Mlp(PieceList& l, const GptConfig& c, const std::string& hf, const std::string& ours) {
+  if (c.mlp == MlpKind::kGatedGelu) {
+    RETURN_IF_ERROR(l.Rows(hf + "DenseReluDense.wi_0.weight", ours + "mlp.fc.w", 0, c.ffn));
+    RETURN_IF_ERROR(l.Rows(hf + "DenseReluDense.wi_1.weight", ours + "mlp.fc.w", c.ffn, c.ffn));
+  } else {
+    RETURN_IF_ERROR(l.Whole(hf + "DenseReluDense.wi.weight", ours + "mlp.fc.w"));
+  }
+  return l.Whole(hf + "DenseReluDense.wo.weight", ours + "mlp.proj.w");
+}
+
+// q, k, v, o of a T5 attention from our fused [q; k; v] rows (or q and
+// [k; v] for cross-attention) and the output projection.
+absl::Status T5Attention(PieceList& l, int64_t C, const std::string& hf, const std::string& q_or_qkv,
+                         const std::string& kv, const std::string& proj) {
+  const bool fused = kv.empty();
+  RETURN_IF_ERROR(l.Rows(hf + "q.weight", q_or_qkv, 0, C));
+  RETURN_IF_ERROR(l.Rows(hf + "k.weight", fused ? q_or_qkv : kv, fused ? C : 0, C));
+  RETURN_IF_ERROR(l.Rows(hf + "v.weight", fused ? q_or_qkv : kv, fused ? 2 * C : C, C));
+  return l.Whole(hf + "o.weight", proj);
+}
+
+absl::StatusOr<std::vector<HfPiece>> T5Pieces(const GptLayout& whole) {
+  const GptConfig& c = whole.config();
+  if (c.norm != NormKind::kRms || c.bias || c.mlp == MlpKind::kGelu) {
+    return absl::InvalidArgumentError(
+        "model.block: T5ForConditionalGeneration has RMS norm, no biases and a ReLU or gated-GELU feed-forward");
+  }
+  PieceList l(whole);
+  RETURN_IF_ERROR(l.Whole("shared.weight", "wte"));
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string o = absl::StrCat("enc.", i, "."), h = absl::StrCat("encoder.block.", i, ".");
+    RETURN_IF_ERROR(T5Attention(l, c.hidden, h + "layer.0.SelfAttention.", o + "attn.qkv.w", "", o + "attn.proj.w"));
+    if (i == 0) RETURN_IF_ERROR(l.Whole(h + "layer.0.SelfAttention.relative_attention_bias.weight", "enc.rel_bias"));
+    RETURN_IF_ERROR(l.Whole(h + "layer.0.layer_norm.weight", o + "ln1.w"));
+    RETURN_IF_ERROR(T5Mlp(l, c, h + "layer.1.", o));
+    RETURN_IF_ERROR(l.Whole(h + "layer.1.layer_norm.weight", o + "ln2.w"));
+  }
+  RETURN_IF_ERROR(l.Whole("encoder.final_layer_norm.weight", "enc.lnf.w"));
+  for (int j = 0; j < c.decoder_layers; ++j) {
+    const std::string o = absl::StrCat("dec.", j, "."), h = absl::StrCat("decoder.block.", j, ".");
+    RETURN_IF_ERROR(T5Attention(l, c.hidden, h + "layer.0.SelfAttention.", o + "attn.qkv.w", "", o + "attn.proj.w"));
+    if (j == 0) RETURN_IF_ERROR(l.Whole(h + "layer.0.SelfAttention.relative_attention_bias.weight", "dec.rel_bias"));
+    RETURN_IF_ERROR(l.Whole(h + "layer.0.layer_norm.weight", o + "ln1.w"));
+    RETURN_IF_ERROR(T5Attention(l, c.hidden, h + "layer.1.EncDecAttention.", o + "xattn.q.w", o + "xattn.kv.w",
+                                o + "xattn.proj.w"));
+    RETURN_IF_ERROR(l.Whole(h + "layer.1.layer_norm.weight", o + "ln3.w"));
+    RETURN_IF_ERROR(T5Mlp(l, c, h + "layer.2.", o));
+    RETURN_IF_ERROR(l.Whole(h + "layer.2.layer_norm.weight", o + "ln2.w"));
+  }
+  RETURN_IF_ERROR(l.Whole("decoder.final_layer_norm.weight", "lnf.w"));
+  if (!c.tie_embeddings) RETURN_IF_ERROR(l.Whole("lm_head.weight", "lm_head.w"));
+  return l.Done();
+}
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<HfPiece>> HfPieces(const GptLayout& whole) {
+  const StageOptions& o = whole.options();
+  if (!o.first || !o.last || o.first_layer != 0 || o.num_layers != whole.config().TotalLayers()) {
+    return absl::InvalidArgumentError("Hugging Face checkpoints hold a whole model, not one stage");
+  }
+  return whole.config().encoder_decoder ? T5Pieces(whole) : Gpt2Pieces(whole);
+}
+
+absl::StatusOr<std::vector<HfTensor>> ToHuggingFace(const GptLayout& whole, std::span<const float> params) {
+  if (params.size() != whole.num_params()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(params.size(), " parameters for a model of ", whole.num_params()));
+  }
+  ASSIGN_OR_RETURN(const std::vector<HfPiece> pieces, HfPieces(whole));
+  std::vector<HfTensor> out;
+  out.reserve(pieces.size());
+  for (const HfPiece& p : pieces) {
+    const float* src = params.data() + whole.FindParam(p.ours)->offset + p.row0 * p.cols;
+    HfTensor t{p.hf, p.hf_shape, std::vector<float>(static_cast<size_t>(p.rows * p.cols))};
+    for (int64_t r = 0; r < p.rows; ++r) {
+      for (int64_t k = 0; k < p.cols; ++k) {
+        (p.transpose ? t.data[k * p.rows + r] : t.data[r * p.cols + k]) = src[r * p.cols + k];
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::Status FromHuggingFace(const GptLayout& whole, const HfSource& source, std::span<float> params) {
+  if (params.size() != whole.num_params()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(params.size(), " parameters for a model of ", whole.num_params()));
+  }
+  ASSIGN_OR_RETURN(const std::vector<HfPiece> pieces, HfPieces(whole));
+  for (const HfPiece& p : pieces) {
+    std::string name = p.hf;
+    absl::StatusOr<std::vector<int64_t>> shape = source.shape(name);
+    if (!shape.ok() && absl::StartsWith(name, "transformer.")) {  // GPT-2's base-model names
+      name = name.substr(std::string("transformer.").size());
+      shape = source.shape(name);
+    }
+    if (!shape.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor ", p.hf, ": not in the checkpoint"));
+    if (*shape != p.hf_shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": shape ", ShapeText(*shape),
+                                                     ", the model needs ", ShapeText(p.hf_shape)));
+    }
+    ASSIGN_OR_RETURN(const std::vector<float> values, source.values(name));
+    if (static_cast<int64_t>(values.size()) != Elements(p.hf_shape)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", values.size(), " values"));
+    }
+    float* dst = params.data() + whole.FindParam(p.ours)->offset + p.row0 * p.cols;
+    for (int64_t r = 0; r < p.rows; ++r) {
+      for (int64_t k = 0; k < p.cols; ++k) {
+        dst[r * p.cols + k] = p.transpose ? values[k * p.rows + r] : values[r * p.cols + k];
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> HfConfigJson(const GptConfig& c) {
+  JsonWriter w;
+  w.BeginObject();
+  if (c.encoder_decoder) {
+    if (c.norm != NormKind::kRms || c.bias || c.mlp == MlpKind::kGelu) {
+      return absl::InvalidArgumentError("model.block: not a T5 block (RMS norm, no biases, ReLU or gated GELU)");
+    }
+    w.Key("architectures").BeginArray().String("T5ForConditionalGeneration").EndArray();
+    w.Str("model_type", "t5").Int("vocab_size", c.vocab).Int("d_model", c.hidden).Int("d_kv", c.hidden / c.heads);
+    w.Int("d_ff", c.ffn).Int("num_layers", c.num_layers).Int("num_decoder_layers", c.decoder_layers);
+    w.Int("num_heads", c.heads).Int("relative_attention_num_buckets", c.relative_buckets);
+    w.Int("relative_attention_max_distance", c.relative_max_distance);
+    w.Str("feed_forward_proj", c.mlp == MlpKind::kGatedGelu ? "gated-gelu" : "relu");
+    w.Fixed("layer_norm_epsilon", 1e-6, 8).Fixed("dropout_rate", 0.0, 1).Bool("is_encoder_decoder", true);
+    w.Int("decoder_start_token_id", 0).Int("pad_token_id", 0).Int("eos_token_id", 1);
+  } else {
+    if (c.norm != NormKind::kLayerNorm || c.mlp != MlpKind::kGelu || !c.bias) {
+      return absl::InvalidArgumentError("model.block: not GPT-2's block (LayerNorm with a shift, GELU, biases)");
+    }
+    w.Key("architectures").BeginArray().String("GPT2LMHeadModel").EndArray();
+    w.Str("model_type", "gpt2").Int("vocab_size", c.vocab).Int("n_positions", c.max_positions);
+    w.Int("n_embd", c.hidden).Int("n_layer", c.num_layers).Int("n_head", c.heads).Int("n_inner", c.ffn);
+    w.Str("activation_function", "gelu_new").Fixed("layer_norm_epsilon", 1e-5, 8);
+    w.Fixed("resid_pdrop", 0.0, 1).Fixed("embd_pdrop", 0.0, 1).Fixed("attn_pdrop", 0.0, 1);
+  }
+  w.Bool("tie_word_embeddings", c.tie_embeddings).Str("torch_dtype", "float32");
+  w.EndObject();
+  return w.Take();
+}
+
+}  // namespace dynapipe::runtime::model

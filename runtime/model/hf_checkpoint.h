@@ -1,0 +1,71 @@
+#pragma once
+
+// A whole model's parameters in Hugging Face's names and layouts, both ways:
+// GPT-2 (`GPT2LMHeadModel`) for GPT-kind models with GPT-2's block, and T5 /
+// FLAN-T5 (`T5ForConditionalGeneration`) for T5-kind models (T5 v1.0's
+// ReLU block or v1.1's gated GELU), with the `config.json` that
+// `transformers` builds the model from.
+//
+// The layouts differ only by slicing and transposition: GPT-2's Conv1D
+// weights are stored (in, out), the transpose of our (out, in); T5 keeps
+// separate q, k and v (our fused [q; k; v] rows) and separate gate and up
+// halves of a gated MLP; T5's relative bias tables live in each stack's
+// first block. Values are copied exactly (float32), so export then import
+// gives the same bits.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/model/layout.h"
+
+namespace dynapipe::runtime::model {
+
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// Where one Hugging Face tensor's values come from: rows [row0, row0 + rows)
+// of our tensor `ours` seen as a matrix of its first dimension by the rest,
+// transposed for GPT-2's Conv1D weights.
+struct HfPiece {
+  std::string hf;
+  std::string ours;
+  int64_t row0 = 0, rows = 0, cols = 1;
+  bool transpose = false;
+  std::vector<int64_t> hf_shape;
+};
+
+// Every piece of `whole` (a layout holding all layers: StageOptions{0,
+// TotalLayers(), true, true}), each of its parameters covered exactly once.
+// INVALID_ARGUMENT for a model Hugging Face's class cannot express (a GPT
+// block other than GPT-2's, a T5 block with biases or LayerNorm), naming why.
+absl::StatusOr<std::vector<HfPiece>> HfPieces(const GptLayout& whole);
+
+// The Hugging Face tensors of a whole model's parameters (layout order).
+absl::StatusOr<std::vector<HfTensor>> ToHuggingFace(const GptLayout& whole, std::span<const float> params);
+
+// The reverse: `find(name)` gives a Hugging Face tensor's shape and values
+// (NOT_FOUND where absent); every piece is checked against the file (one
+// line naming the first missing tensor or mismatching dimension) and copied
+// into `params` (layout order). GPT-2 names are taken with or without the
+// "transformer." prefix.
+struct HfSource {
+  // Shape of `name`, or NOT_FOUND.
+  std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& name)> shape;
+  // Its values widened to float32.
+  std::function<absl::StatusOr<std::vector<float>>(const std::string& name)> values;
+};
+absl::Status FromHuggingFace(const GptLayout& whole, const HfSource& source, std::span<float> params);
+
+// `config.json` for `transformers` (GPT2LMHeadModel or
+// T5ForConditionalGeneration), as JSON text.
+absl::StatusOr<std::string> HfConfigJson(const GptConfig& config);
+
+}  // namespace dynapipe::runtime::model
