@@ -200,6 +200,7 @@ absl::StatusOr<LocalRunResult> RunLocal(const spec::NormalizedJobSpec& spec, con
   ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
   ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(spec, data_root));
   ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(paths.dataset));
+  if (options.init_from.empty()) options.init_from = paths.init_from;
   const int world = rt->world();
   LocalRunResult out;
   SizePerIteration(count, &out);

@@ -8,6 +8,7 @@
 #include "src/data/dataset.h"
 #include "src/common/file_util.h"
 #include "src/common/proto_io.h"
+#include "src/safetensors/weight_set.h"
 #include "src/common/status_macros.h"
 #include "src/spec/job_spec.h"
 
@@ -114,6 +115,14 @@ absl::StatusOr<std::shared_ptr<const JobRuntime>> BuildJobRuntime(const spec::No
   config.job_id = job_id;
   // Every path a job names stays under data_root.
   ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(normalized, data_root));
+  if (!paths.init_from.empty()) {
+    // Refused at Submit rather than when the ranks start: a missing or
+    // malformed weights file (each header checked; the tensors against the
+    // model when the stages load them).
+    if (absl::StatusOr<safetensors::WeightSet> w = safetensors::WeightSet::Open(paths.init_from); !w.ok()) {
+      return absl::Status(w.status().code(), absl::StrCat("model.init_from: ", w.status().message()));
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<const LayerCostModel> cost, LoadCostModel(spec, paths));
   auto runtime = std::make_shared<JobRuntime>(normalized);
   ASSIGN_OR_RETURN(runtime->planner, Planner::Create(config, cost));

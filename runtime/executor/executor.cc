@@ -328,7 +328,9 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
   auto first = plans.Next(iteration);
   if (!first.ok()) return fail(Annotate(first.status(), absl::StrCat("plan of iteration ", iteration)));
   const std::vector<int32_t> layers(first->layers().begin(), first->layers().end());
-  auto worker = CreateWorker(a, spec, *first, layers, comm->get(), inputs->dataset.get());
+  // Pretrained weights only for a fresh start: a resumed job's come from its checkpoint.
+  auto worker = CreateWorker(a, spec, *first, layers, comm->get(), inputs->dataset.get(),
+                             first_iteration == 0 ? inputs->init_from : std::string());
   if (!worker.ok()) return fail(worker.status());
 
   // A shard being written when the executor shuts down gets a grace to
@@ -339,6 +341,9 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
     const int64_t since = stopping_since_ns_.load();
     return since != 0 && absl::Now() - absl::FromUnixNanos(since) > kCheckpointShutdownGrace;
   });
+  if (first_iteration == 0 && !inputs->init_from.empty()) {
+    spdlog::info("job {}: started from the Hugging Face weights in {}", job, inputs->init_from);
+  }
   if (first_iteration > 0) {
     // Resume: the planner started this job after the latest complete checkpoint.
     if (auto s = checkpointer.Restore(first_iteration - 1, **worker); !s.ok()) return fail(Annotate(s, "resuming"));
@@ -377,6 +382,7 @@ absl::StatusOr<Executor::JobInputs> Executor::LoadJob(const proto::Assignment& a
   auto paths = spec::ConfineJobPaths(in.spec, options_.data_root);
   if (!paths.ok()) return paths.status();
   in.ckpt_dir = paths->checkpoint_dir;
+  in.init_from = paths->init_from;
   // Links inside the directory lead nowhere else.
   if (auto s = data::CheckDatasetConfined(options_.data_root, paths->dataset); !s.ok()) {
     return Annotate(s, "dataset.path");
@@ -408,8 +414,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Executor::CreateWorker(const proto::Assi
                                                                const proto::ExecutionPlan& first,
                                                                std::span<const int32_t> layers,
                                                                comm::Communicator* comm,
-                                                               const data::Dataset* dataset) {
+                                                               const data::Dataset* dataset,
+                                                               const std::string& init_from) {
   WorkerOptions wo;
+  wo.init_from = init_from;
   wo.comm_timeout = options_.comm_timeout;
   wo.stopped = [this] {
     MutexLock l(&mu_);

@@ -78,6 +78,7 @@ class Executor {
     explicit JobInputs(spec::NormalizedJobSpec s) : spec(std::move(s)) {}
     spec::NormalizedJobSpec spec;
     std::string ckpt_dir;                    // under --data_root; empty: no checkpoints
+    std::string init_from;                   // model.init_from under --data_root; empty: none
     std::unique_ptr<data::Dataset> dataset;  // opened under --data_root
   };
   struct RunningJob;
@@ -93,7 +94,7 @@ class Executor {
   absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const proto::Assignment& a, const spec::NormalizedJobSpec& spec,
                                                        const proto::ExecutionPlan& first,
                                                        std::span<const int32_t> layers, comm::Communicator* comm,
-                                                       const data::Dataset* dataset);
+                                                       const data::Dataset* dataset, const std::string& init_from);
   // After an iteration ran: its report to the planner and its checkpoint
   // when one is due (on disk before the report on the job's last iteration,
   // written behind it otherwise), then its metrics.

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/executor/hf_init.h"
 #include "src/plan/plan_seal.h"
 #include "runtime/executor/shared_tensors.h"
 #include "runtime/model/batch.h"
@@ -153,6 +154,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const spec::NormalizedJob
     w->chunks_.push_back(std::move(*stage));
     i = j;
   }
+  if (!w->options_.init_from.empty()) RETURN_IF_ERROR(InitFromHuggingFace(w->options_.init_from, w->chunks_));
   // The job's declared device memory bounds the rank: its model state (which
   // the planner's memory model counts too), the rest for buffers.
   if (spec.memory_limit_mb() > 0) {

@@ -39,6 +39,9 @@ struct WorkerOptions {
   // at the next instruction instead of running the plan out (a daemon shutting
   // down, a job failed elsewhere). Unset: never.
   std::function<bool()> stopped;
+  // Hugging Face weights every stage starts from (model.init_from, confined
+  // to the data root; executor/hf_init.h); empty: the seed's.
+  std::string init_from;
 };
 
 // What one iteration produced on this rank.

@@ -190,11 +190,12 @@ absl::StatusOr<std::vector<HfTensor>> ToHuggingFace(const GptLayout& whole, std:
   return out;
 }
 
-absl::Status FromHuggingFace(const GptLayout& whole, const HfSource& source, std::span<float> params) {
-  if (params.size() != whole.num_params()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(params.size(), " parameters for a model of ", whole.num_params()));
+absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std::span<float> params) {
+  if (params.size() != dest.num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat(params.size(), " parameters for a layout of ", dest.num_params()));
   }
+  const GptConfig& c = dest.config();
+  ASSIGN_OR_RETURN(const GptLayout whole, GptLayout::Make(c, {0, c.TotalLayers(), true, true, dest.options().seed}));
   ASSIGN_OR_RETURN(const std::vector<HfPiece> pieces, HfPieces(whole));
   for (const HfPiece& p : pieces) {
     std::string name = p.hf;
@@ -208,11 +209,13 @@ absl::Status FromHuggingFace(const GptLayout& whole, const HfSource& source, std
       return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": shape ", ShapeText(*shape),
                                                      ", the model needs ", ShapeText(p.hf_shape)));
     }
+    const ParamInfo* target = dest.FindParam(p.ours);
+    if (target == nullptr) continue;  // another stage's: not read
     ASSIGN_OR_RETURN(const std::vector<float> values, source.values(name));
     if (static_cast<int64_t>(values.size()) != Elements(p.hf_shape)) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", values.size(), " values"));
     }
-    float* dst = params.data() + whole.FindParam(p.ours)->offset + p.row0 * p.cols;
+    float* dst = params.data() + target->offset + p.row0 * p.cols;
     for (int64_t r = 0; r < p.rows; ++r) {
       for (int64_t k = 0; k < p.cols; ++k) {
         dst[r * p.cols + k] = p.transpose ? values[k * p.rows + r] : values[r * p.cols + k];

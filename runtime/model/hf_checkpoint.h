@@ -51,18 +51,18 @@ absl::StatusOr<std::vector<HfPiece>> HfPieces(const GptLayout& whole);
 // The Hugging Face tensors of a whole model's parameters (layout order).
 absl::StatusOr<std::vector<HfTensor>> ToHuggingFace(const GptLayout& whole, std::span<const float> params);
 
-// The reverse: `find(name)` gives a Hugging Face tensor's shape and values
-// (NOT_FOUND where absent); every piece is checked against the file (one
-// line naming the first missing tensor or mismatching dimension) and copied
-// into `params` (layout order). GPT-2 names are taken with or without the
-// "transformer." prefix.
+// The reverse, into `params` in the layout order of `dest` (a whole model,
+// or one pipeline stage: then only its own tensors are read). Every piece of
+// the model is checked against the source (one line naming the first
+// missing tensor or mismatching dimension). GPT-2 names are taken with or
+// without the "transformer." prefix.
 struct HfSource {
   // Shape of `name`, or NOT_FOUND.
   std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& name)> shape;
   // Its values widened to float32.
   std::function<absl::StatusOr<std::vector<float>>(const std::string& name)> values;
 };
-absl::Status FromHuggingFace(const GptLayout& whole, const HfSource& source, std::span<float> params);
+absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std::span<float> params);
 
 // `config.json` for `transformers` (GPT2LMHeadModel or
 // T5ForConditionalGeneration), as JSON text.

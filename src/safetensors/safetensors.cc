@@ -13,215 +13,17 @@
 #include "absl/strings/str_cat.h"
 #include "src/common/file_util.h"
 #include "src/common/json_writer.h"
+#include "src/safetensors/header_json.h"
 
 namespace dynapipe::safetensors {
 
 namespace {
 
+using internal::Json;
+
 constexpr DType kAll[] = {DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kI64,
                           DType::kI32, DType::kI16, DType::kI8,  DType::kU8,   DType::kBool};
 constexpr char kMetadata[] = "__metadata__";
-constexpr int kMaxDepth = 4;  // header object > tensor entry > shape array (> nothing deeper)
-
-// The JSON this header may hold: objects (keys in order), arrays, strings
-// and non-negative integers.
-struct Json {
-  enum Kind { kObject, kArray, kString, kNumber } kind = kNumber;
-  std::string str;
-  uint64_t num = 0;
-  std::vector<std::string> keys;  // an object's keys, in order
-  std::vector<Json> values;       // its values, or an array's items
-};
-
-class Parser {
- public:
-  explicit Parser(absl::string_view text) : s_(text) {}
-
-  absl::StatusOr<Json> Document() {
-    Json v;
-    if (absl::Status st = Value(v, 0); !st.ok()) return st;
-    Skip();
-    if (i_ != s_.size()) return Error("trailing bytes after the header's JSON");
-    return v;
-  }
-
- private:
-  absl::Status Error(absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat("header JSON at byte ", i_, ": ", what));
-  }
-  void Skip() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
-  }
-  absl::Status Value(Json& out, int depth) {
-    if (depth > kMaxDepth) return Error("nested too deeply");
-    Skip();
-    if (i_ >= s_.size()) return Error("unexpected end");
-    const char c = s_[i_];
-    if (c == '{') return Object(out, depth);
-    if (c == '[') return Array(out, depth);
-    if (c == '"') {
-      out.kind = Json::kString;
-      return String(out.str);
-    }
-    if (c >= '0' && c <= '9') return Number(out);
-    return Error(absl::StrCat("unsupported value starting with '", std::string(1, c), "'"));
-  }
-  absl::Status Object(Json& out, int depth) {
-    out.kind = Json::kObject;
-    ++i_;  // '{'
-    Skip();
-    if (i_ < s_.size() && s_[i_] == '}') {
-      ++i_;
-      return absl::OkStatus();
-    }
-    std::set<std::string> seen;
-    while (true) {
-      Skip();
-      if (i_ >= s_.size() || s_[i_] != '"') return Error("expected a key");
-      std::string key;
-      if (absl::Status st = String(key); !st.ok()) return st;
-      if (!seen.insert(key).second) return Error(absl::StrCat("duplicate key \"", key, "\""));
-      Skip();
-      if (i_ >= s_.size() || s_[i_] != ':') return Error("expected ':'");
-      ++i_;
-      Json v;
-      if (absl::Status st = Value(v, depth + 1); !st.ok()) return st;
-      out.keys.push_back(std::move(key));
-      out.values.push_back(std::move(v));
-      Skip();
-      if (i_ < s_.size() && s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (i_ < s_.size() && s_[i_] == '}') {
-        ++i_;
-        return absl::OkStatus();
-      }
-      return Error("expected ',' or '}'");
-    }
-  }
-  absl::Status Array(Json& out, int depth) {
-    out.kind = Json::kArray;
-    ++i_;  // '['
-    Skip();
-    if (i_ < s_.size() && s_[i_] == ']') {
-      ++i_;
-      return absl::OkStatus();
-    }
-    while (true) {
-      Json v;
-      if (absl::Status st = Value(v, depth + 1); !st.ok()) return st;
-      out.values.push_back(std::move(v));
-      Skip();
-      if (i_ < s_.size() && s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (i_ < s_.size() && s_[i_] == ']') {
-        ++i_;
-        return absl::OkStatus();
-      }
-      return Error("expected ',' or ']'");
-    }
-  }
-  absl::Status Number(Json& out) {
-    out.kind = Json::kNumber;
-    const size_t start = i_;
-    uint64_t v = 0;
-    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
-      const uint64_t digit = static_cast<uint64_t>(s_[i_] - '0');
-      if (v > (UINT64_MAX - digit) / 10) return Error("integer too large");
-      v = v * 10 + digit;
-      ++i_;
-    }
-    if (i_ - start > 1 && s_[start] == '0') return Error("integer with a leading zero");
-    if (i_ < s_.size() && (s_[i_] == '.' || s_[i_] == 'e' || s_[i_] == 'E')) return Error("not an integer");
-    out.num = v;
-    return absl::OkStatus();
-  }
-  static void Utf8(uint32_t cp, std::string& out) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-  absl::Status Hex4(uint32_t* cp) {
-    if (i_ + 4 > s_.size()) return Error("short \\u escape");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char h = s_[i_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9') {
-        v |= static_cast<uint32_t>(h - '0');
-      } else if (h >= 'a' && h <= 'f') {
-        v |= static_cast<uint32_t>(h - 'a' + 10);
-      } else if (h >= 'A' && h <= 'F') {
-        v |= static_cast<uint32_t>(h - 'A' + 10);
-      } else {
-        return Error("bad \\u escape");
-      }
-    }
-    *cp = v;
-    return absl::OkStatus();
-  }
-  absl::Status String(std::string& out) {
-    ++i_;  // '"'
-    while (true) {
-      if (i_ >= s_.size()) return Error("unterminated string");
-      const unsigned char c = static_cast<unsigned char>(s_[i_++]);
-      if (c == '"') return absl::OkStatus();
-      if (c < 0x20) return Error("control character in a string");
-      if (c != '\\') {
-        out += static_cast<char>(c);
-        continue;
-      }
-      if (i_ >= s_.size()) return Error("unterminated escape");
-      const char e = s_[i_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          uint32_t cp = 0;
-          if (absl::Status st = Hex4(&cp); !st.ok()) return st;
-          if (cp >= 0xD800 && cp < 0xDC00) {  // a surrogate pair
-            uint32_t low = 0;
-            if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u') return Error("lone surrogate");
-            i_ += 2;
-            if (absl::Status st = Hex4(&low); !st.ok()) return st;
-            if (low < 0xDC00 || low >= 0xE000) return Error("bad surrogate pair");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp < 0xE000) {
-            return Error("lone surrogate");
-          }
-          Utf8(cp, out);
-          break;
-        }
-        default: return Error("bad escape");
-      }
-    }
-  }
-
-  absl::string_view s_;
-  size_t i_ = 0;
-};
-
 absl::StatusOr<DType> ParseDType(absl::string_view s) {
   for (DType d : kAll) {
     if (DTypeName(d) == s) return d;
@@ -322,80 +124,67 @@ int64_t TensorInfo::elements() const {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, [](int64_t a, int64_t b) { return a * b; });
 }
 
-absl::Status Reader::ParseHeader(absl::string_view header, uint64_t data_bytes, const Limits& limits) {
-  absl::StatusOr<Json> doc = Parser(header).Document();
-  if (!doc.ok()) return doc.status();
-  if (doc->kind != Json::kObject) return absl::InvalidArgumentError("the header is not a JSON object");
-  if (doc->keys.size() > limits.max_tensors + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("more than ", limits.max_tensors, " tensors"));
-  }
-  for (size_t e = 0; e < doc->keys.size(); ++e) {
-    const std::string& key = doc->keys[e];
-    const Json& value = doc->values[e];
-    if (key == kMetadata) {
-      if (value.kind != Json::kObject) return absl::InvalidArgumentError("__metadata__ is not an object");
-      for (size_t m = 0; m < value.keys.size(); ++m) {
-        if (value.values[m].kind != Json::kString) {
-          return absl::InvalidArgumentError(absl::StrCat("__metadata__.", value.keys[m], ": not a string"));
-        }
-        metadata_[value.keys[m]] = value.values[m].str;
+namespace {
+
+// One tensor's header entry, checked against the data's size.
+absl::StatusOr<TensorInfo> ParseTensor(const std::string& key, const Json& value, uint64_t data_bytes,
+                                       const Limits& limits) {
+  auto bad = [&key](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", key, "\": ", what));
+  };
+  if (value.kind != Json::kObject) return bad("not an object");
+  TensorInfo t;
+  t.name = key;
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+  for (size_t f = 0; f < value.keys.size(); ++f) {
+    const std::string& field = value.keys[f];
+    const Json& v = value.values[f];
+    if (field == "dtype") {
+      if (v.kind != Json::kString) return bad("dtype is not a string");
+      absl::StatusOr<DType> d = ParseDType(v.str);
+      if (!d.ok()) return bad(d.status().message());
+      t.dtype = *d;
+      has_dtype = true;
+    } else if (field == "shape") {
+      if (v.kind != Json::kArray) return bad("shape is not an array");
+      if (static_cast<int>(v.values.size()) > limits.max_rank) {
+        return bad(absl::StrCat("rank ", v.values.size(), " above ", limits.max_rank));
       }
-      continue;
-    }
-    auto bad = [&key](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor \"", key, "\": ", what));
-    };
-    if (value.kind != Json::kObject) return bad("not an object");
-    TensorInfo t;
-    t.name = key;
-    bool has_dtype = false, has_shape = false, has_offsets = false;
-    for (size_t f = 0; f < value.keys.size(); ++f) {
-      const std::string& field = value.keys[f];
-      const Json& v = value.values[f];
-      if (field == "dtype") {
-        if (v.kind != Json::kString) return bad("dtype is not a string");
-        absl::StatusOr<DType> d = ParseDType(v.str);
-        if (!d.ok()) return bad(d.status().message());
-        t.dtype = *d;
-        has_dtype = true;
-      } else if (field == "shape") {
-        if (v.kind != Json::kArray) return bad("shape is not an array");
-        if (static_cast<int>(v.values.size()) > limits.max_rank) {
-          return bad(absl::StrCat("rank ", v.values.size(), " above ", limits.max_rank));
+      for (const Json& dim : v.values) {
+        if (dim.kind != Json::kNumber || dim.num > static_cast<uint64_t>(INT64_MAX)) {
+          return bad("shape holds something other than a dimension");
         }
-        for (const Json& dim : v.values) {
-          if (dim.kind != Json::kNumber || dim.num > static_cast<uint64_t>(INT64_MAX)) {
-            return bad("shape holds something other than a dimension");
-          }
-          t.shape.push_back(static_cast<int64_t>(dim.num));
-        }
-        has_shape = true;
-      } else if (field == "data_offsets") {
-        if (v.kind != Json::kArray || v.values.size() != 2 || v.values[0].kind != Json::kNumber ||
-            v.values[1].kind != Json::kNumber) {
-          return bad("data_offsets is not [begin, end]");
-        }
-        t.begin = v.values[0].num;
-        t.end = v.values[1].num;
-        has_offsets = true;
-      } else {
-        return bad(absl::StrCat("unknown field \"", field, "\""));
+        t.shape.push_back(static_cast<int64_t>(dim.num));
       }
+      has_shape = true;
+    } else if (field == "data_offsets") {
+      if (v.kind != Json::kArray || v.values.size() != 2 || v.values[0].kind != Json::kNumber ||
+          v.values[1].kind != Json::kNumber) {
+        return bad("data_offsets is not [begin, end]");
+      }
+      t.begin = v.values[0].num;
+      t.end = v.values[1].num;
+      has_offsets = true;
+    } else {
+      return bad(absl::StrCat("unknown field \"", field, "\""));
     }
-    if (!has_dtype || !has_shape || !has_offsets) return bad("needs dtype, shape and data_offsets");
-    if (t.begin > t.end || t.end > data_bytes) {
-      return bad(absl::StrCat("data_offsets [", t.begin, ", ", t.end, ") outside the ", data_bytes, " data bytes"));
-    }
-    absl::StatusOr<uint64_t> size = ByteSize(t.shape, DTypeBytes(t.dtype));
-    if (!size.ok()) return bad(size.status().message());
-    if (*size != t.end - t.begin) {
-      return bad(absl::StrCat("shape and dtype make ", *size, " bytes, data_offsets ", t.end - t.begin));
-    }
-    tensors_.push_back(std::move(t));
   }
-  // The ranges tile the data: no overlap, no hole.
+  if (!has_dtype || !has_shape || !has_offsets) return bad("needs dtype, shape and data_offsets");
+  if (t.begin > t.end || t.end > data_bytes) {
+    return bad(absl::StrCat("data_offsets [", t.begin, ", ", t.end, ") outside the ", data_bytes, " data bytes"));
+  }
+  absl::StatusOr<uint64_t> size = ByteSize(t.shape, DTypeBytes(t.dtype));
+  if (!size.ok()) return bad(size.status().message());
+  if (*size != t.end - t.begin) {
+    return bad(absl::StrCat("shape and dtype make ", *size, " bytes, data_offsets ", t.end - t.begin));
+  }
+  return t;
+}
+
+// The ranges tile the data: no overlap, no hole.
+absl::Status CheckTiling(const std::vector<TensorInfo>& tensors, uint64_t data_bytes) {
   std::vector<const TensorInfo*> by_begin;
-  for (const TensorInfo& t : tensors_) by_begin.push_back(&t);
+  for (const TensorInfo& t : tensors) by_begin.push_back(&t);
   std::stable_sort(by_begin.begin(), by_begin.end(), [](const TensorInfo* a, const TensorInfo* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
@@ -412,6 +201,35 @@ absl::Status Reader::ParseHeader(absl::string_view header, uint64_t data_bytes, 
     return absl::InvalidArgumentError(absl::StrCat("the data's last ", data_bytes - at, " bytes belong to no tensor"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Reader::ParseHeader(absl::string_view header, uint64_t data_bytes, const Limits& limits) {
+  absl::StatusOr<Json> doc = internal::ParseJson(header);
+  if (!doc.ok()) return doc.status();
+  if (doc->kind != Json::kObject) return absl::InvalidArgumentError("the header is not a JSON object");
+  if (doc->keys.size() > limits.max_tensors + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("more than ", limits.max_tensors, " tensors"));
+  }
+  for (size_t e = 0; e < doc->keys.size(); ++e) {
+    const std::string& key = doc->keys[e];
+    const Json& value = doc->values[e];
+    if (key != kMetadata) {
+      absl::StatusOr<TensorInfo> t = ParseTensor(key, value, data_bytes, limits);
+      if (!t.ok()) return t.status();
+      tensors_.push_back(std::move(*t));
+      continue;
+    }
+    if (value.kind != Json::kObject) return absl::InvalidArgumentError("__metadata__ is not an object");
+    for (size_t m = 0; m < value.keys.size(); ++m) {
+      if (value.values[m].kind != Json::kString) {
+        return absl::InvalidArgumentError(absl::StrCat("__metadata__.", value.keys[m], ": not a string"));
+      }
+      metadata_[value.keys[m]] = value.values[m].str;
+    }
+  }
+  return CheckTiling(tensors_, data_bytes);
 }
 
 namespace {
@@ -583,6 +401,28 @@ absl::Status Write(const std::string& path, std::span<const TensorOut> tensors,
     if (absl::Status s = (*w)->Append(absl::string_view(t.bytes.data(), t.bytes.size())); !s.ok()) return s;
   }
   return (*w)->Commit();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ParseWeightMapJson(absl::string_view index_json) {
+  absl::StatusOr<Json> doc = internal::ParseJson(index_json);
+  if (!doc.ok()) return doc.status();
+  if (doc->kind != Json::kObject) return absl::InvalidArgumentError("the index is not a JSON object");
+  std::map<std::string, std::string> out;
+  bool found = false;
+  for (size_t i = 0; i < doc->keys.size(); ++i) {
+    if (doc->keys[i] != "weight_map") continue;
+    found = true;
+    const Json& m = doc->values[i];
+    if (m.kind != Json::kObject) return absl::InvalidArgumentError("weight_map is not an object");
+    for (size_t k = 0; k < m.keys.size(); ++k) {
+      if (m.values[k].kind != Json::kString) {
+        return absl::InvalidArgumentError(absl::StrCat("weight_map.", m.keys[k], ": not a file name"));
+      }
+      out[m.keys[k]] = m.values[k].str;
+    }
+  }
+  if (!found) return absl::InvalidArgumentError("the index has no weight_map");
+  return out;
 }
 
 TensorOut F32Tensor(std::string name, std::vector<int64_t> shape, std::span<const float> data) {

@@ -99,6 +99,10 @@ absl::StatusOr<std::string> Serialize(std::span<const TensorOut> tensors,
 absl::Status Write(const std::string& path, std::span<const TensorOut> tensors,
                    const std::map<std::string, std::string>& metadata = {});
 
+// The "weight_map" object of a sharded model's index JSON (see
+// weight_set.h), by the header's strict parser.
+absl::StatusOr<std::map<std::string, std::string>> ParseWeightMapJson(absl::string_view index_json);
+
 // A float32 tensor's TensorOut over `data` (which must outlive it).
 TensorOut F32Tensor(std::string name, std::vector<int64_t> shape, std::span<const float> data);
 

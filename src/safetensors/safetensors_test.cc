@@ -2,6 +2,7 @@
 // exactly), the layout the format prescribes, and one refusal per way a
 // header can lie, each one line naming what was wrong.
 #include "src/safetensors/safetensors.h"
+#include "src/safetensors/weight_set.h"
 
 #include <unistd.h>
 
@@ -144,6 +145,50 @@ TEST_CASE("safetensors writer refuses names and sizes it cannot write, and leave
   CHECK(!Write(path, std::vector<TensorOut>{F32Tensor("x", {5}, a)}).ok());
   CHECK(::access(path.c_str(), F_OK) != 0);
   CHECK(Reader::Open(path).status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("A weight set: one file, a folder with model.safetensors, or shards listed by an index") {
+  namespace fs = std::filesystem;
+  const std::string dir = dynapipe::testing::FreshTempDir("weight_set");
+  fs::create_directories(dir + "/single");
+  fs::create_directories(dir + "/sharded");
+  fs::create_directories(dir + "/empty");
+  const std::vector<float> a = {1, 2, 3}, b = {4, 5};
+  REQUIRE_OK(Write(dir + "/single/model.safetensors", std::vector<TensorOut>{F32Tensor("a", {3}, a), F32Tensor("b", {2}, b)}));
+  REQUIRE_OK(WriteFileAtomic(dir + "/single/config.json", R"({"model_type": "gpt2", "n_head": 4})"));
+  REQUIRE_OK(Write(dir + "/sharded/model-00001-of-00002.safetensors", std::vector<TensorOut>{F32Tensor("a", {3}, a)}));
+  REQUIRE_OK(Write(dir + "/sharded/model-00002-of-00002.safetensors", std::vector<TensorOut>{F32Tensor("b", {2}, b)}));
+  const std::string index = R"({"metadata": {"total_size": 20}, "weight_map": {"a": "model-00001-of-00002.safetensors", )"
+                            R"("b": "model-00002-of-00002.safetensors"}})";
+  REQUIRE_OK(WriteFileAtomic(dir + "/sharded/model.safetensors.index.json", index));
+  for (const std::string& p : {dir + "/single", dir + "/sharded", dir + "/single/model.safetensors"}) {
+    INFO(p);
+    auto w = WeightSet::Open(p);
+    REQUIRE_OK(w.status());
+    CHECK(w->size() == 2);
+    CHECK(*w->ReadF32("b") == b);
+    CHECK(w->Find("a")->shape == std::vector<int64_t>{3});
+    CHECK(w->Find("c") == nullptr);
+    CHECK(w->config_json().empty() == (p != dir + "/single"));
+  }
+  auto says = [](const absl::Status& s, const std::string& what) {
+    INFO(s.message());
+    return !s.ok() && std::string(s.message()).find(what) != std::string::npos &&
+           std::string(s.message()).find('\n') == std::string::npos;
+  };
+  CHECK(says(WeightSet::Open(dir + "/empty").status(), "holds neither model.safetensors"));
+  CHECK(says(WeightSet::Open(dir + "/nope").status(), "No such file"));
+  REQUIRE_OK(WriteFileAtomic(dir + "/sharded/model.safetensors.index.json",
+                             R"({"weight_map": {"a": "model-00001-of-00002.safetensors", "c": "model-00002-of-00002.safetensors"}})"));
+  CHECK(says(WeightSet::Open(dir + "/sharded").status(), "tensor c is not in model-00002-of-00002.safetensors"));
+  REQUIRE_OK(WriteFileAtomic(dir + "/sharded/model.safetensors.index.json", R"({"weight_map": {"a": "../single/model.safetensors"}})"));
+  CHECK(says(WeightSet::Open(dir + "/sharded").status(), "outside the folder"));
+  REQUIRE_OK(WriteFileAtomic(dir + "/sharded/model.safetensors.index.json",
+                             R"({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})"));
+  REQUIRE_OK(Write(dir + "/sharded/model-00002-of-00002.safetensors", std::vector<TensorOut>{F32Tensor("a", {3}, a), F32Tensor("b", {2}, b)}));
+  CHECK(says(WeightSet::Open(dir + "/sharded").status(), "tensor a is in another file too"));
+  REQUIRE_OK(WriteFileAtomic(dir + "/sharded/model.safetensors.index.json", R"({"weight_map": 3})"));
+  CHECK(says(WeightSet::Open(dir + "/sharded").status(), "weight_map is not an object"));
 }
 
 }  // namespace

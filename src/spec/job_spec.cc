@@ -317,6 +317,7 @@ absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {
                        &format));
   ds->set_format(format);
   if (!spec.cost_profile_path().empty()) RETURN_IF_ERROR(CheckJobPath("cost_profile_path", spec.cost_profile_path()));
+  if (!spec.model().init_from().empty()) RETURN_IF_ERROR(CheckJobPath("model.init_from", spec.model().init_from()));
 
   proto::CheckpointSpec* ck = spec.mutable_checkpoint();
   RETURN_IF_ERROR(Int<int64_t>("checkpoint.interval", ck->interval(), 0, 0, kMaxIterations,
@@ -371,6 +372,10 @@ absl::StatusOr<JobPaths> ConfineJobPaths(const NormalizedJobSpec& spec, const st
   if (!spec->cost_profile_path().empty()) {
     ASSIGN_OR_RETURN(out.cost_profile,
                      Annotate(ConfinedPath(data_root, spec->cost_profile_path()), "cost_profile_path"));
+  }
+  if (!spec->model().init_from().empty()) {
+    ASSIGN_OR_RETURN(out.init_from,
+                     Annotate(ConfinedPath(data_root, spec->model().init_from()), "model.init_from"));
   }
   ASSIGN_OR_RETURN(out.dataset, Annotate(ConfinedPath(data_root, spec->dataset().path()), "dataset.path"));
   return out;

@@ -120,6 +120,7 @@ absl::StatusOr<NormalizedJobSpec> LoadJobSpec(const std::string& path);
 // the executors confine a job's paths.
 struct JobPaths {
   std::string checkpoint_dir;
+  std::string init_from;  // model.init_from; empty when unset
   std::string cost_profile;
   std::string dataset;
 };

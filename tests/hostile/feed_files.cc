@@ -32,6 +32,7 @@ constexpr char kLengthsCli[] = "Lengths files → `dynapipe data synth --lengths
 constexpr char kDatasetGrpc[] = "Indexed datasets → `Submit` (dataset.format indexed)";
 constexpr char kDatasetCli[] = "Indexed datasets → `dynapipe data info`";
 constexpr char kShards[] = "Checkpoint shards → `dynapipe eval --checkpoint`";
+constexpr char kWeights[] = "Hugging Face weights (model.init_from) → `Submit` (headers; tensors when the stages load)";
 constexpr char kFlags[] = "CLI flags and arguments";
 
 std::string TextProto(const proto::JobSpec& spec) {
@@ -286,6 +287,18 @@ void FeedDatasets(PlannerUnderTest& p, Tally& t, const proto::JobSpec& base, con
   for (const FileCase& c : root.bad_datasets_planner_only) {
     t.Add(kDatasetGrpc, c.name, p.Submit(WithPath(base, kIndexedPath, c.path)));
   }
+}
+
+void FeedWeights(PlannerUnderTest& p, Tally& t, const proto::JobSpec& base, const WeightsCorpus& c) {
+  auto with = [&base](const std::string& path) {
+    proto::JobSpec s = base;
+    s.mutable_model()->set_init_from(path);
+    return s;
+  };
+  const Result control = p.Submit(with(c.valid));
+  t.AddControl(kWeights, "a folder written by safetensors::Write, with config.json",
+               control.outcome == Outcome::kAccepted, control.code + ": " + control.message);
+  for (const FileCase& f : c.bad) t.Add(kWeights, f.name, p.Submit(with(f.path)));
 }
 
 void FeedCheckpoints(PlannerUnderTest& p, Tally& t, const CheckpointCorpus& c) {

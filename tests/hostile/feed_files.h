@@ -11,6 +11,7 @@
 #include "proto/job.pb.h"
 #include "tests/hostile/checkpoint_corpus.h"
 #include "tests/hostile/data_root.h"
+#include "tests/hostile/weights_corpus.h"
 #include "tests/hostile/planner_under_test.h"
 #include "tests/hostile/tally.h"
 
@@ -34,6 +35,8 @@ void FeedLengthsFiles(PlannerUnderTest& p, Tally& t, const proto::JobSpec& base,
                       const std::string& scratch);
 // Corrupted datasets to Submit and to `dynapipe data info`.
 void FeedDatasets(PlannerUnderTest& p, Tally& t, const proto::JobSpec& base, const DataRoot& root);
+// Hugging Face weight files as model.init_from to Submit.
+void FeedWeights(PlannerUnderTest& p, Tally& t, const proto::JobSpec& base, const WeightsCorpus& c);
 // Corrupted shards to `dynapipe eval --checkpoint`.
 void FeedCheckpoints(PlannerUnderTest& p, Tally& t, const CheckpointCorpus& c);
 // Bad flags and arguments to the CLI's commands.

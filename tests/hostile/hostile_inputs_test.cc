@@ -47,6 +47,9 @@ TEST_CASE("Malformed inputs to the planner and the CLI: no crash, no hang, nothi
   auto root = MakeDataRoot(scratch, CorpusDir() + "/lengths");
   INFO(root.status().ToString());
   REQUIRE(root.ok());
+  auto weights = MakeWeightsCorpus(root->root);
+  INFO(weights.status().ToString());
+  REQUIRE(weights.ok());
   auto ckpt = MakeCheckpointCorpus(scratch + "/ckpt");
   INFO(ckpt.status().ToString());
   REQUIRE(ckpt.ok());
@@ -88,6 +91,7 @@ TEST_CASE("Malformed inputs to the planner and the CLI: no crash, no hang, nothi
   timed("spec files", [&] { FeedSpecFiles(planner, t, scratch); });
   timed("lengths", [&] { FeedLengthsFiles(planner, t, base, *root, scratch); });
   timed("datasets", [&] { FeedDatasets(planner, t, base, *root); });
+  timed("weights", [&] { FeedWeights(planner, t, base, *weights); });
   timed("checkpoints", [&] { FeedCheckpoints(planner, t, *ckpt); });
   timed("stored plans", [&] { FeedStoredPlans(planner, t, (*redis)->port(), base); });
   timed("grpc wire", [&] { FeedGrpcWire(planner, t); });
