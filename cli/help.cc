@@ -68,10 +68,12 @@ std::vector<VerbHelp> MakeVerbs() {
         {"--input-scale F", "input lengths x F in (0, 1], for small CPU runs (default 1)"}},
        "dynapipe data synth --out data/throughput --lengths tests/data/flan-like-lengths.txt --samples 20000 "
        "--input-scale 0.25"},
-      {"data import", "a dataset from pre-tokenized JSON lines", "dynapipe data import --in FILE.jsonl --out DIR [flags]",
+      {"data import", "a dataset from JSON lines: token ids, or text through a SentencePiece tokenizer", "dynapipe data import --in FILE.jsonl --out DIR [flags]",
        {{"--in FILE.jsonl", "one {\"input\": [ids], \"target\": [ids], \"task\": \"name\"} object per line"},
         {"--out DIR", "the dataset directory to write"},
-        {"--vocab V", "vocabulary size (default: the largest id + 1)"}},
+        {"--vocab V", "vocabulary size (default: the largest id + 1, or the tokenizer's)"},
+        {"--tokenizer FILE.model", "a SentencePiece model: lines hold text ({\"input\": \"...\", \"target\": \"...\", "
+                                   "\"task\": \"name\"}), tokenized on import"}},
        "dynapipe data import --in flan.jsonl --out data/flan"},
       {"data info", "samples, tokens and tasks of a dataset", "dynapipe data info DIR", {},
        "dynapipe data info data/quickstart"},

@@ -27,6 +27,7 @@ packages=(
   libopenblas-dev          # CPU math backend
   libbenchmark-dev         # Google Benchmark
   libcpp-httplib-dev       # status endpoint
+  libsentencepiece-dev     # dynapipe data import --tokenizer: SentencePiece models
   python3                  # test-summary helper
   curl                     # deploy/local-cluster.sh health checks
   patchelf                 # deploy/bundle.sh: relocatable binaries
