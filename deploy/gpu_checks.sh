@@ -22,6 +22,9 @@
 #                   then RESUME_BUDGET_S: the job killed and resumed
 #   profiler        PROFILE_BUDGET_S, a small grid
 #   T5 job          T5_BUDGET_S: configs/jobs/cuda-t5-tiny.pbtxt, fresh daemons
+#   HF round trip   HF_BUDGET_S: transformers' models into ours and back
+#                   (tests/golden/hf_transformers_check.py; skipped without
+#                   transformers in python3)
 # ONLY_TESTS names the test binaries to run (default: all); E2E_ITERATIONS
 # sets the GPT job's length (default 1000 on a GPU, the job's 50 on the CPU),
 # E2E_T5_ITERATIONS the T5 job's (default 300 on a GPU, the job's 20 on the CPU).
@@ -53,6 +56,7 @@ E2E_BUDGET_S=${E2E_BUDGET_S:-80}
 RESUME_BUDGET_S=${RESUME_BUDGET_S:-70}
 PROFILE_BUDGET_S=${PROFILE_BUDGET_S:-20}
 T5_BUDGET_S=${T5_BUDGET_S:-60}
+HF_BUDGET_S=${HF_BUDGET_S:-60}
 KILL_AFTER_S=10  # timeout -k: SIGKILL this long after SIGTERM
 
 usage="usage: gpu_checks.sh BUNDLE.tar.gz OUT_DIR"
@@ -593,6 +597,28 @@ stop_daemons
 cd "$work" || exit 1
 say "e2e cuda-t5-tiny: ${e2e_result:-FAIL (no result)} [$((SECONDS - t5_start))s in all]"
 [ $t5_rc -eq 0 ] || failed=$((failed + 1))
+
+# ------------------------------------ Hugging Face round trip (transformers)
+# Where python3 has transformers and safetensors (the lent machine does):
+# models built by transformers load into ours with their logits, and ours
+# export to what transformers loads (tests/golden/hf_transformers_check.py).
+hf_rc=0
+hf_start=$SECONDS
+if ! python3 -c "import transformers, safetensors" >/dev/null 2>&1; then
+  say "hf round trip: skipped (no transformers in python3)"
+elif [ $((TOTAL_BUDGET_S - SECONDS)) -lt 20 ]; then
+  say "hf round trip: NOT RUN (total budget spent)"
+  hf_rc=1
+else
+  mkdir -p "$work/hf"
+  echo "===== hf round trip (limit $(left $((SECONDS + HF_BUDGET_S)))s)" >>"$log"
+  limited "$(left $((SECONDS + HF_BUDGET_S)))" python3 "$root/tests/golden/hf_transformers_check.py" \
+    "$root/bin/hf_logits" "$work/hf" >>"$log" 2>&1 </dev/null
+  hf_rc=$?
+  say "hf round trip: $(grep -E '^hf round trip:' "$log" | tail -1 | sed 's/^hf round trip: //')" \
+    "$([ $hf_rc -eq 0 ] && echo ok || echo "FAILED (exit $hf_rc; see gpu-checks.log)"), $((SECONDS - hf_start))s"
+fi
+[ $hf_rc -eq 0 ] || failed=$((failed + 1))
 
 say "gpu_checks: $passed_tests/$total_tests test binaries passed; memcheck $([ $memcheck_failed -eq 0 ] && echo ok || echo FAILED);" \
   "e2e $([ $e2e_rc -eq 0 ] && echo ok || echo FAILED); resume $([ "${resume_rc:-1}" -eq 0 ] && echo ok || echo FAILED);" \

@@ -4,7 +4,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
 #include "src/common/json_writer.h"
+#include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
 
 namespace dynapipe::runtime::model {
@@ -223,6 +225,72 @@ absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std:
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// A number field of `f`, or `fallback` when absent or null.
+double Num(const google::protobuf::Struct& f, const std::string& name, double fallback) {
+  auto it = f.fields().find(name);
+  if (it == f.fields().end() || it->second.kind_case() != google::protobuf::Value::kNumberValue) return fallback;
+  return it->second.number_value();
+}
+std::string Str(const google::protobuf::Struct& f, const std::string& name, const std::string& fallback) {
+  auto it = f.fields().find(name);
+  if (it == f.fields().end() || it->second.kind_case() != google::protobuf::Value::kStringValue) return fallback;
+  return it->second.string_value();
+}
+bool Bool(const google::protobuf::Struct& f, const std::string& name, bool fallback) {
+  auto it = f.fields().find(name);
+  if (it == f.fields().end() || it->second.kind_case() != google::protobuf::Value::kBoolValue) return fallback;
+  return it->second.bool_value();
+}
+
+}  // namespace
+
+absl::StatusOr<GptConfig> ConfigFromHfJson(absl::string_view json) {
+  google::protobuf::Struct f;
+  RETURN_IF_ERROR(ParseJsonProto(json, "config.json", &f));
+  const std::string type = Str(f, "model_type", "");
+  GptConfig c;
+  c.tie_embeddings = Bool(f, "tie_word_embeddings", true);
+  if (type == "gpt2") {
+    if (Str(f, "activation_function", "gelu_new") != "gelu_new") {
+      return absl::InvalidArgumentError("config.json: activation_function: only gelu_new (GELU's tanh form) runs here");
+    }
+    c.hidden = static_cast<int>(Num(f, "n_embd", 768));
+    c.heads = static_cast<int>(Num(f, "n_head", 12));
+    c.num_layers = static_cast<int>(Num(f, "n_layer", 12));
+    c.max_positions = static_cast<int>(Num(f, "n_positions", 1024));
+    c.vocab = static_cast<int>(Num(f, "vocab_size", 50257));
+    c.ffn = static_cast<int>(Num(f, "n_inner", 4.0 * c.hidden));
+    return c;
+  }
+  if (type != "t5") return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", type, "\": not gpt2 or t5"));
+  c.encoder_decoder = true;
+  c.norm = NormKind::kRms;
+  c.bias = false;
+  c.hidden = static_cast<int>(Num(f, "d_model", 512));
+  c.heads = static_cast<int>(Num(f, "num_heads", 8));
+  c.num_layers = static_cast<int>(Num(f, "num_layers", 6));
+  c.decoder_layers = static_cast<int>(Num(f, "num_decoder_layers", c.num_layers));
+  c.ffn = static_cast<int>(Num(f, "d_ff", 2048));
+  c.vocab = static_cast<int>(Num(f, "vocab_size", 32128));
+  c.relative_buckets = static_cast<int>(Num(f, "relative_attention_num_buckets", 32));
+  c.relative_max_distance = static_cast<int>(Num(f, "relative_attention_max_distance", 128));
+  c.max_positions = 1 << 16;  // relative positions: no table bounds the length
+  const std::string ff = Str(f, "feed_forward_proj", "relu");
+  if (ff == "relu") {
+    c.mlp = MlpKind::kRelu;
+  } else if (ff == "gated-gelu") {
+    c.mlp = MlpKind::kGatedGelu;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: feed_forward_proj \"", ff, "\": only relu or gated-gelu"));
+  }
+  if (c.heads <= 0 || Num(f, "d_kv", c.hidden / std::max(1, c.heads)) * c.heads != c.hidden) {
+    return absl::InvalidArgumentError("config.json: d_kv: must be d_model / num_heads here");
+  }
+  return c;
 }
 
 absl::StatusOr<std::string> HfConfigJson(const GptConfig& c) {

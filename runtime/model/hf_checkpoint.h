@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/model/layout.h"
 
 namespace dynapipe::runtime::model {
@@ -67,5 +68,11 @@ absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std:
 // `config.json` for `transformers` (GPT2LMHeadModel or
 // T5ForConditionalGeneration), as JSON text.
 absl::StatusOr<std::string> HfConfigJson(const GptConfig& config);
+
+// The reverse: the model a Hugging Face `config.json` describes (model_type
+// gpt2 or t5, with transformers' defaults for absent fields).
+// INVALID_ARGUMENT naming the field for what our blocks cannot run (another
+// model type or activation, d_kv other than d_model / num_heads).
+absl::StatusOr<GptConfig> ConfigFromHfJson(absl::string_view json);
 
 }  // namespace dynapipe::runtime::model

@@ -173,3 +173,48 @@ TEST_CASE("Import refuses a checkpoint that does not fit the model, naming the t
 
 }  // namespace
 }  // namespace dynapipe::runtime::model
+
+namespace dynapipe::runtime::model {
+namespace {
+
+TEST_CASE("config.json both ways: what we write reads back as the same model; what cannot run is named") {
+  for (const GptConfig& c : {Gpt(), T5(MlpKind::kRelu, true), T5(MlpKind::kGatedGelu, false)}) {
+    auto json = HfConfigJson(c);
+    REQUIRE_OK(json.status());
+    auto back = ConfigFromHfJson(*json);
+    REQUIRE_OK(back.status());
+    CHECK(back->encoder_decoder == c.encoder_decoder);
+    CHECK(back->hidden == c.hidden);
+    CHECK(back->heads == c.heads);
+    CHECK(back->ffn == c.ffn);
+    CHECK(back->vocab == c.vocab);
+    CHECK(back->num_layers == c.num_layers);
+    CHECK(back->mlp == c.mlp);
+    CHECK(back->norm == c.norm);
+    CHECK(back->bias == c.bias);
+    CHECK(back->tie_embeddings == c.tie_embeddings);
+    if (c.encoder_decoder) {
+      CHECK(back->decoder_layers == c.decoder_layers);
+      CHECK(back->relative_buckets == c.relative_buckets);
+      CHECK(back->relative_max_distance == c.relative_max_distance);
+    } else {
+      CHECK(back->max_positions == c.max_positions);
+    }
+  }
+  // transformers' defaults for what a config leaves out (n_inner null: 4 x n_embd).
+  auto gpt = ConfigFromHfJson(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_inner": null})");
+  REQUIRE_OK(gpt.status());
+  CHECK(gpt->ffn == 256);
+  CHECK(gpt->num_layers == 12);
+  CHECK(ConfigFromHfJson(R"({"model_type": "llama"})").status().message().find("model_type \"llama\"") !=
+        absl::string_view::npos);
+  CHECK(ConfigFromHfJson(R"({"model_type": "t5", "feed_forward_proj": "gated-silu"})").status().message().find(
+            "feed_forward_proj") != absl::string_view::npos);
+  CHECK(ConfigFromHfJson(R"({"model_type": "t5", "d_model": 64, "num_heads": 4, "d_kv": 8})").status().message().find(
+            "d_kv") != absl::string_view::npos);
+  CHECK(ConfigFromHfJson(R"({"model_type": "gpt2", "activation_function": "relu"})").status().message().find(
+            "activation_function") != absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace dynapipe::runtime::model

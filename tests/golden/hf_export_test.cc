@@ -152,5 +152,26 @@ TEST_CASE("Exported GPT-2 and T5 models give our logits under an independent Hug
   CHECK(bad.text.find("relative error") != std::string::npos);
 }
 
+TEST_CASE("Weights written in Hugging Face's layout by another writer load into our model with its logits") {
+  // The other direction: hf_reference.py writes random weights by Hugging
+  // Face's names and layouts with its own writer, and its float64 logits;
+  // hf_logits loads them through WeightSet and FromHuggingFace into our CPU
+  // model and compares.
+  const std::string root = dynapipe::testing::FreshTempDir("hf_import");
+  const std::string runfiles = dynapipe::testing::Runfiles();
+  for (const char* kind : {"gpt2", "t5", "t5-v1.1"}) {
+    const std::string dir = absl::StrCat(root, "/", kind);
+    const auto made = RunShell(absl::StrCat("/usr/bin/python3 ", runfiles, "/tests/golden/hf_reference.py --make ", kind,
+                                            " ", dir));
+    INFO(made.text);
+    REQUIRE(made.rc == 0);
+    const auto run = RunShell(absl::StrCat(runfiles, "/tests/golden/hf_logits --model ", dir, " --expected ", dir,
+                                           "/expected.safetensors --tolerance 1e-5"));
+    INFO(kind << ": " << run.text);
+    CHECK(run.rc == 0);
+    CHECK(run.text.find("relative error") != std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace dynapipe::runtime::model

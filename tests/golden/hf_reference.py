@@ -7,6 +7,13 @@ small safetensors reader of its own; run in float64 on the batch of
 expected.safetensors, its logits are compared with ours.
 
     /usr/bin/python3 tests/golden/hf_reference.py DIR
+    /usr/bin/python3 tests/golden/hf_reference.py --make gpt2|t5|t5-v1.1 DIR
+
+The second form is the other direction: random weights written in Hugging
+Face's names and layouts by this script's own writer (GPT-2's Conv1D weights
+(in, out), T5's separate q, k, v), with config.json and
+expected.safetensors holding this reference's logits, for our loader to
+match (tests/golden:hf_export_test runs hf_logits on them).
 
 DIR holds model.safetensors and config.json (as `dynapipe export` writes
 them) and expected.safetensors: `tokens` (I32, rows x seq) for GPT-2, or
@@ -145,7 +152,90 @@ def t5_logits(W, cfg, enc_tokens, dec_tokens):
     return logits.reshape(-1, logits.shape[-1])
 
 
+def write_safetensors(path, tensors):
+    """The format's definition: u64 header length, JSON (padded to 8), data."""
+    header, blobs, at = {}, [], 0
+    for name, t in tensors.items():
+        t = t.contiguous()
+        dtype = {torch.float32: "F32", torch.int32: "I32"}[t.dtype]
+        data = t.numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def make(kind, d):
+    """Random weights of a small model in Hugging Face's layout, and our reference's logits."""
+    import os
+    os.makedirs(d, exist_ok=True)
+    g = torch.Generator().manual_seed(11)
+    rnd = lambda *shape, std=0.2: (torch.randn(*shape, generator=g, dtype=torch.float64) * std).float()
+    C, H, F, V, L, B, T = 64, 4, 128, 97, 2, 2, 10
+    W = {}
+    if kind == "gpt2":
+        cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": C, "n_head": H, "n_layer": L,
+               "n_positions": 32, "vocab_size": V, "n_inner": F, "activation_function": "gelu_new",
+               "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
+        W["transformer.wte.weight"], W["transformer.wpe.weight"] = rnd(V, C), rnd(32, C)
+        for i in range(L):
+            p = f"transformer.h.{i}."
+            for n in ("ln_1", "ln_2"):
+                W[p + n + ".weight"], W[p + n + ".bias"] = 1 + rnd(C, std=0.1), rnd(C, std=0.1)
+            for n, (i_, o_) in {"attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "mlp.c_fc": (C, F),
+                                "mlp.c_proj": (F, C)}.items():
+                W[p + n + ".weight"], W[p + n + ".bias"] = rnd(i_, o_), rnd(o_, std=0.1)
+        W["transformer.ln_f.weight"], W["transformer.ln_f.bias"] = 1 + rnd(C, std=0.1), rnd(C, std=0.1)
+        tokens = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+        X = {"tokens": tokens}
+        logits = gpt2_logits({n: t.double() for n, t in W.items()}, cfg, tokens.long())
+    else:
+        gated = kind == "t5-v1.1"
+        cfg = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": C, "d_kv": C // H,
+               "d_ff": F, "num_layers": L, "num_decoder_layers": L, "num_heads": H,
+               "relative_attention_num_buckets": 8, "relative_attention_max_distance": 20, "vocab_size": V,
+               "feed_forward_proj": "gated-gelu" if gated else "relu", "layer_norm_epsilon": 1e-6,
+               "tie_word_embeddings": not gated, "is_encoder_decoder": True}
+        W["shared.weight"] = rnd(V, C)
+        for stack in ("encoder", "decoder"):
+            for i in range(L):
+                p = f"{stack}.block.{i}.layer."
+                attn = ["0.SelfAttention."] + (["1.EncDecAttention."] if stack == "decoder" else [])
+                for a in attn:
+                    for n in "qkvo":
+                        W[p + a + n + ".weight"] = rnd(C, C)
+                if i == 0:
+                    W[p + "0.SelfAttention.relative_attention_bias.weight"] = rnd(8, H)
+                ff = "2." if stack == "decoder" else "1."
+                for n in range(len(attn) + 1):
+                    W[p + f"{n}.layer_norm.weight"] = 1 + rnd(C, std=0.1)
+                for n in (["wi_0", "wi_1"] if gated else ["wi"]):
+                    W[p + ff + "DenseReluDense." + n + ".weight"] = rnd(F, C)
+                W[p + ff + "DenseReluDense.wo.weight"] = rnd(C, F)
+            W[f"{stack}.final_layer_norm.weight"] = 1 + rnd(C, std=0.1)
+        if gated:
+            W["lm_head.weight"] = rnd(V, C)
+        enc = torch.randint(0, V, (B, T + 3), generator=g, dtype=torch.int32)
+        dec = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+        dec[:, 0] = 0
+        X = {"enc_tokens": enc, "dec_tokens": dec}
+        logits = t5_logits({n: t.double() for n, t in W.items()}, cfg, enc.long(), dec.long())
+    write_safetensors(d + "/model.safetensors", W)
+    with open(d + "/config.json", "w") as f:
+        json.dump(cfg, f)
+    X["logits"] = logits.float()
+    write_safetensors(d + "/expected.safetensors", X)
+    print(f"wrote a random {kind} in Hugging Face's layout to {d}")
+
+
 def main():
+    if sys.argv[1] == "--make":
+        make(sys.argv[2], sys.argv[3])
+        return
     d = sys.argv[1]
     with open(d + "/config.json") as f:
         cfg = json.load(f)
