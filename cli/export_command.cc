@@ -11,9 +11,7 @@
 #include "runtime/model/hf_checkpoint.h"
 #include "src/checkpoint/checkpoint.h"
 #include "src/common/file_util.h"
-#include "src/common/json_writer.h"
 #include "src/common/status_macros.h"
-#include "src/safetensors/safetensors.h"
 #include "src/spec/job_spec.h"
 
 namespace dynapipe::cli {
@@ -25,49 +23,6 @@ constexpr char kUsage[] =
     "  model-0000i-of-0000n.safetensors with model.safetensors.index.json past --max-shard-mb, default 5000)\n"
     "  and DIR/config.json (GPT2LMHeadModel or T5ForConditionalGeneration), from the checkpoint shards\n"
     "  (default: the job's checkpoint dir, latest complete iteration); the job need not run\n";
-
-// Consecutive runs of tensors of at most `max_bytes` each (a larger tensor
-// alone).
-std::vector<std::vector<size_t>> Shards(const std::vector<runtime::model::HfTensor>& tensors, uint64_t max_bytes) {
-  std::vector<std::vector<size_t>> shards(1);
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const uint64_t b = tensors[i].data.size() * sizeof(float);
-    if (!shards.back().empty() && bytes + b > max_bytes) {
-      shards.emplace_back();
-      bytes = 0;
-    }
-    shards.back().push_back(i);
-    bytes += b;
-  }
-  return shards;
-}
-
-absl::Status WriteModel(const std::vector<runtime::model::HfTensor>& tensors, const std::string& dir,
-                        uint64_t max_bytes, std::ostream& out) {
-  const std::vector<std::vector<size_t>> shards = Shards(tensors, max_bytes);
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};  // what transformers asks of a file
-  JsonWriter index;
-  uint64_t total = 0;
-  index.BeginObject().Key("weight_map").BeginObject();
-  for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file = shards.size() == 1 ? "model.safetensors"
-                                                : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards.size());
-    std::vector<safetensors::TensorOut> outs;
-    for (size_t i : shards[s]) {
-      const runtime::model::HfTensor& t = tensors[i];
-      outs.push_back(safetensors::F32Tensor(t.name, t.shape, t.data));
-      index.Str(t.name, file);
-      total += t.data.size() * sizeof(float);
-    }
-    RETURN_IF_ERROR(safetensors::Write(dir + "/" + file, outs, metadata));
-    if (shards.size() > 1) out << absl::StrFormat("  wrote %s (%d of %d)\n", file, s + 1, shards.size());
-  }
-  index.EndObject().Key("metadata").BeginObject().Int("total_size", static_cast<int64_t>(total)).EndObject();
-  index.EndObject();
-  if (shards.size() > 1) RETURN_IF_ERROR(WriteFileAtomic(dir + "/model.safetensors.index.json", index.str()));
-  return absl::OkStatus();
-}
 
 absl::Status Export(const std::string& job, const Args& a, std::ostream& out) {
   if (!a.Has("out")) return absl::InvalidArgumentError("export needs --out DIR");
@@ -96,8 +51,7 @@ absl::Status Export(const std::string& job, const Args& a, std::ostream& out) {
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--out ", out_dir, ": ", ec.message()));
-  RETURN_IF_ERROR(WriteModel(tensors, out_dir, static_cast<uint64_t>(max_mb) << 20, out));
-  RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/config.json", config_json + "\n"));
+  RETURN_IF_ERROR(runtime::model::WriteHfModel(tensors, config_json, out_dir, static_cast<uint64_t>(max_mb) << 20, &out));
   out << absl::StrFormat("exported iteration %d of %s: %d tensors, %.1f MB (%s) to %s\n", iteration, spec.name(),
                          tensors.size(), model->layout().num_params() * 4.0 / 1e6,
                          config.encoder_decoder ? "T5ForConditionalGeneration" : "GPT2LMHeadModel", out_dir);

@@ -111,6 +111,7 @@ struct Ranks {
   const runtime::executor::WorkerOptions& options;
   const runtime::BackendOptions& backend_options;
   int64_t count;
+  std::string export_dir;  // export_dir under the data root; empty: none
   LocalRunResult* out;
   std::vector<double> wall;               // per rank: its iterations' seconds
   std::vector<std::vector<double>> done;  // [rank][iteration]: seconds since `start`, on one clock for every rank
@@ -148,6 +149,9 @@ absl::Status RunRank(Ranks& ranks, int r) {
     ranks.done[r][i] = SecondsSince(ranks.start);
     ranks.exchange->Report(i, ReportOf(res, i, r));
     ranks.out->per_rank[r].push_back(std::move(res));
+    if (i + 1 == rt.spec->iterations() && !ranks.export_dir.empty()) {
+      RETURN_IF_ERROR(worker->ExportHuggingFace(ranks.export_dir));
+    }
   }
   ranks.wall[r] = SecondsSince(t0);
   return ExportParams(*worker, &ranks.out->final_params[r]);
@@ -214,7 +218,7 @@ absl::StatusOr<LocalRunResult> RunLocal(const spec::NormalizedJobSpec& spec, con
   out.final_params.resize(world);
   std::vector<absl::Status> status(world);
   std::vector<std::thread> threads;
-  Ranks ranks{*rt, dataset.get(), &kv, &exchange, options, backend_options, count, &out,
+  Ranks ranks{*rt, dataset.get(), &kv, &exchange, options, backend_options, count, paths.export_dir, &out,
               std::vector<double>(world, 0), std::vector<std::vector<double>>(world, std::vector<double>(count, 0))};
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {

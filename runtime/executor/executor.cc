@@ -360,6 +360,11 @@ absl::Status Executor::RunJobSteps(const proto::Assignment& a) {
     }
     auto result = (*worker)->RunIteration(*plan);
     if (!result.ok()) return fail(result.status());
+    if (iteration + 1 == spec->iterations() && !inputs->export_dir.empty()) {
+      // Before the last iteration is reported: a job that succeeded has its export.
+      if (auto s = (*worker)->ExportHuggingFace(inputs->export_dir); !s.ok()) return fail(Annotate(s, "export"));
+      spdlog::info("job {}: exported the trained model to {}", job, inputs->export_dir);
+    }
     if (auto s = CompleteIteration(running, iteration, *plan, *result); !s.ok()) return fail(s);
   }
   if (auto s = checkpointer.Wait(); !s.ok()) return fail(Annotate(s, "checkpoint"));
@@ -383,6 +388,7 @@ absl::StatusOr<Executor::JobInputs> Executor::LoadJob(const proto::Assignment& a
   if (!paths.ok()) return paths.status();
   in.ckpt_dir = paths->checkpoint_dir;
   in.init_from = paths->init_from;
+  in.export_dir = paths->export_dir;
   // Links inside the directory lead nowhere else.
   if (auto s = data::CheckDatasetConfined(options_.data_root, paths->dataset); !s.ok()) {
     return Annotate(s, "dataset.path");

@@ -79,6 +79,7 @@ class Executor {
     spec::NormalizedJobSpec spec;
     std::string ckpt_dir;                    // under --data_root; empty: no checkpoints
     std::string init_from;                   // model.init_from under --data_root; empty: none
+    std::string export_dir;                  // export_dir under --data_root; empty: none
     std::unique_ptr<data::Dataset> dataset;  // opened under --data_root
   };
   struct RunningJob;

@@ -22,6 +22,7 @@
 #include "src/common/file_util.h"
 #include "src/common/proto_io.h"
 #include "src/safetensors/safetensors.h"
+#include "src/safetensors/weight_set.h"
 #include "src/testing/status_require.h"
 #include "src/testing/temp_dir.h"
 
@@ -195,6 +196,44 @@ TEST_CASE("A trained job exported and started again from the export carries its 
   for (int r = 0; r < 4; ++r) CHECK(std::abs(four->per_rank[r][0].loss - loss) <= 1e-5 * loss);
   CHECK(four->final_params[0] == four->final_params[2]);
   CHECK(four->final_params[1] == four->final_params[3]);
+}
+
+TEST_CASE("export_dir: the job writes its trained model at its end, the very weights it ends with", "[executor]") {
+  const std::string ds = testing::WorkerTestDataset("hf_export_ds");
+  const std::string dir = dynapipe::testing::FreshTempDir("hf_export_end");
+  proto::JobSpec spec = Spec(ds, 1, 1, 3e-3);
+  spec.set_iterations(3);
+  spec.set_export_dir(dir + "/end");
+  auto run = cli::RunLocal(spec, "/", 3);
+  REQUIRE_OK(run.status());
+  auto weights = safetensors::WeightSet::Open(dir + "/end");
+  REQUIRE_OK(weights.status());
+  CHECK(weights->config_json().find("GPT2LMHeadModel") != std::string::npos);
+  GptConfig c{.num_layers = 4, .hidden = 32, .heads = 4, .ffn = 64, .vocab = 32, .max_positions = 80};
+  auto whole = model::GptLayout::Make(c, {0, 4, true, true, 3});
+  REQUIRE_OK(whole.status());
+  std::vector<float> back(whole->num_params());
+  const model::HfSource source{[&](const std::string& n) -> absl::StatusOr<std::vector<int64_t>> {
+                                 const safetensors::TensorInfo* t = weights->Find(n);
+                                 if (t == nullptr) return absl::NotFoundError(n);
+                                 return t->shape;
+                               },
+                               [&](const std::string& n) { return weights->ReadF32(n); }};
+  REQUIRE_OK(model::FromHuggingFace(*whole, source, back));
+  CHECK(back == run->final_params[0]);  // one rank: the whole model, in layout order
+
+  // Over a 2 x 2 pipeline the stages' tensors meet in one file, every shared
+  // one once (tests/integration:executor_test compares such an export with
+  // the export of the job's last checkpoint, tensor by tensor).
+  proto::JobSpec split = spec;
+  split.mutable_parallelism()->set_pp(2);
+  split.mutable_parallelism()->set_dp(2);
+  split.set_export_dir(dir + "/split");
+  auto four = cli::RunLocal(split, "/", 3);
+  REQUIRE_OK(four.status());
+  auto loaded = safetensors::WeightSet::Open(dir + "/split");
+  REQUIRE_OK(loaded.status());
+  CHECK(loaded->size() == weights->size());
 }
 
 }  // namespace

@@ -76,6 +76,12 @@ class Worker {
 
   // The model chunks (checkpoints export and import their state).
   const std::vector<std::unique_ptr<model::Stage>>& chunks() const { return chunks_; }
+  // The job's trained model in Hugging Face's format to `dir` (export_dir,
+  // runtime/model/hf_checkpoint.h): data-parallel group 0's pipeline sums
+  // each tensor once (a shared one from one of its holders) into the whole
+  // model and its first rank writes it; the other groups return at once.
+  // Every rank of group 0 must call it (a collective).
+  absl::Status ExportHuggingFace(const std::string& dir);
   int64_t optimizer_step() const { return step_; }
   void set_optimizer_step(int64_t s) { step_ = s; }
   Backend& backend() { return *backend_; }

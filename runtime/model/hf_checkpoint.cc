@@ -5,9 +5,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/struct.pb.h"
+#include "absl/strings/str_format.h"
+#include "src/common/file_util.h"
 #include "src/common/json_writer.h"
 #include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
+#include "src/safetensors/safetensors.h"
 
 namespace dynapipe::runtime::model {
 
@@ -247,6 +250,55 @@ bool Bool(const google::protobuf::Struct& f, const std::string& name, bool fallb
 }
 
 }  // namespace
+
+namespace {
+
+// Consecutive runs of tensors of at most `max_bytes` each (a larger tensor
+// alone).
+std::vector<std::vector<size_t>> Shards(const std::vector<HfTensor>& tensors, uint64_t max_bytes) {
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t b = tensors[i].data.size() * sizeof(float);
+    if (!shards.back().empty() && bytes + b > max_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(i);
+    bytes += b;
+  }
+  return shards;
+}
+
+}  // namespace
+
+absl::Status WriteHfModel(const std::vector<HfTensor>& tensors, const std::string& config_json, const std::string& dir,
+                          uint64_t max_bytes, std::ostream* progress) {
+  const std::vector<std::vector<size_t>> shards = Shards(tensors, max_bytes);
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};  // what transformers asks of a file
+  JsonWriter index;
+  uint64_t total = 0;
+  index.BeginObject().Key("weight_map").BeginObject();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file = shards.size() == 1 ? "model.safetensors"
+                                                : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards.size());
+    std::vector<safetensors::TensorOut> outs;
+    for (size_t i : shards[s]) {
+      const HfTensor& t = tensors[i];
+      outs.push_back(safetensors::F32Tensor(t.name, t.shape, t.data));
+      index.Str(t.name, file);
+      total += t.data.size() * sizeof(float);
+    }
+    RETURN_IF_ERROR(safetensors::Write(dir + "/" + file, outs, metadata));
+    if (shards.size() > 1 && progress != nullptr) {
+      *progress << absl::StrFormat("  wrote %s (%d of %d)\n", file, s + 1, shards.size());
+    }
+  }
+  index.EndObject().Key("metadata").BeginObject().Int("total_size", static_cast<int64_t>(total)).EndObject();
+  index.EndObject();
+  if (shards.size() > 1) RETURN_IF_ERROR(WriteFileAtomic(dir + "/model.safetensors.index.json", index.str()));
+  return WriteFileAtomic(dir + "/config.json", config_json + "\n");
+}
 
 absl::StatusOr<GptConfig> ConfigFromHfJson(absl::string_view json) {
   google::protobuf::Struct f;

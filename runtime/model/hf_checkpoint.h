@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -68,6 +69,13 @@ absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std:
 // `config.json` for `transformers` (GPT2LMHeadModel or
 // T5ForConditionalGeneration), as JSON text.
 absl::StatusOr<std::string> HfConfigJson(const GptConfig& config);
+
+// Writes a whole model's Hugging Face tensors to `dir` (which must exist):
+// model.safetensors, or model-0000i-of-0000n.safetensors runs of at most
+// `max_shard_bytes` with model.safetensors.index.json; then config.json.
+// Each file atomically; a line per shard to `progress` (may be null).
+absl::Status WriteHfModel(const std::vector<HfTensor>& tensors, const std::string& config_json, const std::string& dir,
+                          uint64_t max_shard_bytes, std::ostream* progress);
 
 // The reverse: the model a Hugging Face `config.json` describes (model_type
 // gpt2 or t5, with transformers' defaults for absent fields).

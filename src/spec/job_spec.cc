@@ -300,6 +300,18 @@ absl::Status CheckJobPath(absl::string_view field, absl::string_view path) {
   return absl::OkStatus();
 }
 
+// Whether the normalised model has a Hugging Face class we read and write
+// (runtime/model/hf_checkpoint.h): GPT-2's block for kind gpt, T5's for t5.
+absl::Status HuggingFaceBlock(absl::string_view field, const proto::ModelSpec& m) {
+  const proto::BlockSpec& b = m.block();
+  if (m.kind() == proto::ModelKind::t5) {
+    if (b.norm() == proto::NormKind::rmsnorm && !b.bias() && b.mlp() != proto::MlpKind::gelu) return absl::OkStatus();
+    return Bad(field, "T5ForConditionalGeneration needs T5's block (rmsnorm, relu or gated_gelu, no biases)");
+  }
+  if (b.norm() == proto::NormKind::layernorm && b.bias() && b.mlp() == proto::MlpKind::gelu) return absl::OkStatus();
+  return Bad(field, "GPT2LMHeadModel needs GPT-2's block (layernorm, gelu, biases)");
+}
+
 absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {
   RETURN_IF_ERROR(Name("name", spec.name()));
   RETURN_IF_ERROR(Int<int64_t>("iterations", spec.iterations(), 0, 1, kMaxIterations,
@@ -317,7 +329,14 @@ absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {
                        &format));
   ds->set_format(format);
   if (!spec.cost_profile_path().empty()) RETURN_IF_ERROR(CheckJobPath("cost_profile_path", spec.cost_profile_path()));
-  if (!spec.model().init_from().empty()) RETURN_IF_ERROR(CheckJobPath("model.init_from", spec.model().init_from()));
+  if (!spec.model().init_from().empty()) {
+    RETURN_IF_ERROR(CheckJobPath("model.init_from", spec.model().init_from()));
+    RETURN_IF_ERROR(HuggingFaceBlock("model.init_from", spec.model()));
+  }
+  if (!spec.export_dir().empty()) {
+    RETURN_IF_ERROR(CheckJobPath("export_dir", spec.export_dir()));
+    RETURN_IF_ERROR(HuggingFaceBlock("export_dir", spec.model()));
+  }
 
   proto::CheckpointSpec* ck = spec.mutable_checkpoint();
   RETURN_IF_ERROR(Int<int64_t>("checkpoint.interval", ck->interval(), 0, 0, kMaxIterations,
@@ -372,6 +391,9 @@ absl::StatusOr<JobPaths> ConfineJobPaths(const NormalizedJobSpec& spec, const st
   if (!spec->cost_profile_path().empty()) {
     ASSIGN_OR_RETURN(out.cost_profile,
                      Annotate(ConfinedPath(data_root, spec->cost_profile_path()), "cost_profile_path"));
+  }
+  if (!spec->export_dir().empty()) {
+    ASSIGN_OR_RETURN(out.export_dir, Annotate(ConfinedPath(data_root, spec->export_dir()), "export_dir"));
   }
   if (!spec->model().init_from().empty()) {
     ASSIGN_OR_RETURN(out.init_from,

@@ -121,6 +121,7 @@ absl::StatusOr<NormalizedJobSpec> LoadJobSpec(const std::string& path);
 struct JobPaths {
   std::string checkpoint_dir;
   std::string init_from;  // model.init_from; empty when unset
+  std::string export_dir;  // export_dir; empty when unset
   std::string cost_profile;
   std::string dataset;
 };

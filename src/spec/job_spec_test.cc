@@ -252,3 +252,33 @@ TEST_CASE("CheckJobPath accepts plain relative and absolute paths") {
 
 }  // namespace
 }  // namespace dynapipe::spec
+
+namespace dynapipe::spec {
+namespace {
+
+TEST_CASE("model.init_from and export_dir need a block Hugging Face's classes hold, and a path under the root") {
+  proto::JobSpec s = Minimal();
+  s.set_export_dir("out/hf");
+  s.mutable_model()->set_init_from("models/gpt2");
+  CHECK(NormalizeJobSpec(s).ok());  // GPT-2's block
+  proto::JobSpec relu = s;
+  relu.mutable_model()->mutable_block()->set_mlp(proto::MlpKind::relu);
+  const absl::Status r = NormalizeJobSpec(relu).status();
+  CHECK(r.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(r.message().find("model.init_from: GPT2LMHeadModel needs GPT-2's block") != absl::string_view::npos);
+  relu.mutable_model()->clear_init_from();
+  CHECK(NormalizeJobSpec(relu).status().message().find("export_dir: GPT2LMHeadModel") != absl::string_view::npos);
+  proto::JobSpec t5 = s;
+  t5.mutable_model()->set_kind(proto::ModelKind::t5);
+  t5.mutable_model()->set_num_decoder_layers(2);
+  CHECK(NormalizeJobSpec(t5).ok());  // T5's block by default
+  t5.mutable_model()->mutable_block()->set_bias(true);
+  CHECK(NormalizeJobSpec(t5).status().message().find("T5ForConditionalGeneration needs T5's block") !=
+        absl::string_view::npos);
+  proto::JobSpec up = s;
+  up.set_export_dir("../outside");
+  CHECK(NormalizeJobSpec(up).status().message().find("export_dir") != absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace dynapipe::spec

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
 #include "src/checkpoint/checkpoint.h"
+#include "src/safetensors/weight_set.h"
 #include "runtime/backend/backend.h"
 #include "src/data/synth.h"
 #include "runtime/executor/executor.h"
@@ -349,7 +350,8 @@ TEST_CASE("a T5 job exported with `dynapipe export` starts another job through t
   for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
   constexpr int kIterations = 12;
   const std::string trained = TmpDir() + "/t5-trained";
-  const proto::JobSpec a = T5TrainJob(kIterations, trained, 4);
+  proto::JobSpec a = T5TrainJob(kIterations, trained, 4);
+  a.set_export_dir(TmpDir() + "/t5-end-export");  // written by the job itself at its end
   auto ja = client->Submit(a);
   REQUIRE(ja.ok());
   const proto::JobStatus sa = WaitEnded(client.get(), *ja, absl::Seconds(120));
@@ -368,6 +370,25 @@ TEST_CASE("a T5 job exported with `dynapipe export` starts another job through t
   INFO(out);
   REQUIRE(rc == 0);
   CHECK(out.find("exported iteration 11") != std::string::npos);
+  // The job's own export at its end holds the same model as the export of its
+  // last checkpoint.
+  {
+    auto end = safetensors::WeightSet::Open(a.export_dir());
+    auto cli = safetensors::WeightSet::Open(hf);
+    REQUIRE(end.ok());
+    REQUIRE(cli.ok());
+    CHECK(end->size() == cli->size());
+    CHECK(end->config_json() == cli->config_json());
+    auto reader = safetensors::Reader::Open(hf + "/model.safetensors");
+    REQUIRE(reader.ok());
+    for (const safetensors::TensorInfo& t : reader->tensors()) {
+      INFO(t.name);
+      auto x = end->ReadF32(t.name);
+      auto y = cli->ReadF32(t.name);
+      REQUIRE(x.ok());
+      CHECK(*x == *y);
+    }
+  }
 
   // In again: one step at the smallest learning rate a job takes keeps the
   // trained weights, on every rank of the 2 x 2 pipeline.
