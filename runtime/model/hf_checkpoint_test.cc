@@ -214,6 +214,16 @@ TEST_CASE("config.json both ways: what we write reads back as the same model; wh
             "d_kv") != absl::string_view::npos);
   CHECK(ConfigFromHfJson(R"({"model_type": "gpt2", "activation_function": "relu"})").status().message().find(
             "activation_function") != absl::string_view::npos);
+  // Degenerate buckets (found in review: the bucket of a distance would be
+  // undefined and index outside the table) are refused by every T5 layout.
+  auto tiny = ConfigFromHfJson(R"({"model_type": "t5", "d_model": 64, "num_heads": 4, "d_kv": 16,
+                                   "relative_attention_num_buckets": 2})");
+  REQUIRE_OK(tiny.status());
+  auto layout = GptLayout::Make(*tiny, {0, tiny->TotalLayers(), true, true, 1});
+  CHECK(layout.status().message().find("at least 4 buckets") != absl::string_view::npos);
+  GptConfig near = T5(MlpKind::kRelu, true);
+  near.relative_max_distance = near.relative_buckets / 2;
+  CHECK(!GptLayout::Make(near, {0, near.TotalLayers(), true, true, 1}).ok());
 }
 
 }  // namespace

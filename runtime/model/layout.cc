@@ -124,6 +124,15 @@ absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOp
   }
   GptLayout l(config, options);
   if (config.encoder_decoder) {
+    // T5's buckets: half for each direction in the encoder, half of those
+    // exact distances (so at least 4), the logarithmic ones reaching out to
+    // max_distance beyond the exact ones; otherwise the bucket of a distance
+    // is undefined (0 / 0 in its logarithm) and indexes outside the table.
+    if (config.relative_buckets < 4 || config.relative_max_distance <= config.relative_buckets / 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: relative position buckets ", config.relative_buckets, " with max distance ",
+          config.relative_max_distance, ": needs at least 4 buckets and a max distance above half of them"));
+    }
     l.AddEncoderDecoder();
     return l;
   }

@@ -13,10 +13,10 @@
 // log-sum-exp; backward recomputes the probabilities), on CUDA cores: a warp
 // per (token, head), its lanes taking 32 keys (or queries) at a time, so a
 // query only visits the range of keys MakeAttentionRanges gives it
-// (attention_ranges.h). Backward is three passes without atomics on the
-// activations: per query D = rowsum(dO * O) and dq; per key dk and dv; the
-// bias table's gradient is summed per warp in shared memory and added with
-// fp32 atomics (so it is not bitwise deterministic from run to run).
+// (attention_ranges.h). Backward is two kernels without atomics on the
+// activations: per query D = rowsum(dO * O) and dq; then per key dk and dv;
+// the bias table's gradient is summed per warp in shared memory and added
+// with fp32 atomics (so it is not bitwise deterministic from run to run).
 //
 // This is the first CUDA version for T5: correct first, not yet on tensor
 // cores (GPT's attention is: attention.h, cudnn_attention.h).
