@@ -1,7 +1,6 @@
 #include "cli/export_command.h"
 
 #include <filesystem>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,7 +9,6 @@
 #include "runtime/memory/buffer_pool.h"
 #include "runtime/model/hf_checkpoint.h"
 #include "src/checkpoint/checkpoint.h"
-#include "src/common/file_util.h"
 #include "src/common/status_macros.h"
 #include "src/spec/job_spec.h"
 
