@@ -42,13 +42,7 @@ absl::Status InitFromHuggingFace(const std::string& path, std::span<const std::u
   absl::StatusOr<safetensors::WeightSet> weights = safetensors::WeightSet::Open(path);
   if (!weights.ok()) return Prefixed(weights.status());
   if (absl::Status s = CheckConfig(weights->config_json(), chunks.front()->config()); !s.ok()) return Prefixed(s);
-  const model::HfSource source{
-      [&](const std::string& name) -> absl::StatusOr<std::vector<int64_t>> {
-        const safetensors::TensorInfo* t = weights->Find(name);
-        if (t == nullptr) return absl::NotFoundError(name);
-        return t->shape;
-      },
-      [&](const std::string& name) { return weights->ReadF32(name); }};
+  const model::HfSource source = model::WeightsSource(*weights);
   for (const auto& chunk : chunks) {
     model::StageState state;
     RETURN_IF_ERROR(chunk->ExportState(&state));

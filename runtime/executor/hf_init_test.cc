@@ -213,13 +213,7 @@ TEST_CASE("export_dir: the job writes its trained model at its end, the very wei
   auto whole = model::GptLayout::Make(c, {0, 4, true, true, 3});
   REQUIRE_OK(whole.status());
   std::vector<float> back(whole->num_params());
-  const model::HfSource source{[&](const std::string& n) -> absl::StatusOr<std::vector<int64_t>> {
-                                 const safetensors::TensorInfo* t = weights->Find(n);
-                                 if (t == nullptr) return absl::NotFoundError(n);
-                                 return t->shape;
-                               },
-                               [&](const std::string& n) { return weights->ReadF32(n); }};
-  REQUIRE_OK(model::FromHuggingFace(*whole, source, back));
+  REQUIRE_OK(model::FromHuggingFace(*whole, model::WeightsSource(*weights), back));
   CHECK(back == run->final_params[0]);  // one rank: the whole model, in layout order
 
   // Over a 2 x 2 pipeline the stages' tensors meet in one file, every shared

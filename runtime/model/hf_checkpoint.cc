@@ -345,6 +345,15 @@ absl::StatusOr<GptConfig> ConfigFromHfJson(absl::string_view json) {
   return c;
 }
 
+HfSource WeightsSource(const safetensors::WeightSet& weights) {
+  return {[&weights](const std::string& name) -> absl::StatusOr<std::vector<int64_t>> {
+            const safetensors::TensorInfo* t = weights.Find(name);
+            if (t == nullptr) return absl::NotFoundError(name);
+            return t->shape;
+          },
+          [&weights](const std::string& name) { return weights.ReadF32(name); }};
+}
+
 absl::StatusOr<std::string> HfConfigJson(const GptConfig& c) {
   JsonWriter w;
   w.BeginObject();

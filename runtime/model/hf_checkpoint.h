@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "runtime/model/layout.h"
+#include "src/safetensors/weight_set.h"
 
 namespace dynapipe::runtime::model {
 
@@ -65,6 +66,9 @@ struct HfSource {
   std::function<absl::StatusOr<std::vector<float>>(const std::string& name)> values;
 };
 absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std::span<float> params);
+
+// A source over an opened file or folder of weights, which must outlive it.
+HfSource WeightsSource(const safetensors::WeightSet& weights);
 
 // `config.json` for `transformers` (GPT2LMHeadModel or
 // T5ForConditionalGeneration), as JSON text.

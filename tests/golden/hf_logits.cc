@@ -91,13 +91,7 @@ absl::Status Check(const std::string& dir, const std::string& expected, double t
   ASSIGN_OR_RETURN(const GptConfig c, ConfigFromHfJson(w.config_json()));
   BufferPool pool(CpuAllocator());
   ASSIGN_OR_RETURN(auto stage, Whole(c, &pool));
-  const HfSource source{[&](const std::string& n) -> absl::StatusOr<std::vector<int64_t>> {
-                          const safetensors::TensorInfo* t = w.Find(n);
-                          if (t == nullptr) return absl::NotFoundError(n);
-                          return t->shape;
-                        },
-                        [&](const std::string& n) { return w.ReadF32(n); }};
-  RETURN_IF_ERROR(FromHuggingFace(stage->layout(), source, stage->param_data()));
+  RETURN_IF_ERROR(FromHuggingFace(stage->layout(), WeightsSource(w), stage->param_data()));
   ASSIGN_OR_RETURN(std::vector<int32_t> tokens, IntTensor(expected, c.encoder_decoder ? "dec_tokens" : "tokens"));
   std::vector<int32_t> enc;
   if (c.encoder_decoder) {
