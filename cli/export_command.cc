@@ -19,8 +19,8 @@ constexpr char kUsage[] =
     "usage: dynapipe export JOB.pbtxt --out DIR [--checkpoint DIR] [--iteration K] [--max-shard-mb N]\n"
     "  the job's trained model in Hugging Face's format: DIR/model.safetensors (split into\n"
     "  model-0000i-of-0000n.safetensors with model.safetensors.index.json past --max-shard-mb, default 5000)\n"
-    "  and DIR/config.json (GPT2LMHeadModel or T5ForConditionalGeneration), from the checkpoint shards\n"
-    "  (default: the job's checkpoint dir, latest complete iteration); the job need not run\n";
+    "  and DIR/config.json (GPT2LMHeadModel, T5ForConditionalGeneration or LlamaForCausalLM), from the\n"
+    "  checkpoint shards (default: the job's checkpoint dir, latest complete iteration); the job need not run\n";
 
 absl::Status Export(const std::string& job, const Args& a, std::ostream& out) {
   if (!a.Has("out")) return absl::InvalidArgumentError("export needs --out DIR");
@@ -52,7 +52,7 @@ absl::Status Export(const std::string& job, const Args& a, std::ostream& out) {
   RETURN_IF_ERROR(runtime::model::WriteHfModel(tensors, config_json, out_dir, static_cast<uint64_t>(max_mb) << 20, &out));
   out << absl::StrFormat("exported iteration %d of %s: %d tensors, %.1f MB (%s) to %s\n", iteration, spec.name(),
                          tensors.size(), model->layout().num_params() * 4.0 / 1e6,
-                         config.encoder_decoder ? "T5ForConditionalGeneration" : "GPT2LMHeadModel", out_dir);
+                         runtime::model::HfArchitecture(config), out_dir);
   return absl::OkStatus();
 }
 

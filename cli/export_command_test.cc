@@ -1,6 +1,6 @@
-// `dynapipe export` from checkpoint shards: the shards of a split model give
-// the whole model in Hugging Face's layout bit for bit (read back with
-// FromHuggingFace), with its config.json; past --max-shard-mb the weights
+// `dynapipe export` from checkpoint shards: the shards of a split model (a
+// T5, a Llama) give the whole model in Hugging Face's layout bit for bit
+// (read back with FromHuggingFace), with its config.json; past --max-shard-mb the weights
 // are sharded with an index that names every tensor's file; and every
 // refusal is one line naming the flag, file or block that is wrong.
 #include "cli/export_command.h"
@@ -122,6 +122,41 @@ TEST_CASE("dynapipe export gathers a T5 split over two stages into T5ForConditio
   auto config = ReadFile(dir + "/hf/config.json");
   REQUIRE_OK(config.status());
   CHECK_THAT(*config, Contains(R"("model_type":"t5")") && Contains(R"("feed_forward_proj":"relu")"));
+}
+
+TEST_CASE("dynapipe export gathers a Llama with grouped heads split over two stages into LlamaForCausalLM") {
+  const std::string dir = dynapipe::testing::FreshTempDir("export_llama");
+  std::filesystem::create_directories(dir);
+  const std::string job = WriteJob(dir, "kind: llama num_layers: 3 hidden: 32 heads: 4 kv_heads: 2 ffn: 48 "
+                                        "vocab: 16 max_positions: 64 tie_embeddings: false "
+                                        "block { rope_base: 500000 }");
+  // The config the job normalises to (Llama's block, its eps 1e-5).
+  model::GptConfig c{.num_layers = 3, .hidden = 32, .heads = 4, .ffn = 48, .vocab = 16, .max_positions = 64};
+  c.tie_embeddings = false;
+  c.norm = model::NormKind::kRms;
+  c.mlp = model::MlpKind::kSwiglu;
+  c.bias = false;
+  c.rotary = true;
+  c.kv_heads = 2;
+  c.rope_base = 500000.0f;
+  c.norm_eps = 1e-5;
+  const std::vector<float> want = WriteShards(dir, c, 2);
+  std::ostringstream out, err;
+  const int rc = RunExportCommand({job, "--out", dir + "/hf"}, out, err);
+  INFO(err.str());
+  REQUIRE(rc == 0);
+  CHECK_THAT(out.str(), Contains("exported iteration 5 of export-test") && Contains("LlamaForCausalLM"));
+  CHECK(Import(dir + "/hf", c, {"model.safetensors"}) == want);
+  auto config = ReadFile(dir + "/hf/config.json");
+  REQUIRE_OK(config.status());
+  CHECK_THAT(*config, Contains(R"("model_type":"llama")") && Contains(R"("num_key_value_heads":2)") &&
+                          Contains(R"("rope_theta":500000)") && Contains(R"("rms_norm_eps":1e-05)"));
+  auto back = model::ConfigFromHfJson(*config);
+  REQUIRE_OK(back.status());
+  CHECK(back->KvHeads() == 2);
+  CHECK(back->rope_base == 500000.0f);
+  CHECK(back->NormEps() == 1e-5);
+  CHECK(!back->tie_embeddings);
 }
 
 TEST_CASE("dynapipe export shards past --max-shard-mb, with an index naming each tensor's file") {

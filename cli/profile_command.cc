@@ -116,6 +116,8 @@ absl::Status Profile(const Args& a, std::ostream& out, std::ostream& err, const 
     err << absl::StrFormat("profile: %-11s %4d/%d shapes  (%.0f s)\n", kind, done, total, s);
   };
   ASSIGN_OR_RETURN(proto::CostProfile profile, profiler->second(config, o));
+  profile.set_model_kind(spec.model().kind());
+  profile.set_kv_heads(config.KvHeads());
   RETURN_IF_ERROR(Annotate(WriteFileAtomic(a.Str("out"), ToJson(profile, /*pretty=*/true) + "\n"), "--out"));
   ASSIGN_OR_RETURN(const int64_t iterations, a.Int("iterations", kDefaultMeasureIterations));
   if (iterations > 0 && device == "cpu") {

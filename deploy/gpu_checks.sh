@@ -4,7 +4,7 @@
 # binaries, a few of them again under compute-sanitizer's memcheck on small
 # shapes, a one-rank end-to-end training job (then the same job killed after
 # its first checkpoint and resumed, its losses against the uninterrupted
-# run's), the GPU profiler, and a one-rank T5 training job.
+# run's), the GPU profiler, and one-rank T5 and Llama-style training jobs.
 #
 #   deploy/bundle.sh --gpu-checks                 # here: out/bundle/dynapipe-gpu-bundle.tar.xz
 #   bash deploy/gpu_checks.sh BUNDLE.tar.xz OUT   # there
@@ -13,7 +13,7 @@
 # driver and the CUDA runtime, cuBLAS and NCCL (bin/dynapipe-env finds them).
 # Redis comes with the bundle; no curl, python or network is used.
 #
-# Time: at most about 6.5 minutes in all (TOTAL_BUDGET_S), so that this and
+# Time: at most about 7 minutes in all (TOTAL_BUDGET_S), so that this and
 # a short deploy/gpu_bench.sh fit one 10-minute device call. Every step runs under
 # `timeout -k`, so a hang is a failure, never a stuck session:
 #   test binaries   each at most TEST_LIMIT_S, all together TESTS_BUDGET_S
@@ -22,24 +22,27 @@
 #                   then RESUME_BUDGET_S: the job killed and resumed
 #   profiler        PROFILE_BUDGET_S, a small grid
 #   T5 job          T5_BUDGET_S: configs/jobs/cuda-t5-tiny.pbtxt, fresh daemons
+#   Llama job       LLAMA_BUDGET_S: configs/jobs/cuda-llama-tiny.pbtxt, fresh daemons
 #   HF round trip   HF_BUDGET_S: transformers' models into ours and back
 #                   (tests/golden/hf_transformers_check.py; skipped without
 #                   transformers in python3)
 # ONLY_TESTS names the test binaries to run (default: all); E2E_ITERATIONS
 # sets the GPT job's length (default 1000 on a GPU, the job's 50 on the CPU),
-# E2E_T5_ITERATIONS the T5 job's (default 300 on a GPU, the job's 20 on the CPU).
+# E2E_T5_ITERATIONS and E2E_LLAMA_ITERATIONS the T5 and Llama jobs' (default
+# 300 on a GPU, the jobs' 20 on the CPU).
 #
 # OUT gets at most 7 files, each written as the run goes (a run killed
 # half-way still leaves what it did):
 #   gpu-checks-summary.txt  device lines, one line per test binary, e2e,
-#                           profile, the T5 job, totals (also printed to stdout)
+#                           profile, the T5 and Llama jobs, totals (also
+#                           printed to stdout)
 #   gpu-checks.log          nvidia-smi, every test binary's Catch2 output,
 #                           the profiler's output
 #   e2e.log                 the job's steps, `dynapipe watch` (one line per
 #                           iteration: loss, ms, tokens/s), the final status
 #   planner.log, executor.log, redis.log   the daemons' output
 #   profile.json            the cost profile of the cuda-tiny model
-# Exit status 0 only when every test binary, both jobs and the profiler passed.
+# Exit status 0 only when every test binary, every job and the profiler passed.
 #
 # GPU_CHECKS_BACKEND=cpu is a dry run of the script itself on a machine
 # without a GPU (deploy/gpu_checks_test): the job and its resume on a CPU
@@ -48,14 +51,15 @@ set -uo pipefail
 
 BACKEND=${GPU_CHECKS_BACKEND:-cuda}
 
-TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-390}  # + timeout -k and daemon shutdown grace: under 7 minutes
+TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-420}  # + timeout -k and daemon shutdown grace: under 7.5 minutes
 TEST_LIMIT_S=${TEST_LIMIT_S:-60}
-TESTS_BUDGET_S=${TESTS_BUDGET_S:-120}
-MEMCHECK_BUDGET_S=${MEMCHECK_BUDGET_S:-40}
+TESTS_BUDGET_S=${TESTS_BUDGET_S:-140}
+MEMCHECK_BUDGET_S=${MEMCHECK_BUDGET_S:-50}
 E2E_BUDGET_S=${E2E_BUDGET_S:-80}
 RESUME_BUDGET_S=${RESUME_BUDGET_S:-70}
 PROFILE_BUDGET_S=${PROFILE_BUDGET_S:-20}
-T5_BUDGET_S=${T5_BUDGET_S:-60}
+T5_BUDGET_S=${T5_BUDGET_S:-50}
+LLAMA_BUDGET_S=${LLAMA_BUDGET_S:-45}
 HF_BUDGET_S=${HF_BUDGET_S:-60}
 KILL_AFTER_S=10  # timeout -k: SIGKILL this long after SIGTERM
 
@@ -178,7 +182,7 @@ done
 # A few kernels' tests again under compute-sanitizer's memcheck, on cases
 # with small shapes (it runs every kernel 10-100 times slower): the new
 # attention paths, the fused matmul glue, the initialiser, model.block's
-# norms and activations.
+# norms and activations, Llama's SwiGLU and rotary positions.
 sanitizer=""
 for s in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}; do
   command -v "$s" >/dev/null 2>&1 && { sanitizer="$(command -v "$s")"; break; }
@@ -193,6 +197,8 @@ memcheck_cases=(
   "layers_test|GeluForward/Backward match the CPU backend"
   "layers_test|ReLU and gated GELU forward/backward match the CPU backend"
   "layers_test|RmsNormForward/Backward and LayerNorm without a shift match the CPU backend"
+  "layers_test|SwiGLU forward/backward match the CPU backend (saturated gates too)"
+  "qkv_test|RotaryApply matches the CPU forward and inverse; the values past the heads stay put"
   "t5_attention_test|T5 cross-attention matches the CPU (targets against their own inputs)"
   "t5_attention_test|T5 decoder self-attention matches the CPU (causal, bias)"
 )
@@ -572,31 +578,40 @@ echo "===== dynapipe-gpu-profile: exit $rc, $((SECONDS - start))s" >>"$log"
 [ $rc -eq 0 ] || failed=$((failed + 1))
 say "profile cuda-tiny: $verdict, $((SECONDS - start))s"
 
-# ------------------------------------------------------------- a T5 job
-# configs/jobs/cuda-t5-tiny.pbtxt through fresh daemons, as the GPT job:
-# encoder-decoder stages (runtime/model/t5_cuda.h) on the device.
-job_file="configs/jobs/cuda-t5-tiny.pbtxt"
-if [ $dry_run -eq 1 ]; then
-  sed 's/dtype: bf16/dtype: fp32/' "$root/$job_file" >"$work/cuda-t5-tiny-cpu.pbtxt"
-  job_file="$work/cuda-t5-tiny-cpu.pbtxt"
-else  # the file's 20 iterations end in a blink on a GPU
-  src="$root/$job_file"
-  sed "s/^iterations: .*/iterations: ${E2E_T5_ITERATIONS:-300}/" "$src" >"$work/cuda-t5-tiny-e2e.pbtxt"
-  job_file="$work/cuda-t5-tiny-e2e.pbtxt"
-fi
-t5_start=$SECONDS
-e2e_result=""
-if [ $((TOTAL_BUDGET_S - SECONDS)) -lt 30 ]; then
-  e2e_result="NOT RUN (total budget spent)"
-  t5_rc=1
-else
-  E2E_BUDGET_S=$T5_BUDGET_S run_e2e
-  t5_rc=$?
-fi
-stop_daemons
-cd "$work" || exit 1
-say "e2e cuda-t5-tiny: ${e2e_result:-FAIL (no result)} [$((SECONDS - t5_start))s in all]"
-[ $t5_rc -eq 0 ] || failed=$((failed + 1))
+# ------------------------------------------------- T5 and Llama jobs
+# A job file of configs/jobs through fresh daemons, as the GPT job: its
+# iterations raised to $3 on a GPU, its bf16 made fp32 in the dry run.
+# Sets model_rc; prints the job's summary line.
+run_model_job() {  # NAME BUDGET_S ITERATIONS
+  local name=$1 budget=$2 iterations=$3 start=$SECONDS
+  job_file="configs/jobs/$name.pbtxt"
+  if [ $dry_run -eq 1 ]; then
+    sed 's/dtype: bf16/dtype: fp32/' "$root/$job_file" >"$work/$name-cpu.pbtxt"
+    job_file="$work/$name-cpu.pbtxt"
+  else  # the file's 20 iterations end in a blink on a GPU
+    sed "s/^iterations: .*/iterations: $iterations/" "$root/$job_file" >"$work/$name-e2e.pbtxt"
+    job_file="$work/$name-e2e.pbtxt"
+  fi
+  e2e_result=""
+  if [ $((TOTAL_BUDGET_S - SECONDS)) -lt 30 ]; then
+    e2e_result="NOT RUN (total budget spent)"
+    model_rc=1
+  else
+    E2E_BUDGET_S=$budget run_e2e
+    model_rc=$?
+  fi
+  stop_daemons
+  cd "$work" || exit 1
+  say "e2e $name: ${e2e_result:-FAIL (no result)} [$((SECONDS - start))s in all]"
+  [ $model_rc -eq 0 ] || failed=$((failed + 1))
+}
+
+# Encoder-decoder stages (runtime/model/t5_cuda.h) on the device.
+run_model_job cuda-t5-tiny "$T5_BUDGET_S" "${E2E_T5_ITERATIONS:-300}"
+t5_rc=$model_rc
+# Llama's block (rotary positions, SwiGLU, grouped-query heads) on the device.
+run_model_job cuda-llama-tiny "$LLAMA_BUDGET_S" "${E2E_LLAMA_ITERATIONS:-300}"
+llama_rc=$model_rc
 
 # ------------------------------------ Hugging Face round trip (transformers)
 # Where python3 has transformers and safetensors (the lent machine does):
@@ -623,5 +638,6 @@ fi
 say "gpu_checks: $passed_tests/$total_tests test binaries passed; memcheck $([ $memcheck_failed -eq 0 ] && echo ok || echo FAILED);" \
   "e2e $([ $e2e_rc -eq 0 ] && echo ok || echo FAILED); resume $([ "${resume_rc:-1}" -eq 0 ] && echo ok || echo FAILED);" \
   "profile $([ $rc -eq 0 ] && echo ok || echo FAILED); t5 $([ $t5_rc -eq 0 ] && echo ok || echo FAILED);" \
+  "llama $([ $llama_rc -eq 0 ] && echo ok || echo FAILED);" \
   "$failed check(s) failed; ${SECONDS}s in all"
 [ $failed -eq 0 ]

@@ -32,7 +32,8 @@ TEST_CASE("gpu_checks.sh runs its job, kills and resumes it, and reports each st
   CHECK(summary.find("overlapping the killed run within 0.000000") != std::string::npos);  // the CPU repeats its bits
   CHECK(summary.find("against the uninterrupted run") != std::string::npos);
   CHECK(summary.find("memcheck: skipped (cpu dry run)") != std::string::npos);
-  CHECK(summary.find("e2e cuda-t5-tiny: ok") != std::string::npos);  // an encoder-decoder job too
+  CHECK(summary.find("e2e cuda-t5-tiny: ok") != std::string::npos);     // an encoder-decoder job too
+  CHECK(summary.find("e2e cuda-llama-tiny: ok") != std::string::npos);  // and Llama's block
   CHECK(summary.find("0 check(s) failed") != std::string::npos);
 }
 

@@ -2,7 +2,8 @@
 # The README's first command: trains a tiny GPT end to end on this machine.
 #
 #   bash deploy/quickstart.sh [JOB]     # JOB: configs/jobs/quickstart.pbtxt (default)
-#                                       #   or configs/jobs/t5-quickstart.pbtxt (a tiny T5)
+#                                       #   or configs/jobs/t5-quickstart.pbtxt (a tiny T5),
+#                                       #   configs/jobs/llama-tiny.pbtxt (a tiny Llama)
 #
 # Installs what is missing (deploy/setup.sh), builds the daemons, generates
 # the synthetic multi-task dataset (FLAN-like length mix) and a held-out set

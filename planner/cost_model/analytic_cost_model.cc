@@ -23,11 +23,13 @@ absl::StatusOr<std::unique_ptr<AnalyticCostModel>> AnalyticCostModel::Create(
   m->f_ = model.ffn() > 0 ? model.ffn() : 4.0 * model.hidden();
   m->a_ = model.heads();
   m->vocab_ = model.vocab();
-  m->positions_ = model.max_positions();
+  // Rotary positions (model.block.positions) have no learned table.
+  m->positions_ = model.block().positions() == proto::PositionKind::rotary ? 0 : model.max_positions();
   m->causal_ = model.kind() != proto::ModelKind::t5;
   m->tied_ = model.tie_embeddings();
   // A gated feed-forward (model.block.mlp) has three ffn x hidden matrices, not two.
-  m->gated_ = model.block().mlp() == proto::MlpKind::gated_gelu;
+  m->gated_ = model.block().mlp() == proto::MlpKind::gated_gelu || model.block().mlp() == proto::MlpKind::swiglu;
+  if (model.kv_heads() > 0) m->kv_frac_ = static_cast<double>(model.kv_heads()) / model.heads();
   m->device_name_ = device.name();
   m->peak_flops_ = device.peak_tflops() * 1e12;
   m->mem_bw_ = device.memory_bandwidth_gbps() * 1e9;
@@ -60,8 +62,9 @@ LayerCost AnalyticCostModel::Block(double tq, double tkv, double cells, bool cau
   const double h = h_, f = f_, a = a_, B = bytes_;
   const double scale = B / 2;  // Korthikanti's byte counts assume 16-bit activations
   const bool self = tq == tkv;
-  // GEMMs: Q and output projection on the query tokens, K and V on the key tokens, MLP on the queries.
-  const double proj_flops = 2 * tq * 2 * h * h + 2 * tkv * 2 * h * h;
+  // GEMMs: Q and output projection on the query tokens, K and V (kv_frac_
+  // of the heads) on the key tokens, MLP on the queries.
+  const double proj_flops = 2 * tq * 2 * h * h + 2 * tkv * 2 * h * h * kv_frac_;
   const double mats = gated_ ? 3 : 2;  // ffn x hidden matrices in the MLP
   const double mlp_flops = mlp ? 2 * tq * mats * h * f : 0;
   const double causal_frac = causal && fused_ ? 0.5 : 1.0;  // fused kernels skip masked tiles
@@ -79,7 +82,9 @@ LayerCost AnalyticCostModel::Block(double tq, double tkv, double cells, bool cau
   // Stored activations (bytes); the MLP accounts for 19 of Korthikanti's 34 sbh.
   // Gated: the up projection's output (8 sbh at f = 4h) is kept as well.
   const double mlp_sbh = mlp ? (gated_ ? 27.0 : 19.0) : 0.0;
-  const double linear = (15.0 + mlp_sbh) * tq * h * scale + (self ? 0 : 2.0 * tkv * h * scale);
+  // Of the attention's 15 sbh, K and V make 4 (fewer with grouped-query heads).
+  const double attn_sbh = 11.0 + 4.0 * kv_frac_;
+  const double linear = (attn_sbh + mlp_sbh) * tq * h * scale + (self ? 0 : 2.0 * tkv * h * scale);
   const double scores = fused_ ? 0 : 5.0 * a * cells * scale;
   const double input = tq * h * B + (self ? 0 : tkv * h * B);
   const double transient = (fused_ ? 0 : 2.0 * a * cells * B) + (mlp ? tq * f * B : tq * h * B);
@@ -146,7 +151,7 @@ absl::StatusOr<LayerCost> AnalyticCostModel::Cost(LayerKind kind, const Shape& s
 double AnalyticCostModel::ParamsMillions(LayerKind kind) const {
   const double h = h_, f = f_;
   switch (kind) {
-    case LayerKind::kEncoder: return (4 * h * h + (gated_ ? 3 : 2) * h * f + 9 * h + f) / 1e6;
+    case LayerKind::kEncoder: return ((2 + 2 * kv_frac_) * h * h + (gated_ ? 3 : 2) * h * f + 9 * h + f) / 1e6;
     case LayerKind::kDecoder: return (8 * h * h + (gated_ ? 3 : 2) * h * f + 13 * h + f) / 1e6;
     case LayerKind::kEmbedding: return (vocab_ * h + positions_ * h) / 1e6;
     // Tied or not, the last stage holds an LM-head weight (a tied copy across stages).

@@ -46,6 +46,9 @@ class AnalyticCostModel : public LayerCostModel {
   bool causal_ = true;  // GPT: causal self-attention; T5 encoder: bidirectional
   bool tied_ = true;
   bool gated_ = false;  // gated feed-forward: three matrices
+  // Key-value heads per query head (grouped-query attention shrinks the K
+  // and V projections and what they keep); 1 for multi-head attention.
+  double kv_frac_ = 1;
   std::string device_name_;
   double peak_flops_ = 0, mem_bw_ = 0;  // per second
   double gemm_eff_ = 0, half_tokens_ = 0, attn_eff_ = 0, mem_eff_ = 0, overhead_ms_ = 0;

@@ -111,6 +111,35 @@ TEST_CASE("A gated feed-forward (model.block.mlp) prices a third ffn x hidden ma
   CHECK((*two)->Cost(LayerKind::kEncoder, s, Recompute::kNone)->fw_ms == a.fw_ms);
 }
 
+TEST_CASE("Llama's block: SwiGLU prices three matrices, grouped-query heads shrink K and V, rotary has no table") {
+  proto::ModelSpec llama = Gpt67b();
+  llama.set_kind(proto::ModelKind::llama);
+  llama.mutable_block()->set_mlp(proto::MlpKind::swiglu);
+  llama.mutable_block()->set_positions(proto::PositionKind::rotary);
+  proto::ModelSpec gated = Gpt67b();
+  gated.mutable_block()->set_mlp(proto::MlpKind::gated_gelu);
+  auto mha = AnalyticCostModel::Create(llama, H100(), {});
+  auto three = AnalyticCostModel::Create(gated, H100(), {});
+  llama.set_kv_heads(llama.heads() / 4);
+  auto gqa = AnalyticCostModel::Create(llama, H100(), {});
+  REQUIRE(mha.ok());
+  REQUIRE(three.ok());
+  REQUIRE(gqa.ok());
+  const double h = 4096;
+  const Shape s{4, 2048, 0};
+  const LayerCost m = *(*mha)->Cost(LayerKind::kEncoder, s, Recompute::kNone);
+  const LayerCost g = *(*gqa)->Cost(LayerKind::kEncoder, s, Recompute::kNone);
+  // SwiGLU and gated GELU: the same matrices and activations.
+  CHECK((*three)->Cost(LayerKind::kEncoder, s, Recompute::kNone)->fw_ms == m.fw_ms);
+  CHECK((*mha)->ParamsMillions(LayerKind::kEncoder) == (*three)->ParamsMillions(LayerKind::kEncoder));
+  // 8 of 32 kv heads: K and V are a quarter of their h x h each.
+  CHECK(((*mha)->ParamsMillions(LayerKind::kEncoder) - (*gqa)->ParamsMillions(LayerKind::kEncoder)) * 1e6 ==
+        Approx(2 * h * h * 0.75));
+  CHECK(g.fw_ms < m.fw_ms);
+  CHECK(g.stored_mb < m.stored_mb);
+  CHECK((*mha)->ParamsMillions(LayerKind::kEmbedding) * 1e6 == Approx(llama.vocab() * h));
+}
+
 TEST_CASE("Layouts: equal stages, explicit interleaving, and bad assignments") {
   auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
   std::shared_ptr<const LayerCostModel> cost(std::move(*m));

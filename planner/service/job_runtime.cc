@@ -28,12 +28,18 @@ absl::StatusOr<std::shared_ptr<const LayerCostModel>> LoadCostModel(const proto:
   proto::CostProfile profile;
   RETURN_IF_ERROR(Annotate(LoadProtoFileQuietly(path, &profile), "cost_profile_path"));
   const auto& m = spec.model();
+  const int kv_heads = profile.kv_heads() > 0 ? profile.kv_heads() : profile.heads();
   if (profile.hidden() != m.hidden() || (profile.heads() > 0 && profile.heads() != m.heads()) ||
-      (profile.ffn() > 0 && profile.ffn() != m.ffn())) {
+      (profile.ffn() > 0 && profile.ffn() != m.ffn()) || (kv_heads > 0 && kv_heads != m.kv_heads())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cost_profile_path: ", spec.cost_profile_path(), " profiles hidden ", profile.hidden(), ", heads ",
-        profile.heads(), ", ffn ", profile.ffn(), "; the model has hidden ", m.hidden(), ", heads ", m.heads(),
-        ", ffn ", m.ffn()));
+        profile.heads(), ", kv_heads ", kv_heads, ", ffn ", profile.ffn(), "; the model has hidden ", m.hidden(),
+        ", heads ", m.heads(), ", kv_heads ", m.kv_heads(), ", ffn ", m.ffn()));
+  }
+  if (profile.model_kind() != proto::ModelKind::unspecified && profile.model_kind() != m.kind()) {
+    return absl::InvalidArgumentError(absl::StrCat("cost_profile_path: ", spec.cost_profile_path(), " profiles a ",
+                                                   proto::ModelKind::Value_Name(profile.model_kind()),
+                                                   " model; the job's is ", proto::ModelKind::Value_Name(m.kind())));
   }
   auto model = ProfileCostModel::Create(profile, m.dtype() == proto::DType::fp32 ? 4 : 2);
   if (!model.ok()) return Annotate(model.status(), absl::StrCat("cost_profile_path: ", spec.cost_profile_path()));

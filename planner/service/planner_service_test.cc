@@ -196,6 +196,12 @@ TEST_CASE("A job's cost profile resolves under data_root and must describe the j
   CHECK(wrong.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(wrong.message()),
              Contains("cost_profile_path: other.json profiles hidden " + std::to_string(hidden / 2)));
+  // The same dimensions profiled for another kind of model (a Llama's block costs otherwise).
+  spec.set_cost_profile_path("good.json");
+  spec.mutable_model()->set_kind(proto::ModelKind::llama);
+  CHECK_THAT(std::string(Submit(svc, spec).status().message()),
+             Contains("cost_profile_path: good.json profiles a gpt model; the job's is llama"));
+  spec.mutable_model()->set_kind(proto::ModelKind::gpt);
   spec.set_cost_profile_path("missing.json");
   CHECK_THAT(std::string(Submit(svc, spec).status().message()), Contains("cost_profile_path"));
 }

@@ -28,8 +28,11 @@ std::vector<GradBucket> MakeBuckets(const model::GptLayout& layout, size_t min_s
   if (o.last && layout.config().tie_embeddings && !o.first) units.push_back({{layout.wte(), wte_size}, true});
   for (size_t i = layers.size(); i-- > 0;) units.push_back({{layers[i].ln1_w, layer_end(i) - layers[i].ln1_w}, false});
   if (o.first) {
-    units.push_back({{layout.wpe(), (layers.empty() ? tail : layers[0].ln1_w) - layout.wpe()}, false});
-    units.push_back({{layout.wte(), layout.wpe() - layout.wte()}, true});
+    // wpe (absent with rotary positions) joins the first layer's bucket; wte stands alone.
+    const size_t after = layers.empty() ? tail : layers[0].ln1_w;
+    const bool wpe = layout.wpe() != model::GptLayout::kAbsent;
+    if (wpe) units.push_back({{layout.wpe(), after - layout.wpe()}, false});
+    units.push_back({{layout.wte(), (wpe ? layout.wpe() : after) - layout.wte()}, true});
   }
   std::vector<GradBucket> out;
   bool open = false;  // out.back() may still grow

@@ -1,9 +1,9 @@
-// model.init_from: stages start from Hugging Face weights. Split stages take
-// exactly the exported whole model's values (each its own tensors); refusals
-// name the file, the config.json field or the tensor; and through the plan
-// interpreter a job trained, exported and started again from the export
-// carries the very weights on (bit for bit after a step of zero learning
-// rate), on one rank and over a 2 x 2 pipeline alike.
+// model.init_from: stages start from Hugging Face weights. Split stages (T5,
+// Llama) take exactly the exported whole model's values (each its own
+// tensors); refusals name the file, the config.json field or the tensor;
+// and through the plan interpreter a job trained, exported and started
+// again from the export carries the very weights on (bit for bit after a
+// step of zero learning rate), on one rank and over a 2 x 2 pipeline alike.
 #include "runtime/executor/hf_init.h"
 
 #include <catch2/catch.hpp>
@@ -69,41 +69,64 @@ std::vector<float> Trained(const GptConfig& c) {
   return p;
 }
 
+// Llama's block: 2 key-value heads for 4 query heads, an untied head.
+GptConfig Llama() {
+  GptConfig c{.num_layers = 3, .hidden = 16, .heads = 4, .ffn = 24, .vocab = 13, .max_positions = 32};
+  c.norm = model::NormKind::kRms;
+  c.mlp = model::MlpKind::kSwiglu;
+  c.bias = false;
+  c.rotary = true;
+  c.kv_heads = 2;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = false;
+  return c;
+}
+
 std::vector<std::unique_ptr<model::Stage>> Stages(const GptConfig& c, BufferPool* pool, int cut) {
   std::vector<std::unique_ptr<model::Stage>> out;
   for (auto [first, n] : {std::pair{0, cut}, {cut, c.TotalLayers() - cut}}) {
-    auto s = model::T5Stage::Create(c, {first, n, first == 0, first + n == c.TotalLayers(), 5}, pool);
-    REQUIRE_OK(s.status());
-    out.push_back(std::move(*s));
+    const model::StageOptions o{first, n, first == 0, first + n == c.TotalLayers(), 5};
+    if (c.encoder_decoder) {
+      auto s = model::T5Stage::Create(c, o, pool);
+      REQUIRE_OK(s.status());
+      out.push_back(std::move(*s));
+    } else {
+      auto s = model::GptStage::Create(c, o, pool);
+      REQUIRE_OK(s.status());
+      out.push_back(std::move(*s));
+    }
   }
   return out;
 }
 
 TEST_CASE("init_from: split stages take the exported model's values, each reading its own tensors") {
-  const GptConfig c = T5();
-  const std::string dir = dynapipe::testing::FreshTempDir("hf_init_split");
-  const std::vector<float> want = Trained(c);
-  Export(c, want, dir + "/hf", 99);
-  auto whole = model::GptLayout::Make(c, {0, c.TotalLayers(), true, true, 5});
-  REQUIRE_OK(whole.status());
-  BufferPool pool(CpuAllocator());
-  for (int cut : {1, 2, 3}) {
-    INFO("cut at " << cut);
-    auto stages = Stages(c, &pool, cut);
-    REQUIRE_OK(InitFromHuggingFace(dir + "/hf", stages));
-    int64_t checked = 0;
-    for (const auto& s : stages) {
-      model::StageState st;
-      REQUIRE_OK(s->ExportState(&st));
-      for (const model::ParamInfo& p : s->layout().params()) {
-        const model::ParamInfo* w = whole->FindParam(p.name);
-        REQUIRE(w != nullptr);
-        CHECK(std::equal(st.params.begin() + p.offset, st.params.begin() + p.offset + p.size, want.begin() + w->offset));
-        checked += p.size;
+  for (const GptConfig& c : {T5(), Llama()}) {
+    INFO(model::HfArchitecture(c));
+    const std::string dir = dynapipe::testing::FreshTempDir("hf_init_split");
+    const std::vector<float> want = Trained(c);
+    Export(c, want, dir + "/hf", 99);
+    auto whole = model::GptLayout::Make(c, {0, c.TotalLayers(), true, true, 5});
+    REQUIRE_OK(whole.status());
+    BufferPool pool(CpuAllocator());
+    for (int cut = 1; cut < c.TotalLayers(); ++cut) {
+      INFO("cut at " << cut);
+      auto stages = Stages(c, &pool, cut);
+      REQUIRE_OK(InitFromHuggingFace(dir + "/hf", stages));
+      int64_t checked = 0;
+      for (const auto& s : stages) {
+        model::StageState st;
+        REQUIRE_OK(s->ExportState(&st));
+        for (const model::ParamInfo& p : s->layout().params()) {
+          const model::ParamInfo* w = whole->FindParam(p.name);
+          REQUIRE(w != nullptr);
+          CHECK(std::equal(st.params.begin() + p.offset, st.params.begin() + p.offset + p.size,
+                           want.begin() + w->offset));
+          checked += p.size;
+        }
+        CHECK(std::all_of(st.adam_m.begin(), st.adam_m.end(), [](float x) { return x == 0.0f; }));
       }
-      CHECK(std::all_of(st.adam_m.begin(), st.adam_m.end(), [](float x) { return x == 0.0f; }));
+      CHECK(checked >= static_cast<int64_t>(whole->num_params()));
     }
-    CHECK(checked >= static_cast<int64_t>(whole->num_params()));
   }
 }
 
@@ -135,6 +158,39 @@ TEST_CASE("init_from refuses in one line: a missing file, another model type or 
   Export(relu, Trained(relu), dir + "/v10", 99);
   CHECK(refusal(dir + "/v10").find("tensor encoder.block.0.layer.1.DenseReluDense.wi_0.weight: not in the checkpoint") !=
         std::string::npos);
+}
+
+TEST_CASE("init_from refuses a Llama checkpoint for other key-value heads, without its head, or with RoPE scaling") {
+  const GptConfig c = Llama();
+  const std::string dir = dynapipe::testing::FreshTempDir("hf_init_llama_bad");
+  BufferPool pool(CpuAllocator());
+  auto stages = Stages(c, &pool, 1);
+  auto refusal = [&](const std::string& path) {
+    const absl::Status s = InitFromHuggingFace(path, stages);
+    REQUIRE_FALSE(s.ok());
+    const std::string m(s.message());
+    CHECK(m.find('\n') == std::string::npos);
+    return m;
+  };
+  // A key-value head per head: config.json says so first; without it, k_proj's rows.
+  GptConfig mha = c;
+  mha.kv_heads = 4;
+  Export(mha, Trained(mha), dir + "/mha", 99);
+  CHECK(refusal(dir + "/mha") == "model.init_from: config.json: num_key_value_heads 4; the job's model.kv_heads is 2");
+  fs::remove(dir + "/mha/config.json");
+  CHECK(refusal(dir + "/mha") ==
+        "model.init_from: tensor model.layers.0.self_attn.k_proj.weight: shape [16, 16], the model needs [8, 16]");
+  // A tied export for this untied job has no lm_head.
+  GptConfig tied = c;
+  tied.tie_embeddings = true;
+  Export(tied, Trained(tied), dir + "/tied", 99);
+  CHECK(refusal(dir + "/tied") == "model.init_from: tensor lm_head.weight: not in the checkpoint");
+  // RoPE scaling (Llama 3.1's) is not what our rotary positions compute.
+  Export(c, Trained(c), dir + "/scaled", 99);
+  REQUIRE_OK(InitFromHuggingFace(dir + "/scaled", stages));
+  REQUIRE_OK(WriteFileAtomic(dir + "/scaled/config.json",
+                             R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})"));
+  CHECK(refusal(dir + "/scaled").rfind("model.init_from: config.json: rope_scaling: only plain RoPE", 0) == 0);
 }
 
 proto::JobSpec Spec(const std::string& dataset, int pp, int dp, double lr) {

@@ -99,6 +99,36 @@ TEST_CASE("T5 v1.1's block trains through pipelines: pp=1, 2 and 2x2 give the sa
   }
 }
 
+// A Llama-style model (kind llama: RMS norm, SwiGLU, rotary positions, no
+// biases, an untied head) with 2 key-value heads for 4 query heads.
+proto::JobSpec LlamaSpec(const std::string& dataset, int pp, int dp, const char* recompute = "none") {
+  proto::JobSpec spec = Spec(dataset, pp, dp, "dynamic", recompute);
+  spec.mutable_model()->set_kind(proto::ModelKind::llama);
+  spec.mutable_model()->set_tie_embeddings(false);
+  spec.mutable_model()->set_kv_heads(2);
+  return spec;
+}
+
+TEST_CASE("A Llama-style model trains through pipelines: pp=2, 2x2 and recomputation give pp=1's losses",
+          "[executor]") {
+  const std::string ds = MakeDataset();
+  auto base = cli::RunLocal(LlamaSpec(ds, 1, 1), "/", 5);
+  INFO(base.status().ToString());
+  REQUIRE(base.ok());
+  const std::vector<double> want = Losses(*base);
+  REQUIRE(want.size() == 5);
+  CHECK(want[0] > 2.0);
+  CHECK(want[4] < want[0]);
+  for (auto [pp, dp, recompute] : {std::tuple{2, 1, "none"}, {2, 2, "none"}, {2, 1, "selective"}, {1, 2, "full"}}) {
+    INFO("pp=" << pp << " dp=" << dp << " recompute " << recompute);
+    auto run = cli::RunLocal(LlamaSpec(ds, pp, dp, recompute), "/", 5);
+    INFO(run.status().ToString());
+    REQUIRE(run.ok());
+    for (int i = 0; i < 5; ++i) CHECK(std::abs(run->per_rank[0][i].loss - want[i]) <= 1e-4 * want[i]);
+    for (int r = 0; r < pp && dp > 1; ++r) CHECK(run->final_params[r] == run->final_params[r + pp]);
+  }
+}
+
 TEST_CASE("dynamic, packing and padding batches train to the same losses", "[executor]") {
   const std::string ds = MakeDataset();
   auto dynamic = cli::RunLocal(Spec(ds, 2, 1, "dynamic"), "/", 3);

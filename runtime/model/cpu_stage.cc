@@ -122,9 +122,9 @@ absl::Status CpuStageBase::ImportState(const StageState& in) {
 void CpuStageBase::NormForward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t N) {
   const int64_t C = config().hidden;
   if (config().norm == NormKind::kRms) {
-    cpu::RmsNormForward(out, rstd, x, P(w), N, C);
+    cpu::RmsNormForward(out, rstd, x, P(w), N, C, config().NormEps());
   } else {
-    cpu::LayerNormForward(out, mean, rstd, x, P(w), P(b), N, C);
+    cpu::LayerNormForward(out, mean, rstd, x, P(w), P(b), N, C, config().NormEps());
   }
 }
 
@@ -144,6 +144,7 @@ void CpuStageBase::ActivationForward(float* act, const float* fc, int64_t N) {
     case MlpKind::kGelu: cpu::GeluForward(act, fc, N * F); break;
     case MlpKind::kRelu: cpu::ReluForward(act, fc, N * F); break;
     case MlpKind::kGatedGelu: cpu::GatedGeluForward(act, fc, N, F); break;
+    case MlpKind::kSwiglu: cpu::SwigluForward(act, fc, N, F); break;
   }
 }
 
@@ -153,6 +154,7 @@ void CpuStageBase::ActivationBackward(float* dfc, const float* fc, const float* 
     case MlpKind::kGelu: cpu::GeluBackward(dfc, fc, dact, N * F); break;
     case MlpKind::kRelu: cpu::ReluBackward(dfc, fc, dact, N * F); break;
     case MlpKind::kGatedGelu: cpu::GatedGeluBackward(dfc, fc, dact, N, F); break;
+    case MlpKind::kSwiglu: cpu::SwigluBackward(dfc, fc, dact, N, F); break;
   }
 }
 

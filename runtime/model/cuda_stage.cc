@@ -31,6 +31,10 @@ absl::Status CheckCudaConfig(const GptConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.heads: ", config.heads, " does not divide model.hidden ", config.hidden));
   }
+  if (config.KvHeads() <= 0 || config.heads % config.KvHeads() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.kv_heads: ", config.KvHeads(), " does not divide model.heads ", config.heads));
+  }
   const int hs = config.hidden / config.heads;
   if (hs != 32 && hs != 64 && hs != 128) {
     return absl::InvalidArgumentError(absl::StrCat("model.hidden / model.heads: head dimension ", hs,
@@ -401,8 +405,9 @@ absl::StatusOr<double> CudaStageBase::TakeLoss() {
 absl::Status CudaStageBase::NormForward(bf16* out, float* mean, float* rstd, const bf16* x, size_t w, size_t b,
                                         int64_t N) {
   const int64_t C = config().hidden;
-  if (config().norm == NormKind::kRms) return cuda::RmsNormForward(out, rstd, x, W(w), N, C, stream_);
-  return cuda::LayerNormForward(out, mean, rstd, x, W(w), W(b), N, C, stream_);
+  const float eps = static_cast<float>(config().NormEps());  // as the CPU's fp32 norms round it
+  if (config().norm == NormKind::kRms) return cuda::RmsNormForward(out, rstd, x, W(w), N, C, eps, stream_);
+  return cuda::LayerNormForward(out, mean, rstd, x, W(w), W(b), N, C, eps, stream_);
 }
 
 absl::Status CudaStageBase::NormBackward(bf16* dx, size_t w, size_t b, const bf16* dout, const bf16* x,
@@ -424,6 +429,9 @@ absl::Status CudaStageBase::MlpForward(const GptLayout::Layer& l, const bf16* in
     case MlpKind::kGatedGelu:
       RETURN_IF_ERROR(matmul_->Forward(fc, in, W(l.fc_w), W(l.fc_b), N, C, Wd, st));
       return cuda::GatedGeluForward(act, fc, N, F, st);
+    case MlpKind::kSwiglu:
+      RETURN_IF_ERROR(matmul_->Forward(fc, in, W(l.fc_w), W(l.fc_b), N, C, Wd, st));
+      return cuda::SwigluForward(act, fc, N, F, st);
   }
   return absl::InternalError("unknown model.block.mlp");
 }
@@ -443,6 +451,8 @@ absl::Status CudaStageBase::MlpBackward(const GptLayout::Layer& l, const bf16* i
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dfc, 0, static_cast<size_t>(N * Wd) * kBf16, st));
     if (config().mlp == MlpKind::kRelu) {
       RETURN_IF_ERROR(cuda::ReluBackward(dfc, fc, dF, N * F, st));
+    } else if (config().mlp == MlpKind::kSwiglu) {
+      RETURN_IF_ERROR(cuda::SwigluBackward(dfc, fc, dF, N, F, st));
     } else {
       RETURN_IF_ERROR(cuda::GatedGeluBackward(dfc, fc, dF, N, F, st));
     }

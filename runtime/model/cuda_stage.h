@@ -121,8 +121,9 @@ class CudaStageBase : public Stage {
 
  protected:
   // INVALID_ARGUMENT for a config the kernels cannot run (head dimension
-  // hidden / heads not 32, 64 or 128; ffn not a multiple of 8) or a
-  // parameter offset that is not a multiple of 8, before touching the device.
+  // hidden / heads not 32, 64 or 128; ffn not a multiple of 8; kv heads not
+  // dividing the heads) or a parameter offset that is not a multiple of 8,
+  // before touching the device.
   static absl::Status CheckCudaLayout(const GptLayout& layout);
   CudaStageBase(GptLayout layout, cudaStream_t stream, BufferPool* pool, std::chrono::seconds wait_timeout,
                 CudaKernels kernels);
@@ -146,15 +147,15 @@ class CudaStageBase : public Stage {
   absl::Status CopyD2D(void* dst, const void* src, size_t bytes);
   static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-  // The block's norm (model.block.norm) over N rows of the hidden size, gain
-  // `w`, shift `b` (absent: none); RMS norm leaves `mean` unused. Backward
-  // adds into dx.
+  // The block's norm (model.block.norm, its epsilon GptConfig::NormEps) over
+  // N rows of the hidden size, gain `w`, shift `b` (absent: none); RMS norm
+  // leaves `mean` unused. Backward adds into dx.
   absl::Status NormForward(bf16* out, float* mean, float* rstd, const bf16* x, size_t w, size_t b, int64_t N);
   absl::Status NormBackward(bf16* dx, size_t w, size_t b, const bf16* dout, const bf16* x, const float* mean,
                             const float* rstd, int64_t N);
   // The feed-forward's first product and activation of `in` (N, C) into fc
-  // (N, MlpWidth()) and act (N, F): GELU in the product's epilogue, ReLU and
-  // gated GELU as kernels of their own. Its backward from `dr` (the gradient
+  // (N, MlpWidth()) and act (N, F): GELU in the product's epilogue, ReLU,
+  // gated GELU and SwiGLU as kernels of their own. Its backward from `dr` (the gradient
   // of the layer output, which went through the second product) into dln
   // (N, C), zeroed first; dF (N, F) and dfc (N, MlpWidth(), unused with
   // GELU) are scratch. Parameter gradients accumulate.

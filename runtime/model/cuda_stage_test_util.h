@@ -1,8 +1,9 @@
 #pragma once
 
-// What the CUDA stages' tests share (gpt_cuda_test, t5_cuda_test): a device
-// with a stream and a pool over it, host views of a stage's state through
-// the backend-neutral Stage interface, and bf16 device buffers.
+// What the CUDA stages' tests share (gpt_cuda_test, llama_cuda_test,
+// t5_cuda_test): a device with a stream and a pool over it, host views of a
+// stage's state through the backend-neutral Stage interface, and bf16 device
+// buffers.
 
 #include <cuda_bf16.h>
 

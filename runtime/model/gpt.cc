@@ -18,6 +18,20 @@ cpu::AttentionKernel CpuKernel(AttentionKernel k) {
   return k == AttentionKernel::kMaterialized ? cpu::AttentionKernel::kMaterialized : cpu::AttentionKernel::kVarlen;
 }
 
+// GPT's causal, scaled self-attention, with the model's key-value heads.
+cpu::AttentionOptions<float> SelfAttention(const GptConfig& c) {
+  cpu::AttentionOptions<float> o;
+  o.kv_heads = c.KvHeads();
+  return o;
+}
+
+// Rotary positions on the queries and keys of rows of [q | k | v]
+// (inverse: on their gradients); nothing with learned positions.
+void Rotate(const GptConfig& c, float* qkv, const int32_t* positions, int64_t N, bool inverse) {
+  if (!c.rotary) return;
+  cpu::RotaryApply(qkv, positions, N, c.QkvWidth(), c.heads + c.KvHeads(), c.HeadSize(), c.rope_base, inverse);
+}
+
 }  // namespace
 
 // What backward needs from one layer's forward. With Recompute::kFull only
@@ -54,20 +68,22 @@ GptStage::GptStage(GptLayout layout, BufferPool* pool) : CpuStageBase(std::move(
 
 GptStage::~GptStage() = default;
 
-absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B,
-                                    int64_t T, float* out) {
-  const int64_t N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
+absl::Status GptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, float* out) {
+  const int32_t* segments = s.segments.data();
+  const int64_t B = s.rows, T = s.seq;
+  const int64_t N = B * T, C = config().hidden, F = config().ffn, NH = config().heads, QKV = config().QkvWidth();
   ASSIGN_OR_RETURN(a.ln1, Get(N * C));
   ASSIGN_OR_RETURN(a.ln1_mean, Get(N));
   ASSIGN_OR_RETURN(a.ln1_rstd, Get(N));
   NormForward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), a.x.as<float>(), l.ln1_w, l.ln1_b,
               N);
-  ASSIGN_OR_RETURN(a.qkv, Get(N * 3 * C));
-  cpu::MatmulForward(a.qkv.as<float>(), a.ln1.as<float>(), P(l.qkv_w), P(l.qkv_b), N, C, 3 * C);
+  ASSIGN_OR_RETURN(a.qkv, Get(N * QKV));
+  cpu::MatmulForward(a.qkv.as<float>(), a.ln1.as<float>(), P(l.qkv_w), P(l.qkv_b), N, C, QKV);
+  Rotate(config(), a.qkv.as<float>(), s.positions.data(), N, false);  // kept rotated, as attention reads them
   ASSIGN_OR_RETURN(a.atty, Get(N * C));
   ASSIGN_OR_RETURN(a.att, Get(cpu::AttentionProbsSize(segments, B, T, NH, CpuKernel(config().attention))));
   cpu::AttentionForward(a.atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), segments, B, T, C, NH,
-                        CpuKernel(config().attention));
+                        CpuKernel(config().attention), SelfAttention(config()));
   ASSIGN_OR_RETURN(a.x2, Get(N * C));
   float* x2 = a.x2.as<float>();
   cpu::MatmulForward(x2, a.atty.as<float>(), P(l.proj_w), P(l.proj_b), N, C, C);
@@ -172,10 +188,8 @@ absl::StatusOr<double> GptStage::ForwardDense(int mb, const TokenBatch& batch, c
   s->rows = B;
   s->seq = T;
   s->segments = batch.segments;
-  if (o.first) {
-    s->tokens = batch.tokens;
-    s->positions = batch.positions;
-  }
+  if (o.first) s->tokens = batch.tokens;
+  if (o.first || config().rotary) s->positions = batch.positions;
   s->loss_scale = loss_scale;
 
   ASSIGN_OR_RETURN(Buffer x, Get(N * C));
@@ -201,7 +215,7 @@ absl::StatusOr<double> GptStage::ForwardDense(int mb, const TokenBatch& batch, c
       ASSIGN_OR_RETURN(next, Get(N * C));
       out = next.as<float>();
     }
-    RETURN_IF_ERROR(LayerForward(layers[i], a, s->segments.data(), B, T, out));
+    RETURN_IF_ERROR(LayerForward(layers[i], a, *s, out));
     if (recompute == Recompute::kFull) {
       Buffer keep = std::move(a.x);
       a = LayerActs{};
@@ -315,7 +329,7 @@ absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dh
   ASSIGN_OR_RETURN(g.dF2, Get(N * config().MlpWidth()));
   ASSIGN_OR_RETURN(g.dln, Get(N * C));
   ASSIGN_OR_RETURN(g.datty, Get(N * C));
-  ASSIGN_OR_RETURN(g.dqkv, Get(N * 3 * C));
+  ASSIGN_OR_RETURN(g.dqkv, Get(N * config().QkvWidth()));
   float* dr = dres.as<float>();
   const auto& layers = layout_.layers();
   for (size_t i = layers.size(); i-- > 0;) {
@@ -327,9 +341,10 @@ absl::Status GptStage::BackwardDense(int mb, const float* dhidden_out, float* dh
   }
   if (o.first) {
     cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dr, s->tokens.data(), s->positions.data(), N, C);
-    RETURN_IF_ERROR(Report(ready, layout_.wte(), layout_.wpe() - layout_.wte()));
     const size_t after = layers.empty() ? (o.last ? layout_.lnf_w() : layout_.num_params()) : layers[0].ln1_w;
-    RETURN_IF_ERROR(Report(ready, layout_.wpe(), after - layout_.wpe()));
+    const bool wpe = layout_.wpe() != GptLayout::kAbsent;  // absent with rotary positions
+    RETURN_IF_ERROR(Report(ready, layout_.wte(), (wpe ? layout_.wpe() : after) - layout_.wte()));
+    if (wpe) RETURN_IF_ERROR(Report(ready, layout_.wpe(), after - layout_.wpe()));
   } else {
     std::memcpy(dhidden_in, dr, N * C * sizeof(float));
   }
@@ -358,14 +373,15 @@ absl::Status GptStage::HeadBackward(Stash& s, float* dres) {
 absl::Status GptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, float* dr,
                                      LayerGrads& g) {
   const int64_t B = s.rows, T = s.seq, N = B * T, C = config().hidden, F = config().ffn, NH = config().heads;
+  const int64_t QKV = config().QkvWidth();
   if (a.ln1.empty()) {
-    RETURN_IF_ERROR(LayerForward(l, a, s.segments.data(), B, T, nullptr));  // kFull: the whole layer again
+    RETURN_IF_ERROR(LayerForward(l, a, s, nullptr));  // kFull: the whole layer again
   } else if (a.att.empty()) {
     // kSelective: the attention probabilities again (its output is stashed).
     ASSIGN_OR_RETURN(a.att, Get(cpu::AttentionProbsSize(s.segments.data(), B, T, NH, CpuKernel(config().attention))));
     ASSIGN_OR_RETURN(Buffer atty, Get(N * C));
     cpu::AttentionForward(atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), s.segments.data(), B, T, C, NH,
-                          CpuKernel(config().attention));
+                          CpuKernel(config().attention), SelfAttention(config()));
   }
   // MLP branch.
   Zero(g.dF1);
@@ -384,10 +400,12 @@ absl::Status GptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a, co
                       C);
   Zero(g.dqkv);
   cpu::AttentionBackward(g.dqkv.as<float>(), g.datty.as<const float>(), a.qkv.as<const float>(),
-                         a.att.as<const float>(), s.segments.data(), B, T, C, NH, CpuKernel(config().attention));
+                         a.att.as<const float>(), s.segments.data(), B, T, C, NH, CpuKernel(config().attention),
+                         SelfAttention(config()));
+  Rotate(config(), g.dqkv.as<float>(), s.positions.data(), N, true);
   Zero(g.dln);
   cpu::MatmulBackward(g.dln.as<float>(), G(l.qkv_w), G(l.qkv_b), g.dqkv.as<const float>(), a.ln1.as<const float>(),
-                      P(l.qkv_w), N, C, 3 * C);
+                      P(l.qkv_w), N, C, QKV);
   NormBackward(dr, l.ln1_w, l.ln1_b, g.dln.as<const float>(), a.x.as<const float>(), a.ln1_mean.as<const float>(),
                a.ln1_rstd.as<const float>(), N);
   return absl::OkStatus();

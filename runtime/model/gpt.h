@@ -78,10 +78,10 @@ class GptStage final : public CpuStageBase {
   struct LayerGrads;
   absl::Status HeadBackward(Stash& s, float* dres);
   absl::Status LayerBackward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, float* dr, LayerGrads& g);
-  // Fills every activation of layer `l` from a.x; writes the layer's output
-  // (N, C) to `out` unless it is null (recomputation needs no output).
-  absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const int32_t* segments, int64_t B, int64_t T,
-                            float* out);
+  // Fills every activation of layer `l` from a.x (the micro-batch's shape,
+  // segments and positions from `s`); writes the layer's output (N, C) to
+  // `out` unless it is null (recomputation needs no output).
+  absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, float* out);
 
   std::map<int, std::unique_ptr<Stash>> stash_;
   static constexpr int kInferKey = -1;  // Infer's private stash key

@@ -9,6 +9,13 @@
 // Device state, the optimizer, losses and host copies: CudaStageBase
 // (cuda_stage.h).
 //
+// Llama-style blocks (model.block): rotary positions rotate the queries and
+// keys right after the qkv product (no position table: the embedding is the
+// token's row alone), as the CPU stage does, and every stage rotates with the
+// batch's positions; grouped-query attention repeats each kv head for the
+// query heads that read it and runs the multi-head attention kernels (tiled
+// or cuDNN's) unchanged, the kv heads' gradients summed back.
+//
 // Recompute: kFull keeps only each layer's input and runs the layer's
 // forward again in Backward. kSelective is the same as kNone here: the
 // attention already keeps only its log-sum-exp (flash-style) and recomputes
@@ -46,12 +53,13 @@ namespace dynapipe::runtime::model {
 class CudaGptStage final : public CudaStageBase {
  public:
   // INVALID_ARGUMENT for a config the kernels cannot run (head dimension
-  // hidden / heads not 32, 64 or 128; ffn not a multiple of 8) or a bad layer
-  // range, before touching the device. Then allocates the device state on the
-  // current device and initialises it from the layout (GptLayout::Initialize:
-  // the CPU stage's values, bit for bit). `pool` must allocate device memory
-  // (CudaAllocator) and outlive the stage; its buffers are taken for
-  // `compute_stream`. `wait_timeout` bounds every host wait for the stream.
+  // hidden / heads not 32, 64 or 128; ffn not a multiple of 8; kv heads not
+  // dividing the heads) or a bad layer range, before touching the device.
+  // Then allocates the device state on the current device and initialises it
+  // from the layout (GptLayout::Initialize: the CPU stage's values, bit for
+  // bit). `pool` must allocate device memory (CudaAllocator) and outlive the
+  // stage; its buffers are taken for `compute_stream`. `wait_timeout` bounds
+  // every host wait for the stream.
   static absl::StatusOr<std::unique_ptr<CudaGptStage>> Create(const GptConfig& config, const StageOptions& options,
                                                               cudaStream_t compute_stream, BufferPool* pool,
                                                               absl::Duration wait_timeout = absl::Minutes(5),
@@ -121,6 +129,19 @@ class CudaGptStage final : public CudaStageBase {
   // to `out` unless it is null (recomputation needs no output).
   absl::Status LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s,
                             bf16* out);  // (B, T, C) or null
+  // The attention's input a.qkv (N, 3C) from a.ln1: the qkv product (N,
+  // QkvWidth()), its queries and keys rotated (rotary positions), its kv
+  // heads repeated per query head (grouped-query attention). The gradient's
+  // way back from g.dqkv (N, 3C): kv heads summed (into g.dqkv_grouped),
+  // the rotation undone, in place; returns the qkv product's gradient.
+  absl::Status QkvForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s);
+  absl::StatusOr<const bf16*> QkvGradient(LayerGrads& g, const Stash& s);
+  // Rotary positions on the queries and keys of rows of the qkv product
+  // (inverse: on their gradients); nothing with learned positions.
+  absl::Status Rotate(bf16* qkv,  // (N, QkvWidth())
+                      const Stash& s, bool inverse);
+  // Whether the model has fewer kv heads than query heads.
+  bool Grouped() const { return config().KvHeads() != config().heads; }
   // The layer's attention, forward and backward, through cuDNN where the
   // stash holds a batch for it, else the tiled kernel.
   absl::Status AttentionForward(LayerActs& a, const Stash& s);

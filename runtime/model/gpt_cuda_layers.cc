@@ -9,6 +9,7 @@
 #include "runtime/kernels/cuda/embedding.h"
 #include "runtime/kernels/cuda/gelu.h"
 #include "runtime/kernels/cuda/layernorm.h"
+#include "runtime/kernels/cuda/qkv.h"
 #include "runtime/model/gpt_cuda.h"
 #include "runtime/model/gpt_cuda_stash.h"
 #include "src/common/logging.h"
@@ -34,7 +35,8 @@ struct CudaGptStage::LayerGrads {
   Buffer dfc;    // (N, MlpWidth()) bf16: the first product's output gradient, where no epilogue takes it
   Buffer dln;    // (N, C) bf16
   Buffer datty;  // (N, C) bf16
-  Buffer dqkv;   // (N, 3C) bf16
+  Buffer dqkv;   // (N, 3C) bf16: the attention's input gradient
+  Buffer dqkv_grouped;  // (N, QkvWidth()) bf16: the qkv product's (grouped-query attention only)
 };
 
 absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s, bf16* out) {
@@ -45,8 +47,7 @@ absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a,
   ASSIGN_OR_RETURN(a.ln1_rstd, GetF32(N));
   RETURN_IF_ERROR(NormForward(a.ln1.as<bf16>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), a.x.as<const bf16>(),
                               l.ln1_w, l.ln1_b, N));
-  ASSIGN_OR_RETURN(a.qkv, GetBf16(N * 3 * C));
-  RETURN_IF_ERROR(matmul_->Forward(a.qkv.as<bf16>(), a.ln1.as<const bf16>(), W(l.qkv_w), W(l.qkv_b), N, C, 3 * C, st));
+  RETURN_IF_ERROR(QkvForward(l, a, s));
   ASSIGN_OR_RETURN(a.atty, GetBf16(N * C));
   ASSIGN_OR_RETURN(a.lse, GetF32(B * NH * T));
   RETURN_IF_ERROR(AttentionForward(a, s));
@@ -69,6 +70,41 @@ absl::Status CudaGptStage::LayerForward(const GptLayout::Layer& l, LayerActs& a,
   return absl::OkStatus();
 }
 
+absl::Status CudaGptStage::QkvForward(const GptLayout::Layer& l, LayerActs& a, const Stash& s) {
+  const int64_t N = s.rows * s.seq, C = config().hidden, QKV = config().QkvWidth();
+  ASSIGN_OR_RETURN(a.qkv, GetBf16(N * 3 * C));
+  // Grouped: the product into a buffer of its own (back to the pool once
+  // expanded, stream-ordered); otherwise straight into what attention reads.
+  Buffer grouped;
+  bf16* qkv = a.qkv.as<bf16>();
+  if (Grouped()) {
+    ASSIGN_OR_RETURN(grouped, GetBf16(N * QKV));
+    qkv = grouped.as<bf16>();
+  }
+  RETURN_IF_ERROR(matmul_->Forward(qkv, a.ln1.as<const bf16>(), W(l.qkv_w), W(l.qkv_b), N, C, QKV, stream_));
+  RETURN_IF_ERROR(Rotate(qkv, s, /*inverse=*/false));  // kept rotated, as attention reads them (the CPU's too)
+  if (!Grouped()) return absl::OkStatus();
+  return cuda::ExpandKvHeads(a.qkv.as<bf16>(), qkv, N, C, config().heads, config().KvHeads(), stream_);
+}
+
+absl::StatusOr<const bf16*> CudaGptStage::QkvGradient(LayerGrads& g, const Stash& s) {
+  const int64_t N = s.rows * s.seq, C = config().hidden;
+  bf16* d = g.dqkv.as<bf16>();
+  if (Grouped()) {
+    RETURN_IF_ERROR(cuda::ReduceKvHeads(g.dqkv_grouped.as<bf16>(), d, N, C, config().heads, config().KvHeads(),
+                                        stream_));
+    d = g.dqkv_grouped.as<bf16>();
+  }
+  RETURN_IF_ERROR(Rotate(d, s, /*inverse=*/true));
+  return d;
+}
+
+absl::Status CudaGptStage::Rotate(bf16* qkv, const Stash& s, bool inverse) {
+  if (!config().rotary) return absl::OkStatus();
+  return cuda::RotaryApply(qkv, s.positions, s.rows * s.seq, config().QkvWidth(), config().heads + config().KvHeads(),
+                           config().HeadSize(), config().rope_base, inverse, stream_);
+}
+
 absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(const TokenBatch& batch,
                                                                               const bf16* hidden_in, bf16* hidden_out,
                                                                               Recompute recompute) {
@@ -89,8 +125,10 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
 
   ASSIGN_OR_RETURN(Buffer x, GetBf16(N * C));
   if (o.first) {
-    RETURN_IF_ERROR(cuda::EmbeddingForward(x.as<bf16>(), s->tokens, s->positions, W(layout_.wte()),
-                                           W(layout_.wpe()), N, C, st));
+    // Without a position table (rotary positions) the token's row alone.
+    const int32_t* positions = layout_.wpe() == GptLayout::kAbsent ? nullptr : s->positions;
+    RETURN_IF_ERROR(cuda::EmbeddingForward(x.as<bf16>(), s->tokens, positions, W(layout_.wte()), W(layout_.wpe()), N,
+                                           C, st));
   } else {
     // Copied, as on the CPU: the plan may reuse the input's slot afterwards.
     RETURN_IF_ERROR(CopyD2D(x.data(), hidden_in, static_cast<size_t>(N * C) * kBf16));
@@ -103,11 +141,11 @@ absl::StatusOr<std::unique_ptr<CudaGptStage::Stash>> CudaGptStage::RunForward(co
 absl::Status CudaGptStage::UploadTokens(const TokenBatch& batch, Stash& s) {
   const StageOptions& o = options();
   const int64_t N = batch.rows * batch.seq;
-  // Token-level int32 inputs, one upload from pageable memory (a first
-  // version: pinned staging would make it truly asynchronous). CUDA stages a
-  // pageable host -> device copy before cudaMemcpyAsync returns; the source
-  // is kept with the stash all the same, so the upload does not depend on
-  // that.
+  // Token-level int32 inputs, positions on every stage (rotary positions
+  // rotate in every layer), one upload from pageable memory (a first version:
+  // pinned staging would make it truly asynchronous). CUDA stages a pageable
+  // host -> device copy before cudaMemcpyAsync returns; the source is kept
+  // with the stash all the same, so the upload does not depend on that.
   std::vector<int32_t> scored, targets;
   if (o.last) {
     for (int64_t k = 0; k < N; ++k) {
@@ -239,8 +277,9 @@ absl::Status CudaGptStage::Backward(int mb, const void* dhidden_out_v, void* dhi
   }
   RETURN_IF_ERROR(LayersBackward(*s, dres.as<bf16>()));
   if (o.first) {
+    const int32_t* positions = layout_.wpe() == GptLayout::kAbsent ? nullptr : s->positions;
     RETURN_IF_ERROR(cuda::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dres.as<const bf16>(), s->tokens,
-                                            s->positions, N, C, st));
+                                            positions, N, C, st));
   } else {
     RETURN_IF_ERROR(CopyD2D(dhidden_in, dres.data(), static_cast<size_t>(N * C) * kBf16));
   }
@@ -272,6 +311,9 @@ absl::Status CudaGptStage::LayersBackward(Stash& s, bf16* dr) {
   ASSIGN_OR_RETURN(g.dln, GetBf16(N * C));
   ASSIGN_OR_RETURN(g.datty, GetBf16(N * C));
   ASSIGN_OR_RETURN(g.dqkv, GetBf16(N * 3 * C));
+  if (Grouped()) {
+    ASSIGN_OR_RETURN(g.dqkv_grouped, GetBf16(N * config().QkvWidth()));
+  }
   for (size_t i = layers.size(); i-- > 0;) {
     RETURN_IF_ERROR(LayerBackward(layers[i], s.layers[i], s, dr, g));
     s.layers[i] = LayerActs{};  // back to the pool early (stream-ordered reuse)
@@ -296,9 +338,10 @@ absl::Status CudaGptStage::LayerBackward(const GptLayout::Layer& l, LayerActs& a
                                     W(l.proj_w), N, C, C, st));
   RETURN_IF_ERROR(Zero(g.dqkv));
   RETURN_IF_ERROR(AttentionBackward(g.dqkv.as<bf16>(), g.datty.as<const bf16>(), a, s));
+  ASSIGN_OR_RETURN(const bf16* dqkv, QkvGradient(g, s));
   RETURN_IF_ERROR(Zero(g.dln));
-  RETURN_IF_ERROR(matmul_->Backward(g.dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), g.dqkv.as<const bf16>(),
-                                    a.ln1.as<const bf16>(), W(l.qkv_w), N, C, 3 * C, st));
+  RETURN_IF_ERROR(matmul_->Backward(g.dln.as<bf16>(), G(l.qkv_w), G(l.qkv_b), dqkv, a.ln1.as<const bf16>(),
+                                    W(l.qkv_w), N, C, config().QkvWidth(), st));
   return NormBackward(dr, l.ln1_w, l.ln1_b, g.dln.as<const bf16>(), a.x.as<const bf16>(),
                       a.ln1_mean.as<const float>(), a.ln1_rstd.as<const float>(), N);
 }

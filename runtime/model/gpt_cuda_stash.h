@@ -20,7 +20,7 @@ namespace dynapipe::runtime::model {
 struct CudaGptStage::LayerActs {
   Buffer x;                        // layer input (N, C) bf16
   Buffer ln1, ln1_mean, ln1_rstd;  // (N, C) bf16, (N), (N) fp32
-  Buffer qkv;                      // (N, 3C) bf16
+  Buffer qkv;                      // (N, 3C) bf16, what the attention reads (QkvForward)
   Buffer atty, lse;                // (N, C) bf16, (B, NH, T) fp32 (tiled) or (N, NH) (cuDNN)
   Buffer x2;                       // after the attention residual (N, C) bf16
   Buffer ln2, ln2_mean, ln2_rstd;  // as ln1

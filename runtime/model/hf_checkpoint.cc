@@ -4,11 +4,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/struct.pb.h"
 #include "absl/strings/str_format.h"
 #include "src/common/file_util.h"
 #include "src/common/json_writer.h"
-#include "src/common/proto_io.h"
 #include "src/common/status_macros.h"
 #include "src/safetensors/safetensors.h"
 
@@ -67,9 +65,10 @@ class PieceList {
 
 absl::StatusOr<std::vector<HfPiece>> Gpt2Pieces(const GptLayout& whole) {
   const GptConfig& c = whole.config();
-  if (c.norm != NormKind::kLayerNorm || c.mlp != MlpKind::kGelu || !c.bias) {
+  if (c.norm != NormKind::kLayerNorm || c.mlp != MlpKind::kGelu || !c.bias || c.KvHeads() != c.heads) {
     return absl::InvalidArgumentError(
-        "model.block: GPT2LMHeadModel has LayerNorm with a shift, GELU and biases; this model's block differs");
+        "model.block: GPT2LMHeadModel has LayerNorm with a shift, GELU, biases and a key-value head per head; this "
+        "model's block differs");
   }
   PieceList l(whole);
   const std::string t = "transformer.";
@@ -152,6 +151,34 @@ absl::StatusOr<std::vector<HfPiece>> T5Pieces(const GptLayout& whole) {
   return l.Done();
 }
 
+// LlamaForCausalLM: Linear weights (out, in) as ours; q, k and v (kv_heads
+// heads each) from our fused [q; k; v] rows, gate and up from our fc rows.
+absl::StatusOr<std::vector<HfPiece>> LlamaPieces(const GptLayout& whole) {
+  const GptConfig& c = whole.config();
+  if (c.norm != NormKind::kRms || c.mlp != MlpKind::kSwiglu || c.bias || !c.rotary) {
+    return absl::InvalidArgumentError(
+        "model.block: LlamaForCausalLM has RMS norm, SwiGLU, no biases and rotary positions; this model's block differs");
+  }
+  const int64_t C = c.hidden, KV = static_cast<int64_t>(c.KvHeads()) * c.HeadSize();
+  PieceList l(whole);
+  RETURN_IF_ERROR(l.Whole("model.embed_tokens.weight", "wte"));
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string o = absl::StrCat("h.", i, "."), h = absl::StrCat("model.layers.", i, ".");
+    RETURN_IF_ERROR(l.Whole(h + "input_layernorm.weight", o + "ln1.w"));
+    RETURN_IF_ERROR(l.Rows(h + "self_attn.q_proj.weight", o + "attn.qkv.w", 0, C));
+    RETURN_IF_ERROR(l.Rows(h + "self_attn.k_proj.weight", o + "attn.qkv.w", C, KV));
+    RETURN_IF_ERROR(l.Rows(h + "self_attn.v_proj.weight", o + "attn.qkv.w", C + KV, KV));
+    RETURN_IF_ERROR(l.Whole(h + "self_attn.o_proj.weight", o + "attn.proj.w"));
+    RETURN_IF_ERROR(l.Whole(h + "post_attention_layernorm.weight", o + "ln2.w"));
+    RETURN_IF_ERROR(l.Rows(h + "mlp.gate_proj.weight", o + "mlp.fc.w", 0, c.ffn));
+    RETURN_IF_ERROR(l.Rows(h + "mlp.up_proj.weight", o + "mlp.fc.w", c.ffn, c.ffn));
+    RETURN_IF_ERROR(l.Whole(h + "mlp.down_proj.weight", o + "mlp.proj.w"));
+  }
+  RETURN_IF_ERROR(l.Whole("model.norm.weight", "lnf.w"));
+  if (!c.tie_embeddings) RETURN_IF_ERROR(l.Whole("lm_head.weight", "lm_head.w"));
+  return l.Done();
+}
+
 int64_t Elements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -171,7 +198,11 @@ absl::StatusOr<std::vector<HfPiece>> HfPieces(const GptLayout& whole) {
   if (!o.first || !o.last || o.first_layer != 0 || o.num_layers != whole.config().TotalLayers()) {
     return absl::InvalidArgumentError("Hugging Face checkpoints hold a whole model, not one stage");
   }
-  return whole.config().encoder_decoder ? T5Pieces(whole) : Gpt2Pieces(whole);
+  switch (FamilyOf(whole.config())) {
+    case HfFamily::kT5: return T5Pieces(whole);
+    case HfFamily::kLlama: return LlamaPieces(whole);
+    default: return Gpt2Pieces(whole);
+  }
 }
 
 absl::StatusOr<std::vector<HfTensor>> ToHuggingFace(const GptLayout& whole, std::span<const float> params) {
@@ -205,9 +236,11 @@ absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std:
   for (const HfPiece& p : pieces) {
     std::string name = p.hf;
     absl::StatusOr<std::vector<int64_t>> shape = source.shape(name);
-    if (!shape.ok() && absl::StartsWith(name, "transformer.")) {  // GPT-2's base-model names
-      name = name.substr(std::string("transformer.").size());
-      shape = source.shape(name);
+    for (const absl::string_view base : {"transformer.", "model."}) {  // GPT-2's and Llama's base-model names
+      if (!shape.ok() && absl::StartsWith(p.hf, base)) {
+        name = p.hf.substr(base.size());
+        shape = source.shape(name);
+      }
     }
     if (!shape.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor ", p.hf, ": not in the checkpoint"));
     if (*shape != p.hf_shape) {
@@ -229,27 +262,6 @@ absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std:
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-// A number field of `f`, or `fallback` when absent or null.
-double Num(const google::protobuf::Struct& f, const std::string& name, double fallback) {
-  auto it = f.fields().find(name);
-  if (it == f.fields().end() || it->second.kind_case() != google::protobuf::Value::kNumberValue) return fallback;
-  return it->second.number_value();
-}
-std::string Str(const google::protobuf::Struct& f, const std::string& name, const std::string& fallback) {
-  auto it = f.fields().find(name);
-  if (it == f.fields().end() || it->second.kind_case() != google::protobuf::Value::kStringValue) return fallback;
-  return it->second.string_value();
-}
-bool Bool(const google::protobuf::Struct& f, const std::string& name, bool fallback) {
-  auto it = f.fields().find(name);
-  if (it == f.fields().end() || it->second.kind_case() != google::protobuf::Value::kBoolValue) return fallback;
-  return it->second.bool_value();
-}
-
-}  // namespace
 
 namespace {
 
@@ -300,51 +312,6 @@ absl::Status WriteHfModel(const std::vector<HfTensor>& tensors, const std::strin
   return WriteFileAtomic(dir + "/config.json", config_json + "\n");
 }
 
-absl::StatusOr<GptConfig> ConfigFromHfJson(absl::string_view json) {
-  google::protobuf::Struct f;
-  RETURN_IF_ERROR(ParseJsonProto(json, "config.json", &f));
-  const std::string type = Str(f, "model_type", "");
-  GptConfig c;
-  c.tie_embeddings = Bool(f, "tie_word_embeddings", true);
-  if (type == "gpt2") {
-    if (Str(f, "activation_function", "gelu_new") != "gelu_new") {
-      return absl::InvalidArgumentError("config.json: activation_function: only gelu_new (GELU's tanh form) runs here");
-    }
-    c.hidden = static_cast<int>(Num(f, "n_embd", 768));
-    c.heads = static_cast<int>(Num(f, "n_head", 12));
-    c.num_layers = static_cast<int>(Num(f, "n_layer", 12));
-    c.max_positions = static_cast<int>(Num(f, "n_positions", 1024));
-    c.vocab = static_cast<int>(Num(f, "vocab_size", 50257));
-    c.ffn = static_cast<int>(Num(f, "n_inner", 4.0 * c.hidden));
-    return c;
-  }
-  if (type != "t5") return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", type, "\": not gpt2 or t5"));
-  c.encoder_decoder = true;
-  c.norm = NormKind::kRms;
-  c.bias = false;
-  c.hidden = static_cast<int>(Num(f, "d_model", 512));
-  c.heads = static_cast<int>(Num(f, "num_heads", 8));
-  c.num_layers = static_cast<int>(Num(f, "num_layers", 6));
-  c.decoder_layers = static_cast<int>(Num(f, "num_decoder_layers", c.num_layers));
-  c.ffn = static_cast<int>(Num(f, "d_ff", 2048));
-  c.vocab = static_cast<int>(Num(f, "vocab_size", 32128));
-  c.relative_buckets = static_cast<int>(Num(f, "relative_attention_num_buckets", 32));
-  c.relative_max_distance = static_cast<int>(Num(f, "relative_attention_max_distance", 128));
-  c.max_positions = 1 << 16;  // relative positions: no table bounds the length
-  const std::string ff = Str(f, "feed_forward_proj", "relu");
-  if (ff == "relu") {
-    c.mlp = MlpKind::kRelu;
-  } else if (ff == "gated-gelu") {
-    c.mlp = MlpKind::kGatedGelu;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: feed_forward_proj \"", ff, "\": only relu or gated-gelu"));
-  }
-  if (c.heads <= 0 || Num(f, "d_kv", c.hidden / std::max(1, c.heads)) * c.heads != c.hidden) {
-    return absl::InvalidArgumentError("config.json: d_kv: must be d_model / num_heads here");
-  }
-  return c;
-}
-
 HfSource WeightsSource(const safetensors::WeightSet& weights) {
   return {[&weights](const std::string& name) -> absl::StatusOr<std::vector<int64_t>> {
             const safetensors::TensorInfo* t = weights.Find(name);
@@ -352,36 +319,6 @@ HfSource WeightsSource(const safetensors::WeightSet& weights) {
             return t->shape;
           },
           [&weights](const std::string& name) { return weights.ReadF32(name); }};
-}
-
-absl::StatusOr<std::string> HfConfigJson(const GptConfig& c) {
-  JsonWriter w;
-  w.BeginObject();
-  if (c.encoder_decoder) {
-    if (c.norm != NormKind::kRms || c.bias || c.mlp == MlpKind::kGelu) {
-      return absl::InvalidArgumentError("model.block: not a T5 block (RMS norm, no biases, ReLU or gated GELU)");
-    }
-    w.Key("architectures").BeginArray().String("T5ForConditionalGeneration").EndArray();
-    w.Str("model_type", "t5").Int("vocab_size", c.vocab).Int("d_model", c.hidden).Int("d_kv", c.hidden / c.heads);
-    w.Int("d_ff", c.ffn).Int("num_layers", c.num_layers).Int("num_decoder_layers", c.decoder_layers);
-    w.Int("num_heads", c.heads).Int("relative_attention_num_buckets", c.relative_buckets);
-    w.Int("relative_attention_max_distance", c.relative_max_distance);
-    w.Str("feed_forward_proj", c.mlp == MlpKind::kGatedGelu ? "gated-gelu" : "relu");
-    w.Fixed("layer_norm_epsilon", 1e-6, 8).Fixed("dropout_rate", 0.0, 1).Bool("is_encoder_decoder", true);
-    w.Int("decoder_start_token_id", 0).Int("pad_token_id", 0).Int("eos_token_id", 1);
-  } else {
-    if (c.norm != NormKind::kLayerNorm || c.mlp != MlpKind::kGelu || !c.bias) {
-      return absl::InvalidArgumentError("model.block: not GPT-2's block (LayerNorm with a shift, GELU, biases)");
-    }
-    w.Key("architectures").BeginArray().String("GPT2LMHeadModel").EndArray();
-    w.Str("model_type", "gpt2").Int("vocab_size", c.vocab).Int("n_positions", c.max_positions);
-    w.Int("n_embd", c.hidden).Int("n_layer", c.num_layers).Int("n_head", c.heads).Int("n_inner", c.ffn);
-    w.Str("activation_function", "gelu_new").Fixed("layer_norm_epsilon", 1e-5, 8);
-    w.Fixed("resid_pdrop", 0.0, 1).Fixed("embd_pdrop", 0.0, 1).Fixed("attn_pdrop", 0.0, 1);
-  }
-  w.Bool("tie_word_embeddings", c.tie_embeddings).Str("torch_dtype", "float32");
-  w.EndObject();
-  return w.Take();
 }
 
 }  // namespace dynapipe::runtime::model

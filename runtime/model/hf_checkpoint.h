@@ -1,17 +1,19 @@
 #pragma once
 
 // A whole model's parameters in Hugging Face's names and layouts, both ways:
-// GPT-2 (`GPT2LMHeadModel`) for GPT-kind models with GPT-2's block, and T5 /
+// GPT-2 (`GPT2LMHeadModel`) for GPT-kind models with GPT-2's block, T5 /
 // FLAN-T5 (`T5ForConditionalGeneration`) for T5-kind models (T5 v1.0's
-// ReLU block or v1.1's gated GELU), with the `config.json` that
-// `transformers` builds the model from.
+// ReLU block or v1.1's gated GELU), and Llama (`LlamaForCausalLM`) for
+// decoders with Llama's block; their `config.json` is hf_config.h's.
 //
 // The layouts differ only by slicing and transposition: GPT-2's Conv1D
-// weights are stored (in, out), the transpose of our (out, in); T5 keeps
-// separate q, k and v (our fused [q; k; v] rows) and separate gate and up
-// halves of a gated MLP; T5's relative bias tables live in each stack's
-// first block. Values are copied exactly (float32), so export then import
-// gives the same bits.
+// weights are stored (in, out), the transpose of our (out, in); T5 and
+// Llama keep separate q, k and v (our fused [q; k; v] rows; Llama's k and v
+// have kv_heads heads each) and separate gate and up halves of a gated MLP;
+// T5's relative bias tables live in each stack's first block. Llama's
+// rotary positions follow Hugging Face's rotate-half pairs, so its q_proj
+// and k_proj rows are ours as they are. Values are copied exactly
+// (float32), so export then import gives the same bits.
 
 #include <cstdint>
 #include <functional>
@@ -22,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
+#include "runtime/model/hf_config.h"  // config.json both ways, for callers of either
 #include "runtime/model/layout.h"
 #include "src/safetensors/weight_set.h"
 
@@ -48,7 +50,8 @@ struct HfPiece {
 // Every piece of `whole` (a layout holding all layers: StageOptions{0,
 // TotalLayers(), true, true}), each of its parameters covered exactly once.
 // INVALID_ARGUMENT for a model Hugging Face's class cannot express (a GPT
-// block other than GPT-2's, a T5 block with biases or LayerNorm), naming why.
+// block other than GPT-2's, a T5 block with biases or LayerNorm, a rotary
+// decoder without Llama's block), naming why.
 absl::StatusOr<std::vector<HfPiece>> HfPieces(const GptLayout& whole);
 
 // The Hugging Face tensors of a whole model's parameters (layout order).
@@ -57,8 +60,9 @@ absl::StatusOr<std::vector<HfTensor>> ToHuggingFace(const GptLayout& whole, std:
 // The reverse, into `params` in the layout order of `dest` (a whole model,
 // or one pipeline stage: then only its own tensors are read). Every piece of
 // the model is checked against the source (one line naming the first
-// missing tensor or mismatching dimension). GPT-2 names are taken with or
-// without the "transformer." prefix.
+// missing tensor or mismatching dimension). GPT-2 and Llama names are
+// taken with or without their base model's prefix ("transformer.",
+// "model.").
 struct HfSource {
   // Shape of `name`, or NOT_FOUND.
   std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& name)> shape;
@@ -70,21 +74,11 @@ absl::Status FromHuggingFace(const GptLayout& dest, const HfSource& source, std:
 // A source over an opened file or folder of weights, which must outlive it.
 HfSource WeightsSource(const safetensors::WeightSet& weights);
 
-// `config.json` for `transformers` (GPT2LMHeadModel or
-// T5ForConditionalGeneration), as JSON text.
-absl::StatusOr<std::string> HfConfigJson(const GptConfig& config);
-
 // Writes a whole model's Hugging Face tensors to `dir` (which must exist):
 // model.safetensors, or model-0000i-of-0000n.safetensors runs of at most
 // `max_shard_bytes` with model.safetensors.index.json; then config.json.
 // Each file atomically; a line per shard to `progress` (may be null).
 absl::Status WriteHfModel(const std::vector<HfTensor>& tensors, const std::string& config_json, const std::string& dir,
                           uint64_t max_shard_bytes, std::ostream* progress);
-
-// The reverse: the model a Hugging Face `config.json` describes (model_type
-// gpt2 or t5, with transformers' defaults for absent fields).
-// INVALID_ARGUMENT naming the field for what our blocks cannot run (another
-// model type or activation, d_kv other than d_model / num_heads).
-absl::StatusOr<GptConfig> ConfigFromHfJson(absl::string_view json);
 
 }  // namespace dynapipe::runtime::model

@@ -15,9 +15,10 @@ size_t DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 const char* DTypeName(DType dtype) { return dtype == DType::kF32 ? "fp32" : "bf16"; }
 
 absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
-  if (spec.kind() != proto::ModelKind::gpt && spec.kind() != proto::ModelKind::t5) {
+  if (spec.kind() != proto::ModelKind::gpt && spec.kind() != proto::ModelKind::t5 &&
+      spec.kind() != proto::ModelKind::llama) {
     return absl::InvalidArgumentError(absl::StrCat("model.kind: ", proto::ModelKind::Value_Name(spec.kind()),
-                                                   " is not supported by the executor (gpt and t5)"));
+                                                   " is not supported by the executor (gpt, t5 and llama)"));
   }
   GptConfig c;
   c.encoder_decoder = spec.kind() == proto::ModelKind::t5;
@@ -36,9 +37,16 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   switch (spec.block().mlp()) {
     case proto::MlpKind::relu: c.mlp = MlpKind::kRelu; break;
     case proto::MlpKind::gated_gelu: c.mlp = MlpKind::kGatedGelu; break;
+    case proto::MlpKind::swiglu: c.mlp = MlpKind::kSwiglu; break;
     default: c.mlp = MlpKind::kGelu; break;
   }
   c.bias = spec.block().has_bias() ? spec.block().bias() : true;
+  // norm_eps and rope_base: a normalised spec has them written out; 0 or
+  // absent reads as the default of the norm (GptConfig::NormEps).
+  c.norm_eps = spec.block().norm_eps();
+  c.kv_heads = spec.kv_heads() > 0 ? spec.kv_heads() : spec.heads();
+  c.rotary = spec.block().positions() == proto::PositionKind::rotary;
+  if (spec.block().rope_base() > 0) c.rope_base = static_cast<float>(spec.block().rope_base());
   auto positive = [](int v, const char* field) -> absl::Status {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be positive, got ", v));
@@ -56,6 +64,15 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   if (c.hidden % c.heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.heads: ", c.heads, " does not divide model.hidden ", c.hidden));
+  }
+  if (c.kv_heads <= 0 || c.heads % c.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.kv_heads: ", c.kv_heads, " does not divide model.heads ", c.heads));
+  }
+  if (c.encoder_decoder && (c.rotary || c.kv_heads != c.heads)) {
+    return absl::InvalidArgumentError("model: T5 stages have neither rotary positions nor grouped-query attention");
+  }
+  if (c.rotary && c.HeadSize() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.block.positions: rotary needs an even head size, got ", c.HeadSize()));
   }
   return c;
 }
@@ -122,6 +139,18 @@ absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOp
       options.last != (options.first_layer + options.num_layers == total)) {
     return absl::InvalidArgumentError("stage: first/last flags disagree with its layer range");
   }
+  // A config built directly, not through FromSpec, is checked too.
+  if (config.heads <= 0 || config.hidden % config.heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.heads: ", config.heads, " does not divide model.hidden ", config.hidden));
+  }
+  if (config.heads % config.KvHeads() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.kv_heads: ", config.KvHeads(), " does not divide model.heads ", config.heads));
+  }
+  if (config.rotary && config.HeadSize() % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.block.positions: rotary needs an even head size, got ", config.HeadSize()));
+  }
   GptLayout l(config, options);
   if (config.encoder_decoder) {
     // T5's buckets: half for each direction in the encoder, half of those
@@ -142,14 +171,16 @@ absl::StatusOr<GptLayout> GptLayout::Make(const GptConfig& config, const StageOp
   auto bias = [&](const std::string& name, int64_t n) { return config.bias ? l.Add(name, {n}) : kAbsent; };
   auto norm_bias = [&](const std::string& name) { return config.NormBias() ? l.Add(name, {C}) : kAbsent; };
   if (options.first || head_uses_wte) l.wte_ = l.Add("wte", {V, C});
-  if (options.first) l.wpe_ = l.Add("wpe", {NP, C});
+  if (options.first && !config.rotary) l.wpe_ = l.Add("wpe", {NP, C});
+  if (config.rotary) l.wpe_ = kAbsent;
+  const int64_t QKV = config.QkvWidth();
   for (int i = 0; i < options.num_layers; ++i) {
     const std::string p = absl::StrCat("h.", options.first_layer + i, ".");
     Layer y;
     y.ln1_w = l.Add(p + "ln1.w", {C});
     y.ln1_b = norm_bias(p + "ln1.b");
-    y.qkv_w = l.Add(p + "attn.qkv.w", {3 * C, C});
-    y.qkv_b = bias(p + "attn.qkv.b", 3 * C);
+    y.qkv_w = l.Add(p + "attn.qkv.w", {QKV, C});  // [q | k | v] rows
+    y.qkv_b = bias(p + "attn.qkv.b", QKV);
     y.proj_w = l.Add(p + "attn.proj.w", {C, C});
     y.proj_b = bias(p + "attn.proj.b", C);
     y.ln2_w = l.Add(p + "ln2.w", {C});

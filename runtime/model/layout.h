@@ -50,7 +50,7 @@ const char* DTypeName(DType dtype);
 
 // The block's normalisation and feed-forward (model.block).
 enum class NormKind { kLayerNorm, kRms };
-enum class MlpKind { kGelu, kRelu, kGatedGelu };
+enum class MlpKind { kGelu, kRelu, kGatedGelu, kSwiglu };
 
 struct GptConfig {
   int num_layers = 0;
@@ -64,6 +64,18 @@ struct GptConfig {
   NormKind norm = NormKind::kLayerNorm;
   MlpKind mlp = MlpKind::kGelu;
   bool bias = true;  // biases on every linear layer and LayerNorm's shift
+  // Added to the variance (LayerNorm) or mean square (RMS norm); 0: the
+  // norm's default (NormEps).
+  double norm_eps = 0;
+  // Key and value heads (grouped-query attention; query head h reads kv
+  // head h / (heads / kv_heads)); 0 means heads.
+  int kv_heads = 0;
+  // Rotary positions (RoPE, rotate-half pairs as Hugging Face's Llama)
+  // instead of a learned table: queries and keys of each head rotated by
+  // the token's position in its sample, pair (i, i + head/2) by angle
+  // position * rope_base^(-2i / head).
+  bool rotary = false;
+  float rope_base = 10000.0f;
   // An encoder-decoder (model.kind t5): num_layers encoder layers, then
   // decoder_layers decoder layers; no learned positions, unscaled attention
   // with T5's relative position bias (one table per stack), a final norm per
@@ -74,7 +86,15 @@ struct GptConfig {
   int relative_max_distance = 128;
 
   // Outputs of the MLP's first projection: ffn, or gate and up (2 ffn).
-  int MlpWidth() const { return mlp == MlpKind::kGatedGelu ? 2 * ffn : ffn; }
+  bool Gated() const { return mlp == MlpKind::kGatedGelu || mlp == MlpKind::kSwiglu; }
+  int MlpWidth() const { return Gated() ? 2 * ffn : ffn; }
+  // LayerNorm's 1e-5 (GPT-2), RMS norm's 1e-6 (T5) unless norm_eps is set.
+  double NormEps() const { return norm_eps > 0 ? norm_eps : (norm == NormKind::kRms ? 1e-6 : 1e-5); }
+  int HeadSize() const { return hidden / heads; }
+  int KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
+  // Outputs of the attention's input projection per token: [q | k | v],
+  // hidden queries, then KvHeads() heads of keys and of values.
+  int QkvWidth() const { return hidden + 2 * KvHeads() * HeadSize(); }
   // Whether the norms have a shift (LayerNorm in a block with biases).
   bool NormBias() const { return norm == NormKind::kLayerNorm && bias; }
   // Layers of every stack, in the order stages hold them.

@@ -96,7 +96,6 @@ absl::StatusOr<proto::CostProfile> ProfileLayers(const GptConfig& config, const 
   };
   proto::CostProfile profile;
   profile.set_device(std::string(device));
-  profile.set_model_kind(proto::ModelKind::gpt);
   profile.set_hidden(config.hidden);
   profile.set_heads(config.heads);
   profile.set_ffn(config.ffn);

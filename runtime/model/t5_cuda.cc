@@ -45,6 +45,9 @@ absl::StatusOr<std::unique_ptr<CudaT5Stage>> CudaT5Stage::Create(const GptConfig
                                                                  cudaStream_t compute_stream, BufferPool* pool,
                                                                  absl::Duration wait_timeout, CudaKernels kernels) {
   if (!config.encoder_decoder) return absl::InvalidArgumentError("CudaT5Stage: the model is not an encoder-decoder");
+  if (config.rotary || config.KvHeads() != config.heads) {  // its attention reads rows of 3C, learned bias only
+    return absl::InvalidArgumentError("CudaT5Stage: T5 has neither rotary positions nor grouped-query attention");
+  }
   if (config.relative_buckets <= 0 || config.relative_buckets > cuda::kMaxT5Buckets) {
     return absl::InvalidArgumentError(absl::StrCat("model.relative_buckets: ", config.relative_buckets,
                                                    " is outside 1..", cuda::kMaxT5Buckets, " on the CUDA backend"));

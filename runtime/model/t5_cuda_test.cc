@@ -303,6 +303,12 @@ TEST_CASE("CudaT5Stage refuses what it cannot run in one line, before touching t
   GptConfig head = T5Config();
   head.heads = 4;  // head dimension 16
   CHECK(says(CudaT5Stage::Create(head, Split(0)[0], nullptr, &pool).status(), "head dimension"));
+  GptConfig rotary = T5Config();  // Llama's attention inputs: T5's kernels read rows of 3C
+  rotary.rotary = true;
+  CHECK(says(CudaT5Stage::Create(rotary, Split(0)[0], nullptr, &pool).status(), "rotary"));
+  GptConfig grouped = T5Config();
+  grouped.kv_heads = grouped.heads / 2;
+  CHECK(says(CudaT5Stage::Create(grouped, Split(0)[0], nullptr, &pool).status(), "grouped-query"));
 }
 
 }  // namespace

@@ -93,11 +93,51 @@ absl::Status Name(absl::string_view field, const std::string& s) {
   return Text(field, s);
 }
 
+// model.block: the kind's defaults written out (job_spec.h), then checked.
+absl::Status NormalizeBlock(proto::ModelKind::Value kind, int head_size, proto::BlockSpec* block) {
+  const bool t5 = kind == proto::ModelKind::t5, llama = kind == proto::ModelKind::llama;
+  proto::NormKind::Value norm{};
+  RETURN_IF_ERROR(Enum("model.block.norm", block->norm(),
+                       t5 ? kDefaultT5Norm : (llama ? kDefaultLlamaNorm : kDefaultGptNorm),
+                       proto::NormKind::Value_IsValid, &norm));
+  block->set_norm(norm);
+  proto::MlpKind::Value mlp{};
+  RETURN_IF_ERROR(Enum("model.block.mlp", block->mlp(), t5 ? kDefaultT5Mlp : (llama ? kDefaultLlamaMlp : kDefaultGptMlp),
+                       proto::MlpKind::Value_IsValid, &mlp));
+  block->set_mlp(mlp);
+  if (!block->has_bias()) block->set_bias(t5 ? kDefaultT5Bias : (llama ? kDefaultLlamaBias : kDefaultGptBias));
+  proto::PositionKind::Value positions{};
+  if (t5) {
+    if (block->positions() != proto::PositionKind::unspecified) {
+      return Bad("model.block.positions", "T5 stages place tokens by their relative position bias");
+    }
+  } else {
+    RETURN_IF_ERROR(Enum("model.block.positions", block->positions(),
+                         llama ? proto::PositionKind::rotary : proto::PositionKind::learned,
+                         proto::PositionKind::Value_IsValid, &positions));
+    block->set_positions(positions);
+    if (positions == proto::PositionKind::rotary && head_size % 2 != 0) {
+      return Bad("model.block.positions", absl::StrCat("rotary positions need an even head size, got ", head_size));
+    }
+  }
+  const double eps = llama ? kDefaultLlamaNormEps
+                           : (norm == proto::NormKind::rmsnorm ? kDefaultRmsNormEps : kDefaultLayerNormEps);
+  RETURN_IF_ERROR(Real("model.block.norm_eps", block->has_norm_eps() ? block->norm_eps() : 0.0, eps, 1e-12, 1.0,
+                       [&](double v) { block->set_norm_eps(v); }));
+  if (positions == proto::PositionKind::rotary) {
+    RETURN_IF_ERROR(Real("model.block.rope_base", block->has_rope_base() ? block->rope_base() : 0.0, kDefaultRopeBase,
+                         1.0, 1e12, [&](double v) { block->set_rope_base(v); }));
+  } else if (block->has_rope_base()) {
+    return Bad("model.block.rope_base", "only rotary positions have a base");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NormalizeModel(proto::ModelSpec* m) {
   RETURN_IF_ERROR(Name("model.name", m->name()));
   proto::ModelKind::Value kind{};
   RETURN_IF_ERROR(Enum("model.kind", m->kind(), proto::ModelKind::unspecified, proto::ModelKind::Value_IsValid, &kind));
-  if (kind == proto::ModelKind::unspecified) return Bad("model.kind", "must be gpt or t5");
+  if (kind == proto::ModelKind::unspecified) return Bad("model.kind", "must be gpt, t5 or llama");
   const bool t5 = kind == proto::ModelKind::t5;
   RETURN_IF_ERROR(Int("model.num_layers", m->num_layers(), 0, 1, kMaxLayers, [&](int v) { m->set_num_layers(v); }));
   if (t5) {
@@ -111,6 +151,11 @@ absl::Status NormalizeModel(proto::ModelSpec* m) {
   if (m->hidden() % m->heads() != 0) {
     return Bad("model.heads", absl::StrCat(m->heads(), " does not divide model.hidden ", m->hidden()));
   }
+  RETURN_IF_ERROR(Int("model.kv_heads", m->kv_heads(), m->heads(), 1, m->heads(), [&](int v) { m->set_kv_heads(v); }));
+  if (m->heads() % m->kv_heads() != 0) {
+    return Bad("model.kv_heads", absl::StrCat(m->kv_heads(), " does not divide model.heads ", m->heads()));
+  }
+  if (t5 && m->kv_heads() != m->heads()) return Bad("model.kv_heads", "T5 stages have one key and value head per head");
   RETURN_IF_ERROR(Int("model.ffn", m->ffn(), std::min(kMaxFfn, 4 * m->hidden()), 1, kMaxFfn,
                       [&](int v) { m->set_ffn(v); }));
   RETURN_IF_ERROR(Int("model.vocab", m->vocab(), 0, 1, kMaxVocab, [&](int v) { m->set_vocab(v); }));
@@ -126,17 +171,7 @@ absl::Status NormalizeModel(proto::ModelSpec* m) {
   RETURN_IF_ERROR(Enum("model.attention", m->attention(), kDefaultAttention,
                        proto::AttentionKernel::Value_IsValid, &attention));
   m->set_attention(attention);
-  proto::BlockSpec* block = m->mutable_block();
-  proto::NormKind::Value norm{};
-  RETURN_IF_ERROR(Enum("model.block.norm", block->norm(), t5 ? kDefaultT5Norm : kDefaultGptNorm,
-                       proto::NormKind::Value_IsValid, &norm));
-  block->set_norm(norm);
-  proto::MlpKind::Value mlp{};
-  RETURN_IF_ERROR(Enum("model.block.mlp", block->mlp(), t5 ? kDefaultT5Mlp : kDefaultGptMlp,
-                       proto::MlpKind::Value_IsValid, &mlp));
-  block->set_mlp(mlp);
-  if (!block->has_bias()) block->set_bias(t5 ? kDefaultT5Bias : kDefaultGptBias);
-  return absl::OkStatus();
+  return NormalizeBlock(kind, m->hidden() / m->heads(), m->mutable_block());
 }
 
 absl::Status NormalizeParallelism(const proto::ModelSpec& model, proto::ParallelismSpec* p) {
@@ -301,15 +336,26 @@ absl::Status CheckJobPath(absl::string_view field, absl::string_view path) {
 }
 
 // Whether the normalised model has a Hugging Face class we read and write
-// (runtime/model/hf_checkpoint.h): GPT-2's block for kind gpt, T5's for t5.
+// (runtime/model/hf_checkpoint.h): GPT-2's block for kind gpt, T5's for t5,
+// Llama's for llama.
 absl::Status HuggingFaceBlock(absl::string_view field, const proto::ModelSpec& m) {
   const proto::BlockSpec& b = m.block();
   if (m.kind() == proto::ModelKind::t5) {
     if (b.norm() == proto::NormKind::rmsnorm && !b.bias() && b.mlp() != proto::MlpKind::gelu) return absl::OkStatus();
     return Bad(field, "T5ForConditionalGeneration needs T5's block (rmsnorm, relu or gated_gelu, no biases)");
   }
-  if (b.norm() == proto::NormKind::layernorm && b.bias() && b.mlp() == proto::MlpKind::gelu) return absl::OkStatus();
-  return Bad(field, "GPT2LMHeadModel needs GPT-2's block (layernorm, gelu, biases)");
+  if (m.kind() == proto::ModelKind::llama) {
+    if (b.norm() == proto::NormKind::rmsnorm && !b.bias() && b.mlp() == proto::MlpKind::swiglu &&
+        b.positions() == proto::PositionKind::rotary) {
+      return absl::OkStatus();
+    }
+    return Bad(field, "LlamaForCausalLM needs Llama's block (rmsnorm, swiglu, no biases, rotary positions)");
+  }
+  if (b.norm() == proto::NormKind::layernorm && b.bias() && b.mlp() == proto::MlpKind::gelu &&
+      b.positions() == proto::PositionKind::learned && m.kv_heads() == m.heads()) {
+    return absl::OkStatus();
+  }
+  return Bad(field, "GPT2LMHeadModel needs GPT-2's block (layernorm, gelu, biases, learned positions, kv_heads = heads)");
 }
 
 absl::StatusOr<proto::JobSpec> NormalizeJobSpec(proto::JobSpec spec) {

@@ -30,13 +30,23 @@ inline constexpr int64_t kDefaultGlobalBatchTokens = 65536;
 inline constexpr int kDefaultMaxSeqLen = 2048;  // or model.max_positions when smaller
 inline constexpr int kDefaultRoundMultiple = 8;
 inline constexpr proto::AttentionKernel::Value kDefaultAttention = proto::AttentionKernel::varlen;
-// model.block per model kind: GPT-2's block, and T5's (v1.0).
+// model.block per model kind: GPT-2's block, T5's (v1.0) and Llama's.
 inline constexpr proto::NormKind::Value kDefaultGptNorm = proto::NormKind::layernorm;
 inline constexpr proto::MlpKind::Value kDefaultGptMlp = proto::MlpKind::gelu;
 inline constexpr bool kDefaultGptBias = true;
 inline constexpr proto::NormKind::Value kDefaultT5Norm = proto::NormKind::rmsnorm;
 inline constexpr proto::MlpKind::Value kDefaultT5Mlp = proto::MlpKind::relu;
 inline constexpr bool kDefaultT5Bias = false;
+inline constexpr proto::NormKind::Value kDefaultLlamaNorm = proto::NormKind::rmsnorm;
+inline constexpr proto::MlpKind::Value kDefaultLlamaMlp = proto::MlpKind::swiglu;
+inline constexpr bool kDefaultLlamaBias = false;
+// model.block.norm_eps: LayerNorm's 1e-5 (GPT-2), RMS norm's 1e-6 (T5),
+// and 1e-5 for every Llama norm (Llama 2's rms_norm_eps).
+inline constexpr double kDefaultLayerNormEps = 1e-5;
+inline constexpr double kDefaultRmsNormEps = 1e-6;
+inline constexpr double kDefaultLlamaNormEps = 1e-5;
+// model.block.rope_base (rotary positions): RoPE's 10000 (Llama 2's rope_theta).
+inline constexpr double kDefaultRopeBase = 10000;
 inline constexpr double kDefaultCapTolerance = 0.02;
 inline constexpr int kDefaultDpCandidates = 3;
 inline constexpr int kDefaultPermutations = 4;

@@ -74,6 +74,60 @@ TEST_CASE("NormalizeJobSpec writes out every default, once") {
   CHECK(n->cluster().inter_node_bandwidth_gbps() == kDefaultInterNodeBandwidthGbps);
 }
 
+TEST_CASE("A llama model takes Llama's block; rotary, kv_heads, norm_eps and rope_base are checked") {
+  proto::JobSpec s = Minimal();
+  s.mutable_model()->set_kind(proto::ModelKind::llama);
+  auto n = NormalizeJobSpec(s);
+  REQUIRE(n.ok());
+  const proto::BlockSpec& b = n->model().block();
+  CHECK(b.norm() == kDefaultLlamaNorm);
+  CHECK(b.mlp() == kDefaultLlamaMlp);
+  CHECK(b.bias() == kDefaultLlamaBias);
+  CHECK(b.positions() == proto::PositionKind::rotary);
+  CHECK(b.norm_eps() == kDefaultLlamaNormEps);
+  CHECK(b.rope_base() == kDefaultRopeBase);
+  CHECK(n->model().kv_heads() == 4);
+  auto g = NormalizeJobSpec(Minimal());
+  REQUIRE(g.ok());
+  CHECK(g->model().block().positions() == proto::PositionKind::learned);
+  CHECK(g->model().block().norm_eps() == kDefaultLayerNormEps);
+  CHECK(!g->model().block().has_rope_base());
+  auto refused = [&](const std::function<void(proto::JobSpec*)>& edit, const std::string& line) {
+    proto::JobSpec bad = s;
+    edit(&bad);
+    const absl::Status st = NormalizeJobSpec(bad).status();
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(st.message() == line);
+  };
+  refused([](auto* j) { j->mutable_model()->set_kv_heads(3); }, "model.kv_heads: 3 does not divide model.heads 4");
+  refused([](auto* j) { j->mutable_model()->set_kv_heads(8); }, "model.kv_heads: must be in 1..4, got 8");
+  refused([](auto* j) { j->mutable_model()->set_heads(64); },
+          "model.block.positions: rotary positions need an even head size, got 1");
+  refused([](auto* j) { j->mutable_model()->mutable_block()->set_norm_eps(2); },
+          "model.block.norm_eps: must be in [1e-12, 1], got 2");
+  refused(
+      [](auto* j) {
+        j->mutable_model()->mutable_block()->set_positions(proto::PositionKind::learned);
+        j->mutable_model()->mutable_block()->set_rope_base(500);
+      },
+      "model.block.rope_base: only rotary positions have a base");
+  refused(
+      [](auto* j) {
+        j->mutable_model()->set_kind(proto::ModelKind::t5);
+        j->mutable_model()->set_num_decoder_layers(1);
+        j->mutable_model()->set_kv_heads(2);
+      },
+      "model.kv_heads: T5 stages have one key and value head per head");
+  // Hugging Face's LlamaForCausalLM holds only Llama's block.
+  proto::JobSpec gelu = s;
+  gelu.set_export_dir("out/hf");
+  CHECK(NormalizeJobSpec(gelu).ok());
+  gelu.mutable_model()->mutable_block()->set_mlp(proto::MlpKind::gelu);
+  CHECK(NormalizeJobSpec(gelu).status().message().find("export_dir: LlamaForCausalLM needs Llama's block") !=
+        absl::string_view::npos);
+}
+
 TEST_CASE("NormalizeJobSpec is idempotent and keeps what the user set") {
   proto::JobSpec s = Minimal();
   s.mutable_model()->set_max_positions(512);

@@ -45,8 +45,8 @@ struct Golden {
 };
 
 // Values of `# <tag> key=value ...` header lines.
-std::map<std::string, int64_t> HeaderValues(const std::string& manifest, const std::string& tag) {
-  std::map<std::string, int64_t> values;
+std::map<std::string, double> HeaderValues(const std::string& manifest, const std::string& tag) {
+  std::map<std::string, double> values;
   std::istringstream lines(manifest);
   for (std::string line; std::getline(lines, line);) {
     std::istringstream words(line);
@@ -54,8 +54,8 @@ std::map<std::string, int64_t> HeaderValues(const std::string& manifest, const s
     if (!(words >> hash >> word) || hash != "#" || word != tag) continue;
     while (words >> word) {
       const size_t eq = word.find('=');
-      int64_t v = 0;
-      if (eq != std::string::npos && absl::SimpleAtoi(word.substr(eq + 1), &v)) values[word.substr(0, eq)] = v;
+      double v = 0;
+      if (eq != std::string::npos && absl::SimpleAtod(word.substr(eq + 1), &v)) values[word.substr(0, eq)] = v;
     }
   }
   return values;
@@ -80,9 +80,18 @@ absl::StatusOr<Golden> LoadGolden(const std::string& stem) {
   g.config.tie_embeddings = config["tie_embeddings"] != 0;
   // The block (absent: GPT-2's), in the executor's enum order.
   g.config.norm = config.contains("norm") && config["norm"] == 1 ? NormKind::kRms : NormKind::kLayerNorm;
-  const int64_t mlp = config.contains("mlp") ? config["mlp"] : 0;
-  g.config.mlp = mlp == 2 ? MlpKind::kGatedGelu : mlp == 1 ? MlpKind::kRelu : MlpKind::kGelu;
+  const int64_t mlp = config.contains("mlp") ? static_cast<int64_t>(config["mlp"]) : 0;
+  g.config.mlp = mlp == 3   ? MlpKind::kSwiglu
+                 : mlp == 2 ? MlpKind::kGatedGelu
+                 : mlp == 1 ? MlpKind::kRelu
+                            : MlpKind::kGelu;
   g.config.bias = !config.contains("bias") || config["bias"] != 0;
+  if (config.contains("rotary") && config["rotary"] != 0) {  // Llama's block
+    g.config.rotary = true;
+    g.config.kv_heads = static_cast<int>(config["kv_heads"]);
+    g.config.norm_eps = config["norm_eps"];
+    g.config.rope_base = static_cast<float>(config["rope_base"]);
+  }
   // An encoder-decoder (T5): `layers` encoder layers, then these.
   if (config.contains("decoder_layers")) {
     g.config.encoder_decoder = true;
@@ -346,6 +355,11 @@ TEST_CASE("T5 v1.1's block (RMS norm, gated GELU, no biases) matches PyTorch on 
 TEST_CASE("A block with ReLU and LayerNorm without biases matches PyTorch on one stage and split over two") {
   CheckAgainstGolden("gpt_golden_relu", {2});
   CheckAgainstGolden("gpt_golden_relu", {1, 1});
+}
+
+TEST_CASE("Llama's block (RMS eps 1e-5, SwiGLU, rotary positions, 2 kv heads for 4) matches PyTorch") {
+  CheckAgainstGolden("gpt_golden_llama", {2});
+  CheckAgainstGolden("gpt_golden_llama", {1, 1});
 }
 
 // ---- T5 -----------------------------------------------------------------

@@ -1,14 +1,19 @@
 // Our models in Hugging Face's format against an independent implementation:
 // each family's whole CPU stage is exported (runtime/model/hf_checkpoint.h,
 // safetensors, config.json) with its logits on a batch, and
-// tests/golden/hf_reference.py (GPT-2 and T5 written from Hugging Face's
-// architectures over the exported tensors by their names, float64) must
-// give the same logits within 1e-5 relative. A mutation check: exporting a
-// GPT-2 without transposing one Conv1D weight fails it.
+// tests/golden/hf_reference.py (GPT-2, T5 and Llama written from Hugging
+// Face's architectures over the exported tensors by their names, float64)
+// must give the same logits within 1e-5 relative; Llama's batch packs two
+// samples into a row, so rotary positions restart inside it. Mutation
+// checks: exporting a GPT-2 without transposing one Conv1D weight, or a
+// Llama with gate and up (or k and v) swapped, fails it.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +52,20 @@ GptConfig T5(MlpKind mlp, bool tied) {
   return c;
 }
 
+// Llama's block with 2 key-value heads for 4 query heads, a rope base and
+// norm eps other than the defaults.
+GptConfig Llama(bool tied) {
+  GptConfig c = Gpt(tied);
+  c.norm = NormKind::kRms;
+  c.mlp = MlpKind::kSwiglu;
+  c.bias = false;
+  c.rotary = true;
+  c.kv_heads = 2;
+  c.rope_base = 500000.0f;
+  c.norm_eps = 1e-5;
+  return c;
+}
+
 std::vector<int32_t> RandomTokens(int n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<int32_t> t(n);
@@ -54,18 +73,24 @@ std::vector<int32_t> RandomTokens(int n, uint64_t seed) {
   return t;
 }
 
-// Full rows (no padding, one sample each): what the Hugging Face classes
-// compute without an attention mask.
-TokenBatch Batch(bool t5) {
+// Rows without padding, one sample each (what the Hugging Face classes
+// compute without an attention mask), except that with rotary positions the
+// first row packs two samples (4 and 5 tokens), which the reference reads
+// from `segments`.
+TokenBatch Batch(const GptConfig& c) {
   TokenBatch b;
   b.rows = kRows;
   b.seq = kSeq;
   b.tokens = RandomTokens(kRows * kSeq, 3);
   b.positions.resize(kRows * kSeq);
-  for (int i = 0; i < kRows * kSeq; ++i) b.positions[i] = i % kSeq;
   b.segments.assign(kRows * kSeq, 0);
+  if (c.rotary) std::fill(b.segments.begin() + 4, b.segments.begin() + kSeq, 1);
+  for (int i = 0; i < kRows * kSeq; ++i) {
+    const bool start = i % kSeq == 0 || b.segments[i] != b.segments[i - 1];
+    b.positions[i] = start ? 0 : b.positions[i - 1] + 1;
+  }
   b.targets.assign(kRows * kSeq, 0);
-  if (t5) {
+  if (c.encoder_decoder) {
     b.enc_seq = kEncSeq;
     b.enc_tokens = RandomTokens(kRows * kEncSeq, 4);
     b.enc_segments.assign(kRows * kEncSeq, 0);
@@ -74,9 +99,12 @@ TokenBatch Batch(bool t5) {
   return b;
 }
 
+using Corruption = std::function<void(std::vector<HfTensor>&)>;
+
 // Exports `config`'s initial model to `dir` with our logits on Batch(), then
-// runs the reference; its output. `corrupt` swaps one tensor's layout.
-dynapipe::testing::ShellOutput ExportAndCheck(const GptConfig& config, const std::string& dir, bool corrupt = false) {
+// runs the reference; its output. `corrupt` edits the exported tensors.
+dynapipe::testing::ShellOutput ExportAndCheck(const GptConfig& config, const std::string& dir,
+                                              const Corruption& corrupt = {}) {
   std::filesystem::create_directories(dir);
   BufferPool pool(CpuAllocator());
   const StageOptions whole{0, config.TotalLayers(), true, true, 11};
@@ -90,23 +118,13 @@ dynapipe::testing::ShellOutput ExportAndCheck(const GptConfig& config, const std
     REQUIRE_OK(s.status());
     stage = std::move(*s);
   }
-  const TokenBatch batch = Batch(config.encoder_decoder);
+  const TokenBatch batch = Batch(config);
   std::vector<float> logits(static_cast<size_t>(kRows * kSeq * kVocab));
   REQUIRE_OK(stage->Infer(batch, nullptr, logits.data()));
 
   auto hf = ToHuggingFace(stage->layout(), stage->param_data());
   REQUIRE_OK(hf.status());
-  if (corrupt) {
-    for (HfTensor& t : *hf) {
-      if (t.name == "transformer.h.1.attn.c_proj.weight") {  // (C, C): the same shape untransposed
-        std::vector<float> d = t.data;
-        const int64_t n = t.shape[0];
-        for (int64_t r = 0; r < n; ++r) {
-          for (int64_t k = 0; k < n; ++k) t.data[r * n + k] = d[k * n + r];
-        }
-      }
-    }
-  }
+  if (corrupt) corrupt(*hf);
   std::vector<safetensors::TensorOut> out;
   for (const HfTensor& t : *hf) out.push_back(safetensors::F32Tensor(t.name, t.shape, t.data));
   REQUIRE_OK(safetensors::Write(dir + "/model.safetensors", out, {{"format", "pt"}}));
@@ -126,12 +144,26 @@ dynapipe::testing::ShellOutput ExportAndCheck(const GptConfig& config, const std
   } else {
     expected.push_back(ints("tokens", batch.tokens, kRows));
   }
+  if (config.rotary) expected.push_back(ints("segments", batch.segments, kRows));
   REQUIRE_OK(safetensors::Write(dir + "/expected.safetensors", expected));
   return RunShell(absl::StrCat("/usr/bin/python3 ", dynapipe::testing::Runfiles(),
                                "/tests/golden/hf_reference.py ", dir));
 }
 
-TEST_CASE("Exported GPT-2 and T5 models give our logits under an independent Hugging Face-named reference") {
+HfTensor& Find(std::vector<HfTensor>& ts, const std::string& name) {
+  for (HfTensor& t : ts) {
+    if (t.name == name) return t;
+  }
+  FAIL("no tensor " << name);
+  return ts.front();
+}
+
+// The values of two tensors of one shape exchanged.
+Corruption Swap(const std::string& a, const std::string& b) {
+  return [a, b](std::vector<HfTensor>& ts) { std::swap(Find(ts, a).data, Find(ts, b).data); };
+}
+
+TEST_CASE("Exported GPT-2, T5 and Llama models give our logits under an independent Hugging Face-named reference") {
   const std::string root = dynapipe::testing::FreshTempDir("hf_export");
   struct Case {
     const char* name;
@@ -139,17 +171,38 @@ TEST_CASE("Exported GPT-2 and T5 models give our logits under an independent Hug
   };
   for (const Case& c : {Case{"gpt2-tied", Gpt(true)}, Case{"gpt2-untied", Gpt(false)},
                         Case{"t5-v1.0-tied", T5(MlpKind::kRelu, true)},
-                        Case{"t5-v1.1-untied", T5(MlpKind::kGatedGelu, false)}}) {
+                        Case{"t5-v1.1-untied", T5(MlpKind::kGatedGelu, false)}, Case{"llama-tied", Llama(true)},
+                        Case{"llama-untied", Llama(false)}}) {
     const auto run = ExportAndCheck(c.config, root + "/" + c.name);
     INFO(c.name << ": " << run.text);
     CHECK(run.rc == 0);
     CHECK(run.text.find("relative error") != std::string::npos);
   }
-  // Not vacuous: one Conv1D weight left in our (out, in) layout fails it.
-  const auto bad = ExportAndCheck(Gpt(true), root + "/gpt2-corrupt", /*corrupt=*/true);
-  INFO(bad.text);
-  CHECK(bad.rc == 1);
-  CHECK(bad.text.find("relative error") != std::string::npos);
+  // Not vacuous: one Conv1D weight left in our (out, in) layout fails it,
+  // and so do Llama's gate and up, or k and v, exchanged in one layer.
+  const Corruption untransposed = [](std::vector<HfTensor>& ts) {
+    HfTensor& t = Find(ts, "transformer.h.1.attn.c_proj.weight");  // (C, C): the same shape untransposed
+    const std::vector<float> d = t.data;
+    const int64_t n = t.shape[0];
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t k = 0; k < n; ++k) t.data[r * n + k] = d[k * n + r];
+    }
+  };
+  struct Bad {
+    const char* name;
+    GptConfig config;
+    Corruption corrupt;
+  };
+  for (const Bad& b :
+       {Bad{"gpt2-untransposed", Gpt(true), untransposed},
+        Bad{"llama-gate-up", Llama(false), Swap("model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight")},
+        Bad{"llama-k-v", Llama(false),
+            Swap("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight")}}) {
+    const auto bad = ExportAndCheck(b.config, root + "/" + b.name, b.corrupt);
+    INFO(b.name << ": " << bad.text);
+    CHECK(bad.rc == 1);
+    CHECK(bad.text.find("relative error") != std::string::npos);
+  }
 }
 
 TEST_CASE("Weights written in Hugging Face's layout by another writer load into our model with its logits") {
@@ -159,7 +212,7 @@ TEST_CASE("Weights written in Hugging Face's layout by another writer load into 
   // model and compares.
   const std::string root = dynapipe::testing::FreshTempDir("hf_import");
   const std::string runfiles = dynapipe::testing::Runfiles();
-  for (const char* kind : {"gpt2", "t5", "t5-v1.1"}) {
+  for (const char* kind : {"gpt2", "t5", "t5-v1.1", "llama"}) {
     const std::string dir = absl::StrCat(root, "/", kind);
     const auto made = RunShell(absl::StrCat("/usr/bin/python3 ", runfiles, "/tests/golden/hf_reference.py --make ", kind,
                                             " ", dir));

@@ -4,14 +4,17 @@
 // machine) and for hf_export_test here.
 //
 //   hf_logits --model DIR --expected FILE [--tolerance T]
-//       loads DIR (config.json and model.safetensors, or shards: a GPT-2 or
-//       T5 in Hugging Face's names) into our whole CPU model, runs FILE's
-//       tokens ("tokens" (rows, seq) int32; T5: "enc_tokens" and
-//       "dec_tokens") and prints the relative error of our logits against
-//       FILE's "logits" (rows * seq, vocab); exit 1 above T (default 1e-4)
-//   hf_logits --export gpt2|t5|t5-v1.1 --out DIR
+//       loads DIR (config.json and model.safetensors, or shards: a GPT-2,
+//       T5 or Llama in Hugging Face's names) into our whole CPU model, runs
+//       FILE's tokens ("tokens" (rows, seq) int32, with an optional
+//       "segments" (rows, seq) packing several samples into a row; T5:
+//       "enc_tokens" and "dec_tokens") and prints the relative error of our
+//       logits against FILE's "logits" (rows * seq, vocab); exit 1 above T
+//       (default 1e-4)
+//   hf_logits --export gpt2|t5|t5-v1.1|llama --out DIR
 //       a small model of ours (our initialiser) in Hugging Face's format,
-//       with DIR/expected.safetensors: tokens and our logits
+//       with DIR/expected.safetensors: tokens (one sample per row) and our
+//       logits
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -47,16 +50,21 @@ absl::StatusOr<std::unique_ptr<CpuStageBase>> Whole(const GptConfig& c, BufferPo
   return std::unique_ptr<CpuStageBase>(std::move(s));
 }
 
-// Full rows of one sample each (what the Hugging Face classes compute
-// without an attention mask).
-TokenBatch Batch(const GptConfig& c, std::vector<int32_t> tokens, std::vector<int32_t> enc_tokens) {
+// Rows of the samples `segments` marks (empty: full rows of one sample
+// each, what the Hugging Face classes compute without an attention mask),
+// positions restarting at each sample's first token.
+TokenBatch Batch(const GptConfig& c, std::vector<int32_t> tokens, std::vector<int32_t> segments,
+                 std::vector<int32_t> enc_tokens) {
   TokenBatch b;
   b.rows = kRows;
   b.seq = static_cast<int>(tokens.size()) / kRows;
   b.tokens = std::move(tokens);
+  b.segments = segments.empty() ? std::vector<int32_t>(b.tokens.size(), 0) : std::move(segments);
   b.positions.resize(b.tokens.size());
-  for (size_t i = 0; i < b.tokens.size(); ++i) b.positions[i] = static_cast<int32_t>(i % b.seq);
-  b.segments.assign(b.tokens.size(), 0);
+  for (size_t i = 0; i < b.tokens.size(); ++i) {
+    const bool start = i % b.seq == 0 || b.segments[i] != b.segments[i - 1];
+    b.positions[i] = start ? 0 : b.positions[i - 1] + 1;
+  }
   b.targets.assign(b.tokens.size(), 0);
   if (c.encoder_decoder) {
     b.enc_seq = static_cast<int>(enc_tokens.size()) / kRows;
@@ -97,7 +105,14 @@ absl::Status Check(const std::string& dir, const std::string& expected, double t
   if (c.encoder_decoder) {
     ASSIGN_OR_RETURN(enc, IntTensor(expected, "enc_tokens"));
   }
-  const TokenBatch b = Batch(c, std::move(tokens), std::move(enc));
+  absl::StatusOr<std::vector<int32_t>> segments = IntTensor(expected, "segments");
+  if (!segments.ok() && !absl::IsNotFound(segments.status())) return segments.status();
+  if (segments.ok() && segments->size() != tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(expected, ": ", segments->size(), " segments for ", tokens.size(),
+                                                   " tokens"));
+  }
+  const TokenBatch b =
+      Batch(c, std::move(tokens), segments.ok() ? std::move(*segments) : std::vector<int32_t>(), std::move(enc));
   std::vector<float> ours(b.tokens.size() * c.vocab);
   RETURN_IF_ERROR(stage->Infer(b, nullptr, ours.data()));
   ASSIGN_OR_RETURN(const safetensors::Reader e, safetensors::Reader::Open(expected));
@@ -111,8 +126,7 @@ absl::Status Check(const std::string& dir, const std::string& expected, double t
     den += static_cast<double>(want[i]) * want[i];
   }
   const double err = std::sqrt(num / std::max(den, 1e-300));
-  std::printf("%s: %s, %zu logits, relative error %.3e\n", dir.c_str(),
-              c.encoder_decoder ? "T5ForConditionalGeneration" : "GPT2LMHeadModel", want.size(), err);
+  std::printf("%s: %s, %zu logits, relative error %.3e\n", dir.c_str(), HfArchitecture(c), want.size(), err);
   if (!(err <= tolerance)) return absl::InternalError(absl::StrCat("relative error ", err, " above ", tolerance));
   return absl::OkStatus();
 }
@@ -126,8 +140,17 @@ absl::Status Export(const std::string& kind, const std::string& dir) {
     c.bias = false;
     c.mlp = kind == "t5" ? MlpKind::kRelu : MlpKind::kGatedGelu;
     c.tie_embeddings = kind == "t5";
+  } else if (kind == "llama") {  // grouped heads, an untied head, a rope base and eps other than the defaults
+    c.norm = NormKind::kRms;
+    c.mlp = MlpKind::kSwiglu;
+    c.bias = false;
+    c.rotary = true;
+    c.kv_heads = 2;
+    c.rope_base = 500000.0f;
+    c.norm_eps = 1e-5;
+    c.tie_embeddings = false;
   } else if (kind != "gpt2") {
-    return absl::InvalidArgumentError(absl::StrCat("--export ", kind, ": gpt2, t5 or t5-v1.1"));
+    return absl::InvalidArgumentError(absl::StrCat("--export ", kind, ": gpt2, t5, t5-v1.1 or llama"));
   }
   BufferPool pool(CpuAllocator());
   ASSIGN_OR_RETURN(auto stage, Whole(c, &pool));
@@ -141,7 +164,7 @@ absl::Status Export(const std::string& kind, const std::string& dir) {
   if (c.encoder_decoder) {
     for (int r = 0; r < kRows; ++r) dec[r * kSeq] = 0;  // decoder_start_token_id
   }
-  const TokenBatch b = Batch(c, dec, enc);
+  const TokenBatch b = Batch(c, dec, {}, enc);
   std::vector<float> logits(b.tokens.size() * c.vocab);
   RETURN_IF_ERROR(stage->Infer(b, nullptr, logits.data()));
   ASSIGN_OR_RETURN(const std::vector<HfTensor> hf, ToHuggingFace(stage->layout(), stage->param_data()));
@@ -184,7 +207,7 @@ int main(int argc, char** argv) {
     else model = expected = exp = "";  // unknown: usage below
   }
   absl::Status s = absl::InvalidArgumentError(
-      "usage: hf_logits --model DIR --expected FILE [--tolerance T] | --export gpt2|t5|t5-v1.1 --out DIR");
+      "usage: hf_logits --model DIR --expected FILE [--tolerance T] | --export gpt2|t5|t5-v1.1|llama --out DIR");
   if (!model.empty() && !expected.empty()) s = dynapipe::runtime::model::Check(model, expected, tolerance);
   if (!exp.empty() && !out.empty()) s = dynapipe::runtime::model::Export(exp, out);
   if (!s.ok()) {

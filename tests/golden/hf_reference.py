@@ -1,25 +1,29 @@
 #!/usr/bin/python3
-"""An independent check of `dynapipe export`: GPT-2 and T5 written from
-Hugging Face's published architectures (GPT2LMHeadModel,
-T5ForConditionalGeneration) over the tensors of an exported
-model.safetensors, by their Hugging Face names and layouts, read with a
-small safetensors reader of its own; run in float64 on the batch of
+"""An independent check of `dynapipe export`: GPT-2, T5 and Llama written
+from Hugging Face's published architectures (GPT2LMHeadModel,
+T5ForConditionalGeneration, LlamaForCausalLM) over the tensors of an
+exported model.safetensors, by their Hugging Face names and layouts, read
+with a small safetensors reader of its own; run in float64 on the batch of
 expected.safetensors, its logits are compared with ours.
 
     /usr/bin/python3 tests/golden/hf_reference.py DIR
-    /usr/bin/python3 tests/golden/hf_reference.py --make gpt2|t5|t5-v1.1 DIR
+    /usr/bin/python3 tests/golden/hf_reference.py --make gpt2|t5|t5-v1.1|llama DIR
 
 The second form is the other direction: random weights written in Hugging
 Face's names and layouts by this script's own writer (GPT-2's Conv1D weights
-(in, out), T5's separate q, k, v), with config.json and
-expected.safetensors holding this reference's logits, for our loader to
-match (tests/golden:hf_export_test runs hf_logits on them).
+(in, out), T5's and Llama's separate q, k, v, Llama's fewer key-value heads
+and separate gate and up), with config.json and expected.safetensors
+holding this reference's logits, for our loader to match
+(tests/golden:hf_export_test runs hf_logits on them).
 
 DIR holds model.safetensors and config.json (as `dynapipe export` writes
-them) and expected.safetensors: `tokens` (I32, rows x seq) for GPT-2, or
-`enc_tokens` and `dec_tokens` for T5, and `logits` (F32, rows*seq x vocab),
-our CPU backend's. Prints the relative error (L2 over all logits) and exits
-non-zero above 1e-5. Needs Debian's python3-torch (deploy/setup.sh).
+them) and expected.safetensors: `tokens` (I32, rows x seq) for GPT-2 and
+Llama, or `enc_tokens` and `dec_tokens` for T5, and `logits` (F32, rows*seq
+x vocab), our CPU backend's. For Llama an optional `segments` (I32, rows x
+seq) packs several samples into a row: attention stays inside a sample and
+rotary positions restart at each (absent: one sample per row). Prints the
+relative error (L2 over all logits) and exits non-zero above 1e-5. Needs
+Debian's python3-torch (deploy/setup.sh).
 """
 
 import json
@@ -152,6 +156,93 @@ def t5_logits(W, cfg, enc_tokens, dec_tokens):
     return logits.reshape(-1, logits.shape[-1])
 
 
+def llama_logits(W, cfg, tokens, segments=None):
+    """LlamaForCausalLM: Linear weights (out, in), so y = x @ W.T; RMS norm
+    without a shift; rotary positions on q and k by rotate_half (pair (i,
+    i + D/2) turned by position * rope_theta^(-2i/D)); each key-value head
+    serves num_attention_heads / num_key_value_heads query heads (repeat_kv);
+    down(silu(gate(x)) * up(x)). `segments` (B, T): packed samples, each
+    attending only to itself, positions restarting at its first token."""
+    C, H, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    KV = cfg.get("num_key_value_heads") or H
+    D = cfg.get("head_dim") or C // H
+    rope = cfg.get("rope_parameters") or {}  # transformers 5's place for RoPE's settings
+    eps, theta = cfg["rms_norm_eps"], rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    assert cfg.get("rope_scaling") is None and rope.get("rope_type", "default") == "default"
+    assert cfg.get("hidden_act", "silu") == "silu"
+    B, T = tokens.shape
+    if segments is None:
+        segments = torch.zeros(B, T, dtype=torch.long)
+    t = torch.arange(T)
+    same = segments[:, :, None] == segments[:, None, :]
+    mask = (same & (t[None, :, None] >= t[None, None, :]))[:, None]  # (B, 1, T, T)
+    starts = torch.stack([torch.tensor([int((segments[b, :i + 1] == segments[b, i]).nonzero()[0])
+                                        for i in range(T)]) for b in range(B)])
+    positions = t[None, :] - starts  # (B, T): the token's place in its sample
+    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = positions[..., None].double() * inv_freq  # (B, T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # (B, 1, T, D)
+
+    def rms(x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def rotate_half(x):
+        x1, x2 = x[..., :D // 2], x[..., D // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def repeat_kv(x):
+        n = H // KV
+        return x[:, :, None].expand(B, KV, n, T, D).reshape(B, KV * n, T, D)
+
+    x = W["model.embed_tokens.weight"][tokens]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        a = rms(x, W[p + "input_layernorm.weight"])
+        q = (a @ W[p + "self_attn.q_proj.weight"].T).view(B, T, H, D).transpose(1, 2)
+        k = (a @ W[p + "self_attn.k_proj.weight"].T).view(B, T, KV, D).transpose(1, 2)
+        v = (a @ W[p + "self_attn.v_proj.weight"].T).view(B, T, KV, D).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k), repeat_kv(v)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        y = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+        x = x + y.transpose(1, 2).reshape(B, T, H * D) @ W[p + "self_attn.o_proj.weight"].T
+        m = rms(x, W[p + "post_attention_layernorm.weight"])
+        h = F.silu(m @ W[p + "mlp.gate_proj.weight"].T) * (m @ W[p + "mlp.up_proj.weight"].T)
+        x = x + h @ W[p + "mlp.down_proj.weight"].T
+    x = rms(x, W["model.norm.weight"])
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    return (x @ head.T).reshape(B * T, -1)
+
+
+def make_llama(rnd, g, V, C, H, F, L, B, T):
+    """A small Llama with fewer key-value heads, an untied head and a rope
+    base and norm eps other than the defaults; two samples packed in row 0."""
+    KV, D = H // 2, C // H
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": C, "intermediate_size": F,
+           "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": KV, "head_dim": D,
+           "max_position_embeddings": 32, "vocab_size": V, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+           "rope_scaling": None, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+           "tie_word_embeddings": False}
+    W = {"model.embed_tokens.weight": rnd(V, C)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        W[p + "input_layernorm.weight"] = 1 + rnd(C, std=0.1)
+        W[p + "post_attention_layernorm.weight"] = 1 + rnd(C, std=0.1)
+        for n, shape in {"self_attn.q_proj": (H * D, C), "self_attn.k_proj": (KV * D, C),
+                         "self_attn.v_proj": (KV * D, C), "self_attn.o_proj": (C, H * D), "mlp.gate_proj": (F, C),
+                         "mlp.up_proj": (F, C), "mlp.down_proj": (C, F)}.items():
+            W[p + n + ".weight"] = rnd(*shape)
+    W["model.norm.weight"] = 1 + rnd(C, std=0.1)
+    W["lm_head.weight"] = rnd(V, C)
+    tokens = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+    segments = torch.zeros(B, T, dtype=torch.int32)
+    segments[0, 4:] = 1
+    X = {"tokens": tokens, "segments": segments}
+    logits = llama_logits({n: t.double() for n, t in W.items()}, cfg, tokens.long(), segments.long())
+    return cfg, W, X, logits
+
+
 def write_safetensors(path, tensors):
     """The format's definition: u64 header length, JSON (padded to 8), data."""
     header, blobs, at = {}, [], 0
@@ -177,7 +268,9 @@ def make(kind, d):
     rnd = lambda *shape, std=0.2: (torch.randn(*shape, generator=g, dtype=torch.float64) * std).float()
     C, H, F, V, L, B, T = 64, 4, 128, 97, 2, 2, 10
     W = {}
-    if kind == "gpt2":
+    if kind == "llama":
+        cfg, W, X, logits = make_llama(rnd, g, V, C, H, F, L, B, T)
+    elif kind == "gpt2":
         cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": C, "n_head": H, "n_layer": L,
                "n_positions": 32, "vocab_size": V, "n_inner": F, "activation_function": "gelu_new",
                "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
@@ -243,6 +336,8 @@ def main():
     X = read_safetensors(d + "/expected.safetensors")
     if cfg["model_type"] == "gpt2":
         got = gpt2_logits(W, cfg, X["tokens"].long())
+    elif cfg["model_type"] == "llama":
+        got = llama_logits(W, cfg, X["tokens"].long(), X["segments"].long() if "segments" in X else None)
     else:
         got = t5_logits(W, cfg, X["enc_tokens"].long(), X["dec_tokens"].long())
     ours = X["logits"].double()

@@ -15,6 +15,9 @@ Four models, each written as <name>.txt (manifest) and <name>.bin (data):
   gpt_golden_t5_block   T5 v1.1's block (RMS norm, gated GELU, no biases),
                         separate lm_head.w, 2 layers
   gpt_golden_relu       LayerNorm without a shift, ReLU, no biases, tied, 2 layers
+  gpt_golden_llama      Llama's block (RMS norm eps 1e-5, SwiGLU, no biases,
+                        rotary positions with base 500, 2 key-value heads for
+                        4 query heads), separate lm_head.w, 2 layers
   t5_golden             T5 v1.0 (RMS norm, ReLU), tied head (scaled by
                         hidden^-0.5), 2 encoder + 2 decoder layers
   t5_golden_v11         T5 v1.1 (RMS norm, gated GELU), separate lm_head.w,
@@ -36,6 +39,7 @@ Rerun by hand with Debian's python3-torch (1.13) after a change to the model:
 The outputs are committed; the C++ test does not need torch.
 """
 
+import collections
 import math
 import os
 
@@ -55,12 +59,20 @@ MATRIX_STD, BIAS_STD, LN_STD = 0.2, 0.1, 0.1
 EPS = 1e-5
 RMS_EPS = 1e-6
 
-# A block: (norm, mlp, bias) as model.block names them; the manifest's codes
-# follow the executor's enums (norm: 0 layernorm, 1 rmsnorm; mlp: 0 gelu,
-# 1 relu, 2 gated_gelu).
-GPT2_BLOCK = ("layernorm", "gelu", True)
+# A block: (norm, mlp, bias) as model.block names them, then Llama's parts:
+# rotary positions (no wpe; queries and keys rotated, rotate-half pairs), the
+# key-value heads (grouped-query attention), the norm's eps (None: the norm's
+# default) and the rotary base. The manifest's codes follow the executor's
+# enums (norm: 0 layernorm, 1 rmsnorm; mlp: 0 gelu, 1 relu, 2 gated_gelu,
+# 3 swiglu).
+Block = collections.namedtuple("Block", "norm mlp bias rotary kv_heads eps rope_base",
+                               defaults=(False, HEADS, None, 10000.0))
+GPT2_BLOCK = Block("layernorm", "gelu", True)
+# Llama's block at test size: 2 key-value heads for 4 query heads, a base
+# small enough that every pair turns visibly over 16 positions.
+LLAMA_BLOCK = Block("rmsnorm", "swiglu", False, rotary=True, kv_heads=2, eps=1e-5, rope_base=500.0)
 NORM_CODES = {"layernorm": 0, "rmsnorm": 1}
-MLP_CODES = {"gelu": 0, "relu": 1, "gated_gelu": 2}
+MLP_CODES = {"gelu": 0, "relu": 1, "gated_gelu": 2, "swiglu": 3}
 
 
 def make_batch(gen):
@@ -85,14 +97,18 @@ def make_batch(gen):
 
 def make_params(gen, layers, tied, block=GPT2_BLOCK):
     """Name -> float64 tensor holding float32-representable values."""
-    norm, mlp, bias = block
-    width = 2 * FFN if mlp == "gated_gelu" else FFN  # gated: gate rows, then up rows
-    specs = [("wte", (VOCAB, HIDDEN), "matrix"), ("wpe", (MAX_POSITIONS, HIDDEN), "matrix")]
+    block = Block(*block)
+    norm, mlp, bias = block.norm, block.mlp, block.bias
+    width = 2 * FFN if mlp in ("gated_gelu", "swiglu") else FFN  # gated: gate rows, then up rows
+    qkv = HIDDEN + 2 * block.kv_heads * (HIDDEN // HEADS)  # [q | k | v] rows
+    specs = [("wte", (VOCAB, HIDDEN), "matrix")]
+    if not block.rotary:
+        specs.append(("wpe", (MAX_POSITIONS, HIDDEN), "matrix"))
     for l in range(layers):
         p = f"h.{l}."
         specs += [
             (p + "ln1.w", (HIDDEN,), "ln_w"), (p + "ln1.b", (HIDDEN,), "norm_bias"),
-            (p + "attn.qkv.w", (3 * HIDDEN, HIDDEN), "matrix"), (p + "attn.qkv.b", (3 * HIDDEN,), "bias"),
+            (p + "attn.qkv.w", (qkv, HIDDEN), "matrix"), (p + "attn.qkv.b", (qkv,), "bias"),
             (p + "attn.proj.w", (HIDDEN, HIDDEN), "matrix"), (p + "attn.proj.b", (HIDDEN,), "bias"),
             (p + "ln2.w", (HIDDEN,), "ln_w"), (p + "ln2.b", (HIDDEN,), "norm_bias"),
             (p + "mlp.fc.w", (width, HIDDEN), "matrix"), (p + "mlp.fc.b", (width,), "bias"),
@@ -122,11 +138,28 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def attention(qkv, segments):
+def rotate(z, positions, base):
+    """RoPE as Hugging Face's Llama: pair (i, i + hs/2) turned by pos * base^(-2i/hs)."""
+    hs = z.shape[-1]
+    inv = base ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    angle = positions[:, None, :, None].double() * inv  # (B, 1, T, hs/2)
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    half = hs // 2
+    turned = torch.cat([-z[..., half:], z[..., :half]], -1)
+    return z * cos + turned * sin
+
+
+def attention(qkv, segments, positions=None, block=GPT2_BLOCK):
     b, t, _ = qkv.shape
     hs = HIDDEN // HEADS
-    q, k, v = qkv.split(HIDDEN, dim=2)
-    q, k, v = (z.view(b, t, HEADS, hs).transpose(1, 2) for z in (q, k, v))  # (B, NH, T, hs)
+    kvh = block.kv_heads
+    q, k, v = qkv.split([HIDDEN, kvh * hs, kvh * hs], dim=2)
+    q = q.view(b, t, HEADS, hs).transpose(1, 2)  # (B, NH, T, hs)
+    k, v = (z.view(b, t, kvh, hs).transpose(1, 2) for z in (k, v))  # (B, kvh, T, hs)
+    if block.rotary:
+        q, k = rotate(q, positions, block.rope_base), rotate(k, positions, block.rope_base)
+    # Query head h reads key-value head h // (NH / kvh).
+    k, v = (z.repeat_interleave(HEADS // kvh, dim=1) for z in (k, v))
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     same = segments[:, :, None] == segments[:, None, :]
     real = segments >= 0
@@ -142,9 +175,10 @@ def attention(qkv, segments):
 
 
 def norm(x, P, name, block):
-    if block[0] == "rmsnorm":  # T5's: no centring, no shift
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS) * P[name + ".w"]
-    return F.layer_norm(x, (HIDDEN,), P[name + ".w"], P.get(name + ".b"), EPS)
+    eps = Block(*block).eps
+    if block[0] == "rmsnorm":  # T5's and Llama's: no centring, no shift
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + (eps or RMS_EPS)) * P[name + ".w"]
+    return F.layer_norm(x, (HIDDEN,), P[name + ".w"], P.get(name + ".b"), eps or EPS)
 
 
 def activation(h, block):
@@ -153,17 +187,22 @@ def activation(h, block):
     if block[1] == "gated_gelu":
         gate, up = h.split(FFN, dim=-1)
         return gelu_tanh(gate) * up
+    if block[1] == "swiglu":
+        gate, up = h.split(FFN, dim=-1)
+        return F.silu(gate) * up
     return gelu_tanh(h)
 
 
 def forward(params, layers, tied, tokens, positions, segments, targets, loss_scale, block=GPT2_BLOCK):
     P = params
-    x = P["wte"][tokens] + P["wpe"][positions]
+    block = Block(*block)
+    x = P["wte"][tokens] + (0 if block.rotary else P["wpe"][positions])
     for l in range(layers):
         p = f"h.{l}."
         a = norm(x, P, p + "ln1", block)
         qkv = F.linear(a, P[p + "attn.qkv.w"], P.get(p + "attn.qkv.b"))
-        x = x + F.linear(attention(qkv, segments), P[p + "attn.proj.w"], P.get(p + "attn.proj.b"))
+        y = attention(qkv, segments, positions, block)
+        x = x + F.linear(y, P[p + "attn.proj.w"], P.get(p + "attn.proj.b"))
         m = norm(x, P, p + "ln2", block)
         hmid = activation(F.linear(m, P[p + "mlp.fc.w"], P.get(p + "mlp.fc.b")), block)
         x = x + F.linear(hmid, P[p + "mlp.proj.w"], P.get(p + "mlp.proj.b"))
@@ -186,6 +225,7 @@ def check_packing(params, layers, tied, batch, loss_scale, loss, block):
 
 
 def write(name, layers, tied, seed, block=GPT2_BLOCK):
+    block = Block(*block)
     gen = torch.Generator().manual_seed(seed)
     tokens, positions, segments, targets = make_batch(gen)
     params = make_params(gen, layers, tied, block)
@@ -207,7 +247,9 @@ def write(name, layers, tied, seed, block=GPT2_BLOCK):
     config_line = (f"# config layers={layers} hidden={HIDDEN} heads={HEADS} ffn={FFN} vocab={VOCAB} "
                    f"max_positions={MAX_POSITIONS} tie_embeddings={int(tied)}"
                    + ("" if block == GPT2_BLOCK else
-                      f" norm={NORM_CODES[block[0]]} mlp={MLP_CODES[block[1]]} bias={int(block[2])}"))
+                      f" norm={NORM_CODES[block[0]]} mlp={MLP_CODES[block[1]]} bias={int(block[2])}")
+                   + ("" if not block.rotary else
+                      f" rotary=1 kv_heads={block.kv_heads} norm_eps={block.eps!r} rope_base={block.rope_base!r}"))
     dump(name, entries, config_line,
          f"# batch rows={ROWS} seq={SEQ} real_tokens={real_tokens} loss_tokens={loss_tokens}", loss)
 
@@ -384,6 +426,7 @@ def main():
     write("gpt_golden_untied", layers=2, tied=False, seed=20240602)
     write("gpt_golden_t5_block", layers=2, tied=False, seed=20240603, block=("rmsnorm", "gated_gelu", False))
     write("gpt_golden_relu", layers=2, tied=True, seed=20240604, block=("layernorm", "relu", False))
+    write("gpt_golden_llama", layers=2, tied=False, seed=20240607, block=LLAMA_BLOCK)
     write_t5("t5_golden", 2, 2, tied=True, seed=20240605, block=("rmsnorm", "relu", False))
     write_t5("t5_golden_v11", 2, 3, tied=False, seed=20240606, block=("rmsnorm", "gated_gelu", False))
 

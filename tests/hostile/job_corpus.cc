@@ -214,6 +214,31 @@ std::vector<SpecCase> FieldMutations(const proto::JobSpec& base) {
     s->mutable_cluster()->set_num_nodes(1);
     s->mutable_cluster()->set_devices_per_node(4);
   });
+  // Llama-style decoders: grouped heads that do not divide the heads, and
+  // blocks LlamaForCausalLM cannot hold where a job reads or writes it.
+  add("model.kind = llama with kv_heads = 3 (does not divide heads 8)", [](auto* s) {
+    s->mutable_model()->set_kind(proto::ModelKind::llama);
+    s->mutable_model()->set_kv_heads(3);
+  });
+  add("model.kind = llama with block.rope_base = 0.5", [](auto* s) {
+    s->mutable_model()->set_kind(proto::ModelKind::llama);
+    s->mutable_model()->mutable_block()->set_rope_base(0.5);
+  });
+  add("model.kind = llama with block.mlp = gelu and model.init_from (not Llama's block)", [](auto* s) {
+    s->mutable_model()->set_kind(proto::ModelKind::llama);
+    s->mutable_model()->mutable_block()->set_mlp(proto::MlpKind::gelu);
+    s->mutable_model()->set_init_from("weights/valid");
+  });
+  add("model.kind = llama with block.positions = learned and export_dir (not Llama's block)", [](auto* s) {
+    s->mutable_model()->set_kind(proto::ModelKind::llama);
+    s->mutable_model()->mutable_block()->set_positions(proto::PositionKind::learned);
+    s->set_export_dir("out/llama-hf");
+  });
+  add("model.kind = gpt with kv_heads = 4 and export_dir (GPT2LMHeadModel has a key-value head per head)",
+      [](auto* s) {
+        s->mutable_model()->set_kv_heads(4);
+        s->set_export_dir("out/gpt-hf");
+      });
   return v;
 }
 
@@ -261,6 +286,10 @@ std::vector<SpecCase> ValidControls(const proto::JobSpec& base) {
     s->mutable_batching()->set_round_multiple(3);
     s->mutable_batching()->set_max_seq_len(1023);
     s->mutable_model()->set_max_positions(1024);
+  }));
+  v.push_back(Case(base, "model.kind = llama with kv_heads = 2 (Llama's block written out)", [](auto* s) {
+    s->mutable_model()->set_kind(proto::ModelKind::llama);
+    s->mutable_model()->set_kv_heads(2);
   }));
   v.push_back(Case(base, "optimizer.lr = -0.0 (= the default)", [](auto* s) { s->mutable_optimizer()->set_lr(-0.0); }));
   v.push_back(Case(base, "cluster.inter_node_latency_us = 1e-320 (denormal)",

@@ -341,17 +341,22 @@ int RunCapturing(const std::string& cmd, std::string* out) {
   return ::pclose(pipe);
 }
 
-TEST_CASE("a T5 job exported with `dynapipe export` starts another job through the daemons (model.init_from) "
-          "from its trained weights; a missing init_from is refused at Submit",
-          "[executor][integration]") {
+// Trains job `a` (2 x 2, checkpoints), exports it with `dynapipe export`
+// and through its own export_dir, and starts another job from the export
+// through the daemons (model.init_from): every rank holds the trained
+// weights. `tag` names the files.
+void ExportedModelStartsAJob(proto::JobSpec a, const std::string& tag) {
   Stack stack = StartStack();
   auto client = Client(stack.address());
   std::vector<std::unique_ptr<ChildProcess>> executors;
   for (int d = 0; d < 4; ++d) executors.push_back(StartExecutor(stack.address(), d));
   constexpr int kIterations = 12;
-  const std::string trained = TmpDir() + "/t5-trained";
-  proto::JobSpec a = T5TrainJob(kIterations, trained, 4);
-  a.set_export_dir(TmpDir() + "/t5-end-export");  // written by the job itself at its end
+  const std::string trained = TmpDir() + "/" + tag + "-trained";
+  const proto::JobSpec spec = a;
+  a.set_iterations(kIterations);
+  a.mutable_checkpoint()->set_dir(trained);
+  a.mutable_checkpoint()->set_interval(4);
+  a.set_export_dir(TmpDir() + "/" + tag + "-end-export");  // written by the job itself at its end
   auto ja = client->Submit(a);
   REQUIRE(ja.ok());
   const proto::JobStatus sa = WaitEnded(client.get(), *ja, absl::Seconds(120));
@@ -361,9 +366,9 @@ TEST_CASE("a T5 job exported with `dynapipe export` starts another job through t
   // Out through the client tool, as a user would, while nothing runs.
   std::string text;
   REQUIRE(google::protobuf::TextFormat::PrintToString(a, &text));
-  const std::string job_file = TmpDir() + "/t5-trained.pbtxt";
+  const std::string job_file = TmpDir() + "/" + tag + "-trained.pbtxt";
   std::ofstream(job_file) << text;
-  const std::string hf = TmpDir() + "/t5-trained-hf";
+  const std::string hf = TmpDir() + "/" + tag + "-trained-hf";
   std::string out;
   const int rc = RunCapturing(absl::StrCat(RunfilesRoot(), "/cli/dynapipe export ", job_file, " --out ", hf, " 2>&1"),
                               &out);
@@ -392,9 +397,12 @@ TEST_CASE("a T5 job exported with `dynapipe export` starts another job through t
 
   // In again: one step at the smallest learning rate a job takes keeps the
   // trained weights, on every rank of the 2 x 2 pipeline.
-  const std::string started = TmpDir() + "/t5-from-hf";
-  proto::JobSpec b = T5TrainJob(1, started, 1);
-  b.set_name("t5-from-hf");
+  const std::string started = TmpDir() + "/" + tag + "-from-hf";
+  proto::JobSpec b = spec;
+  b.set_iterations(1);
+  b.mutable_checkpoint()->set_dir(started);
+  b.mutable_checkpoint()->set_interval(1);
+  b.set_name(tag + "-from-hf");
   b.mutable_model()->set_init_from(hf);
   b.mutable_optimizer()->set_lr(1e-12);
   auto jb = client->Submit(b);
@@ -432,6 +440,23 @@ TEST_CASE("a T5 job exported with `dynapipe export` starts another job through t
   REQUIRE_FALSE(refused.ok());
   CHECK(std::string(refused.status().message()).find("model.init_from: ") != std::string::npos);
   for (auto& e : executors) CHECK(Stop(e.get(), absl::Seconds(15)));
+}
+
+TEST_CASE("a T5 job exported with `dynapipe export` starts another job through the daemons (model.init_from) "
+          "from its trained weights; a missing init_from is refused at Submit",
+          "[executor][integration]") {
+  ExportedModelStartsAJob(T5TrainJob(1, "", 0), "t5");
+}
+
+TEST_CASE("a Llama-style job (2 kv heads for 4, untied head) exported with `dynapipe export` starts another job "
+          "through the daemons from its trained weights",
+          "[executor][integration]") {
+  proto::JobSpec llama = TrainJob(1, "", 0);
+  llama.set_name("llama-itest");
+  llama.mutable_model()->set_kind(proto::ModelKind::llama);
+  llama.mutable_model()->set_tie_embeddings(false);
+  llama.mutable_model()->set_kv_heads(2);
+  ExportedModelStartsAJob(llama, "llama");
 }
 
 TEST_CASE("an abort that lands after a job's communicator is gone touches nothing (job end vs heartbeat)",

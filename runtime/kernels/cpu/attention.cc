@@ -194,6 +194,21 @@ int RelativePositionBucket(int relative, bool bidirectional, int buckets, int ma
   return bucket + std::min(exact + static_cast<int>(scaled), buckets - 1);
 }
 
+namespace {
+
+// Where a head's queries, keys and values sit in a row of [q | k | v]: NH
+// query heads, then kv heads of keys and of values (kv_heads 0: NH), query
+// head h reading kv head h / (NH / kv heads).
+struct QkvRow {
+  QkvRow(int64_t C, int64_t NH, int64_t kv_heads)
+      : hs(C / NH), kvh(kv_heads > 0 ? kv_heads : NH), group(NH / kvh), C(C), width(C + 2 * kvh * hs) {}
+  int64_t Key(int64_t h) const { return C + (h / group) * hs; }
+  int64_t Value(int64_t h) const { return C + kvh * hs + (h / group) * hs; }
+  int64_t hs, kvh, group, C, width;
+};
+
+}  // namespace
+
 int64_t AttentionProbsSize(const int32_t* seg, int64_t B, int64_t Tn, int64_t NH, AttentionKernel kernel) {
   const std::vector<Span> spans = Spans(seg, B, Tn, NH, kernel);
   return spans.empty() ? 0 : spans.back().probs + NH * spans.back().len * spans.back().len;
@@ -208,26 +223,28 @@ void AttentionForward(T* out, T* att, const T* qkv, const int32_t* seg, int64_t 
   for (int64_t t = 0; t < B * Tn; ++t) {
     if (seg[t] < 0) std::fill(out + t * C, out + (t + 1) * C, T(0));
   }
+  const QkvRow row(C, NH, opt.kv_heads);
+  const int64_t W = row.width;
   for (const Span& s : Spans(seg, B, Tn, NH, kernel)) {
     const int32_t* sg = seg + s.row * Tn;
     const int64_t L = s.len, tok0 = s.row * Tn + s.start;
     const std::vector<int> bucket_rows = opt.bias != nullptr ? BucketRows(L, NH, opt) : std::vector<int>{};
     for (int64_t h = 0; h < NH; ++h) {
       T* P = att + s.probs + h * L * L;
-      const T* q = qkv + tok0 * 3 * C + h * hs;
-      const T* k = q + C;
-      const T* v = q + 2 * C;
+      const T* q = qkv + tok0 * W + h * hs;
+      const T* k = qkv + tok0 * W + row.Key(h);
+      const T* v = qkv + tok0 * W + row.Value(h);
       T* o = out + tok0 * C + h * hs;
       for (int64_t q0 = 0; q0 < L; q0 += kBlock) {
         const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0, keys = opt.causal ? q1 : L;
-        Gemm(CblasNoTrans, CblasTrans, m, keys, hs, scale, q + q0 * 3 * C, 3 * C, k, 3 * C, T(0), P + q0 * L, L);
+        Gemm(CblasNoTrans, CblasTrans, m, keys, hs, scale, q + q0 * W, W, k, W, T(0), P + q0 * L, L);
         for (int64_t r = q0; r < q1 && opt.bias != nullptr; ++r) {
           T* a = P + r * L;
           const int* row = bucket_rows.data() + (L - 1 - r);  // row[j]: distance j - r
           for (int64_t j = 0; j < KeysOf(r, L, opt.causal); ++j) a[j] += opt.bias[row[j] + h];
         }
         BlockSoftmax(P, s, sg, q0, q1, opt.causal);
-        Gemm(CblasNoTrans, CblasNoTrans, m, hs, keys, T(1), P + q0 * L, L, v, 3 * C, T(0), o + q0 * C, C);
+        Gemm(CblasNoTrans, CblasNoTrans, m, hs, keys, T(1), P + q0 * L, L, v, W, T(0), o + q0 * C, C);
       }
       if (s.masked) {  // padding queries: zero probabilities gave zero outputs; make them exact zeros
         for (int64_t r = 0; r < L; ++r) {
@@ -245,22 +262,25 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
   const T scale = opt.scaled ? T(1) / std::sqrt(T(hs)) : T(1);
   const bool bias = opt.bias != nullptr && dbias != nullptr;
   std::vector<T> dp(static_cast<size_t>(kBlock * Tn));
+  const QkvRow row(C, NH, opt.kv_heads);
+  const int64_t W = row.width;
   for (const Span& s : Spans(seg, B, Tn, NH, kernel)) {
     const int64_t L = s.len, tok0 = s.row * Tn + s.start;
     const std::vector<int> bucket_rows = bias ? BucketRows(L, NH, opt) : std::vector<int>{};
+    // Query heads sharing a key-value head add into its gradient in turn.
     for (int64_t h = 0; h < NH; ++h) {
       const T* P = att + s.probs + h * L * L;
-      const T* q = qkv + tok0 * 3 * C + h * hs;
-      const T* k = q + C;
-      const T* v = q + 2 * C;
-      T* dq = dqkv + tok0 * 3 * C + h * hs;
-      T* dk = dq + C;
-      T* dv = dq + 2 * C;
+      const T* q = qkv + tok0 * W + h * hs;
+      const T* k = qkv + tok0 * W + row.Key(h);
+      const T* v = qkv + tok0 * W + row.Value(h);
+      T* dq = dqkv + tok0 * W + h * hs;
+      T* dk = dqkv + tok0 * W + row.Key(h);
+      T* dv = dqkv + tok0 * W + row.Value(h);
       const T* dy = dout + tok0 * C + h * hs;
       for (int64_t q0 = 0; q0 < L; q0 += kBlock) {
         const int64_t q1 = std::min(L, q0 + kBlock), m = q1 - q0, keys = opt.causal ? q1 : L;
         T* d = dp.data();  // (m, keys)
-        Gemm(CblasNoTrans, CblasTrans, m, keys, hs, T(1), dy + q0 * C, C, v, 3 * C, T(0), d, keys);
+        Gemm(CblasNoTrans, CblasTrans, m, keys, hs, T(1), dy + q0 * C, C, v, W, T(0), d, keys);
         for (int64_t r = q0; r < q1; ++r) {
           T* dr = d + (r - q0) * keys;
           const int64_t n = KeysOf(r, L, opt.causal);
@@ -275,9 +295,9 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, const
           }
           std::fill(dr + n, dr + keys, T(0));
         }
-        Gemm(CblasNoTrans, CblasNoTrans, m, hs, keys, T(1), d, keys, k, 3 * C, T(1), dq + q0 * 3 * C, 3 * C);
-        Gemm(CblasTrans, CblasNoTrans, keys, hs, m, T(1), d, keys, q + q0 * 3 * C, 3 * C, T(1), dk, 3 * C);
-        Gemm(CblasTrans, CblasNoTrans, keys, hs, m, T(1), P + q0 * L, L, dy + q0 * C, C, T(1), dv, 3 * C);
+        Gemm(CblasNoTrans, CblasNoTrans, m, hs, keys, T(1), d, keys, k, W, T(1), dq + q0 * W, W);
+        Gemm(CblasTrans, CblasNoTrans, keys, hs, m, T(1), d, keys, q + q0 * W, W, T(1), dk, W);
+        Gemm(CblasTrans, CblasNoTrans, keys, hs, m, T(1), P + q0 * L, L, dy + q0 * C, C, T(1), dv, W);
       }
     }
   }

@@ -37,7 +37,7 @@ namespace {
 // versions run in SIMD lanes (several partial sums, so a different order
 // of additions than the double ones, which the tests check them against).
 DP_SIMD_CLONES void LayerNormRowsF(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                   const float* bias, int64_t N, int64_t C) {
+                                   const float* bias, int64_t N, int64_t C, float eps) {
   using namespace simd;
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
@@ -55,7 +55,7 @@ DP_SIMD_CLONES void LayerNormRowsF(float* out, float* mean, float* rstd, const f
     float v = HorizontalSum(vv);
     for (int64_t k = c; k < C; ++k) v += (x[k] - m) * (x[k] - m);
     v /= C;
-    const float s = 1.0f / std::sqrt(v + 1e-5f);
+    const float s = 1.0f / std::sqrt(v + eps);
     float* y = out + i * C;
     if (bias != nullptr) {
       for (c = 0; c + kLanes <= C; c += kLanes) Store(y + c, (Load(x + c) - m) * s * Load(weight + c) + Load(bias + c));
@@ -142,11 +142,12 @@ DP_SIMD_CLONES void GeluBackwardF(float* dinp, const float* inp, const float* do
 }  // namespace
 
 template <typename T>
-void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C) {
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+                      double eps_in) {
   if constexpr (std::is_same_v<T, float>) {
-    LayerNormRowsF(out, mean, rstd, inp, weight, bias, N, C);
+    LayerNormRowsF(out, mean, rstd, inp, weight, bias, N, C, static_cast<float>(eps_in));
   } else {
-    const T eps = T(1e-5);
+    const T eps = T(eps_in);
     for (int64_t i = 0; i < N; ++i) {
       const T* x = inp + i * C;
       T m = 0;
@@ -223,6 +224,10 @@ void EmbeddingForward(T* out, const int32_t* tokens, const int32_t* positions, c
                       int64_t C) {
   for (int64_t i = 0; i < N; ++i) {
     const T* e = wte + static_cast<int64_t>(tokens[i]) * C;
+    if (wpe == nullptr) {
+      std::copy(e, e + C, out + i * C);
+      continue;
+    }
     const T* p = wpe + static_cast<int64_t>(positions[i]) * C;
     for (int64_t c = 0; c < C; ++c) out[i * C + c] = e[c] + p[c];
   }
@@ -233,11 +238,10 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, c
                        int64_t C) {
   for (int64_t i = 0; i < N; ++i) {
     T* e = dwte + static_cast<int64_t>(tokens[i]) * C;
+    for (int64_t c = 0; c < C; ++c) e[c] += dout[i * C + c];
+    if (dwpe == nullptr) continue;
     T* p = dwpe + static_cast<int64_t>(positions[i]) * C;
-    for (int64_t c = 0; c < C; ++c) {
-      e[c] += dout[i * C + c];
-      p[c] += dout[i * C + c];
-    }
+    for (int64_t c = 0; c < C; ++c) p[c] += dout[i * C + c];
   }
 }
 
@@ -267,7 +271,7 @@ void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T 
 #define DP_INSTANTIATE(T)                                                                                       \
   template void MatmulForward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                  \
   template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);         \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t);                \
+  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, double);                \
   template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t,      \
                                      int64_t);                                                                  \
   template void GeluForward<T>(T*, const T*, int64_t);                                                          \

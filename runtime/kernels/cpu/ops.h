@@ -29,29 +29,30 @@ void MatmulBackward(T* dinp,          // (N, C), may be null
                     const T* weight,  // (OC, C)
                     int64_t N, int64_t C, int64_t OC);
 
-// LayerNorm. `bias` (and `dbias`) may be null: a block without biases has
-// no shift.
+// LayerNorm: eps is added to the variance (model.block.norm_eps). `bias`
+// (and `dbias`) may be null: a block without biases has no shift.
+inline constexpr double kLayerNormEps = 1e-5;
 template <typename T>
 void LayerNormForward(T* out,         // (N, C)
                       T* mean,        // (N)
                       T* rstd,        // (N)
                       const T* inp,   // (N, C)
                       const T* weight, const T* bias,  // (C)
-                      int64_t N, int64_t C);
+                      int64_t N, int64_t C, double eps = kLayerNormEps);
 
 template <typename T>
 void LayerNormBackward(T* dinp, T* dweight, T* dbias,  // (N, C), (C), (C)
                        const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd,
                        int64_t N, int64_t C);
 
-// RMS norm (T5's layer norm): out = inp / sqrt(mean(inp^2) + kRmsNormEps) *
+// RMS norm (T5's and Llama's): out = inp / sqrt(mean(inp^2) + eps) *
 // weight, no centring and no bias; rstd (N) is kept for backward.
 inline constexpr double kRmsNormEps = 1e-6;
 template <typename T>
 void RmsNormForward(T* out,        // (N, C)
                     T* rstd,       // (N)
                     const T* inp,  // (N, C)
-                    const T* weight, int64_t N, int64_t C);
+                    const T* weight, int64_t N, int64_t C, double eps = kRmsNormEps);
 template <typename T>
 void RmsNormBackward(T* dinp, T* dweight,  // (N, C), (C)
                      const T* dout, const T* inp, const T* weight, const T* rstd, int64_t N, int64_t C);
@@ -73,6 +74,28 @@ void GatedGeluBackward(T* dinp,        // (N, 2F)
                        const T* inp,   // (N, 2F)
                        const T* dout,  // (N, F)
                        int64_t N, int64_t F);
+
+// SwiGLU (Llama) over rows of [gate | up]: out = SiLU(gate) * up, SiLU(x) =
+// x / (1 + exp(-x)).
+template <typename T>
+void SwigluForward(T* out,        // (N, F)
+                   const T* inp,  // (N, 2F)
+                   int64_t N, int64_t F);
+template <typename T>
+void SwigluBackward(T* dinp,        // (N, 2F), accumulated (+=)
+                    const T* inp,   // (N, 2F)
+                    const T* dout,  // (N, F)
+                    int64_t N, int64_t F);
+
+// Rotary position embedding (RoPE) in place, as Hugging Face's Llama
+// ("rotate half"): in each of `heads` heads of hs values at x + n * stride
+// (queries then keys of a [q | k | v] row are adjacent), the pair (i, i +
+// hs/2) of token n is rotated by angle positions[n] * base^(-2i / hs).
+// `inverse` rotates by the negative angle: the backward of the forward
+// rotation (the gradient of the rotated values in, of the inputs out).
+template <typename T>
+void RotaryApply(T* x, const int32_t* positions, int64_t N, int64_t stride, int64_t heads, int64_t hs,
+                 double base, bool inverse);
 
 // GELU, tanh approximation (as GPT-2), computed through the identity
 // 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)): one exp per element.
@@ -126,19 +149,23 @@ struct AttentionOptions {
   const T* bias = nullptr;
   int buckets = 32;
   int max_distance = 128;
+  // Grouped-query attention: qkv rows are [q (C) | k (kv_heads x hs) | v
+  // (kv_heads x hs)] and query head h reads kv head h / (NH / kv_heads);
+  // 0: NH (rows of 3C).
+  int64_t kv_heads = 0;
 };
 
 template <typename T>
 void AttentionForward(T* out,          // (B, T, C)
                       T* att,          // (AttentionProbsSize) softmax probabilities, kept for backward
-                      const T* qkv,    // (B, T, 3C)
+                      const T* qkv,    // (B, T, 3C), or (B, T, C + 2 kv_heads hs)
                       const int32_t* seg,  // (B, T)
                       int64_t B, int64_t Tn, int64_t C, int64_t NH,
                       AttentionKernel kernel = AttentionKernel::kVarlen, const AttentionOptions<T>& options = {});
 
 // Accumulates (+=) into dqkv, and with options.bias into dbias ((buckets, NH)).
 template <typename T>
-void AttentionBackward(T* dqkv,        // (B, T, 3C)
+void AttentionBackward(T* dqkv,        // as qkv
                        const T* dout,  // (B, T, C)
                        const T* qkv, const T* att, const int32_t* seg, int64_t B, int64_t Tn, int64_t C,
                        int64_t NH, AttentionKernel kernel = AttentionKernel::kVarlen,
@@ -173,7 +200,8 @@ void CrossAttentionBackward(T* dq,            // (B, Tq, C)
                             const T* q, const T* kv, const T* att, const int32_t* seg_q, const int32_t* seg_k,
                             int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, bool scaled);
 
-// Token + position embedding: out[b,t] = wte[tok] + wpe[pos].
+// Token + position embedding: out[b,t] = wte[tok] + wpe[pos]; wpe null:
+// wte[tok] alone (rotary positions).
 template <typename T>
 void EmbeddingForward(T* out,           // (N, C)
                       const int32_t* tokens, const int32_t* positions,  // (N)

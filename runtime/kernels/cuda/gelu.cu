@@ -77,6 +77,32 @@ __global__ void GatedGeluBackwardKernel(bf16* dinp, const bf16* inp, const bf16*
   }
 }
 
+// sigmoid(x) as the CPU's 1 / (1 + exp(-x)) (SiLU likewise, x / (1 +
+// exp(-x))): exp overflows to inf for x below about -88, giving 0, no NaN.
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void SwigluForwardKernel(bf16* out, const bf16* inp, int64_t N, int64_t F) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < N * F;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k / F, f = k % F;
+    const bf16* row = inp + i * 2 * F;
+    const float gate = ToF32(row[f]);
+    out[k] = ToBf16(gate / (1.0f + expf(-gate)) * ToF32(row[F + f]));
+  }
+}
+
+__global__ void SwigluBackwardKernel(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N, int64_t F) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < N * F;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k / F, f = k % F;
+    const float gate = ToF32(inp[i * 2 * F + f]), up = ToF32(inp[i * 2 * F + F + f]), g = ToF32(dout[k]);
+    const float s = Sigmoid(gate);
+    bf16* d = dinp + i * 2 * F;
+    d[f] = ToBf16(ToF32(d[f]) + s * (1.0f + gate * (1.0f - s)) * up * g);
+    d[F + f] = ToBf16(ToF32(d[F + f]) + gate * s * g);
+  }
+}
+
 }  // namespace
 
 absl::Status GeluForward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream) {
@@ -140,6 +166,25 @@ absl::Status GatedGeluBackward(bf16* dinp, const bf16* inp, const bf16* dout, in
   }
   GatedGeluBackwardKernel<<<GridFor(N * F), kThreads, 0, stream>>>(dinp, inp, dout, N, F);
   return CudaStatus(cudaGetLastError(), "GatedGeluBackward launch");
+}
+
+absl::Status SwigluForward(bf16* out, const bf16* inp, int64_t N, int64_t F, cudaStream_t stream) {
+  if (N < 0 || F <= 0) return absl::InvalidArgumentError(absl::StrCat("SwigluForward: bad sizes ", N, " x ", F));
+  if (N == 0) return absl::OkStatus();
+  if (out == nullptr || inp == nullptr) return absl::InvalidArgumentError("SwigluForward: null device pointer");
+  SwigluForwardKernel<<<GridFor(N * F), kThreads, 0, stream>>>(out, inp, N, F);
+  return CudaStatus(cudaGetLastError(), "SwigluForward launch");
+}
+
+absl::Status SwigluBackward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N, int64_t F,
+                            cudaStream_t stream) {
+  if (N < 0 || F <= 0) return absl::InvalidArgumentError(absl::StrCat("SwigluBackward: bad sizes ", N, " x ", F));
+  if (N == 0) return absl::OkStatus();
+  if (dinp == nullptr || inp == nullptr || dout == nullptr) {
+    return absl::InvalidArgumentError("SwigluBackward: null device pointer");
+  }
+  SwigluBackwardKernel<<<GridFor(N * F), kThreads, 0, stream>>>(dinp, inp, dout, N, F);
+  return CudaStatus(cudaGetLastError(), "SwigluBackward launch");
 }
 
 }  // namespace dynapipe::runtime::cuda

@@ -1,7 +1,8 @@
 #pragma once
 
-// GELU, tanh approximation (as GPT-2 and the CPU backend), on bf16
-// activations with fp32 arithmetic. Launchers are asynchronous on `stream` and
+// GELU, tanh approximation (as GPT-2 and the CPU backend), and the other
+// feed-forward activations of model.block, on bf16 activations with fp32
+// arithmetic. Launchers are asynchronous on `stream` and
 // return the launch status.
 
 #include <cuda_bf16.h>
@@ -47,5 +48,17 @@ absl::Status GatedGeluBackward(__nv_bfloat16* dinp,        // (N, 2F), +=
                                const __nv_bfloat16* inp,   // (N, 2F)
                                const __nv_bfloat16* dout,  // (N, F)
                                int64_t N, int64_t F, cudaStream_t stream);
+
+// SwiGLU (Llama) over rows of [gate | up]: out = silu(gate) * up, silu(x) =
+// x / (1 + exp(-x)) (one rounding).
+absl::Status SwigluForward(__nv_bfloat16* out,        // (N, F)
+                           const __nv_bfloat16* inp,  // (N, 2F)
+                           int64_t N, int64_t F, cudaStream_t stream);
+// With s = sigmoid(gate): dgate += s (1 + gate (1 - s)) * up * dout, dup +=
+// silu(gate) * dout.
+absl::Status SwigluBackward(__nv_bfloat16* dinp,        // (N, 2F), +=
+                            const __nv_bfloat16* inp,   // (N, 2F)
+                            const __nv_bfloat16* dout,  // (N, F)
+                            int64_t N, int64_t F, cudaStream_t stream);
 
 }  // namespace dynapipe::runtime::cuda

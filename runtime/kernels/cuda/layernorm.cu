@@ -1,6 +1,7 @@
 #include "runtime/kernels/cuda/layernorm.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr float kEps = 1e-5f;  // the CPU backend's
 constexpr int kWarpsPerBlock = kThreads / kWarp;
 // The backward's per-block column sums (dweight and dbias, fp32) live in
 // dynamic shared memory while they fit the default 48 KiB; wider rows add
@@ -31,7 +31,7 @@ int WarpRowGrid(int64_t N) {
 // deviations): no cancellation for rows with a large mean. The row is read
 // three times; the later reads mostly hit L1/L2.
 __global__ void LayerNormForwardKernel(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
-                                       const bf16* bias, int64_t N, int64_t C) {
+                                       const bf16* bias, int64_t N, int64_t C, float eps) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(blockDim.x / kWarp);
   for (int64_t i = blockIdx.x * warps + threadIdx.x / kWarp; i < N; i += gridDim.x * warps) {
@@ -45,7 +45,7 @@ __global__ void LayerNormForwardKernel(bf16* out, float* mean, float* rstd, cons
       sq += d * d;
     }
     const float var = WarpSum(sq) / static_cast<float>(C);
-    const float s = 1.0f / sqrtf(var + kEps);
+    const float s = 1.0f / sqrtf(var + eps);
     bf16* o = out + i * C;
     for (int64_t c = lane; c < C; c += kWarp) {
       o[c] = ToBf16((ToF32(x[c]) - m) * s * ToF32(weight[c]) + (bias != nullptr ? ToF32(bias[c]) : 0.0f));
@@ -108,18 +108,16 @@ __global__ void LayerNormBackwardKernel(bf16* dinp, float* dweight, float* dbias
   }
 }
 
-constexpr float kRmsEps = 1e-6f;  // the CPU backend's (cpu::kRmsNormEps)
-
 // RMS norm, one warp per row as LayerNormForwardKernel.
 __global__ void RmsNormForwardKernel(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int64_t N,
-                                     int64_t C) {
+                                     int64_t C, float eps) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(blockDim.x / kWarp);
   for (int64_t i = blockIdx.x * warps + threadIdx.x / kWarp; i < N; i += gridDim.x * warps) {
     const bf16* x = inp + i * C;
     float sq = 0.0f;
     for (int64_t c = lane; c < C; c += kWarp) sq += ToF32(x[c]) * ToF32(x[c]);
-    const float s = 1.0f / sqrtf(WarpSum(sq) / static_cast<float>(C) + kRmsEps);
+    const float s = 1.0f / sqrtf(WarpSum(sq) / static_cast<float>(C) + eps);
     bf16* o = out + i * C;
     for (int64_t c = lane; c < C; c += kWarp) o[c] = ToBf16(ToF32(x[c]) * s * ToF32(weight[c]));
     if (lane == 0) rstd[i] = s;
@@ -175,16 +173,24 @@ absl::Status CheckSizes(const char* name, int64_t N, int64_t C) {
   return absl::OkStatus();
 }
 
+// The forward's epsilon: positive and finite (0 would divide by zero on a
+// row of zeros).
+absl::Status CheckEps(const char* name, float eps) {
+  if (eps > 0.0f && std::isfinite(eps)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name, ": eps must be positive and finite, got ", eps));
+}
+
 }  // namespace
 
 absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
-                              const bf16* bias, int64_t N, int64_t C, cudaStream_t stream) {
+                              const bf16* bias, int64_t N, int64_t C, float eps, cudaStream_t stream) {
   if (absl::Status s = CheckSizes("LayerNormForward", N, C); !s.ok()) return s;
+  if (absl::Status s = CheckEps("LayerNormForward", eps); !s.ok()) return s;
   if (N == 0) return absl::OkStatus();
   if (out == nullptr || mean == nullptr || rstd == nullptr || inp == nullptr || weight == nullptr) {
     return absl::InvalidArgumentError("LayerNormForward: null device pointer");
   }
-  LayerNormForwardKernel<<<WarpRowGrid(N), kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  LayerNormForwardKernel<<<WarpRowGrid(N), kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
   return CudaStatus(cudaGetLastError(), "LayerNormForward launch");
 }
 
@@ -210,13 +216,14 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
 }
 
 absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int64_t N, int64_t C,
-                            cudaStream_t stream) {
+                            float eps, cudaStream_t stream) {
   if (absl::Status s = CheckSizes("RmsNormForward", N, C); !s.ok()) return s;
+  if (absl::Status s = CheckEps("RmsNormForward", eps); !s.ok()) return s;
   if (N == 0) return absl::OkStatus();
   if (out == nullptr || rstd == nullptr || inp == nullptr || weight == nullptr) {
     return absl::InvalidArgumentError("RmsNormForward: null device pointer");
   }
-  RmsNormForwardKernel<<<WarpRowGrid(N), kThreads, 0, stream>>>(out, rstd, inp, weight, N, C);
+  RmsNormForwardKernel<<<WarpRowGrid(N), kThreads, 0, stream>>>(out, rstd, inp, weight, N, C, eps);
   return CudaStatus(cudaGetLastError(), "RmsNormForward launch");
 }
 

@@ -1,5 +1,5 @@
 // The layer kernels (embedding, LayerNorm, RMS norm, GELU, ReLU, gated GELU,
-// softmax cross-entropy)
+// SwiGLU, softmax cross-entropy)
 // against the CPU backend run on the same bf16-rounded inputs.
 
 #include <algorithm>
@@ -161,7 +161,7 @@ TEST_CASE("LayerNormForward/Backward match the CPU backend, rows with a large me
       DeviceArray<bf16> d_out(N * C);
       DeviceArray<float> d_mean(N), d_rstd(N);
       REQUIRE(LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(), d_bias.get(),
-                               N, C, stream.get())
+                               N, C, 1e-5f, stream.get())
                   .ok());
       CHECK(RelativeError(DownloadBf16(d_out), out_want) <= 1e-2);
       const std::vector<float> mean = d_mean.Download(), rstd = d_rstd.Download();
@@ -241,7 +241,7 @@ TEST_CASE("RmsNormForward/Backward and LayerNorm without a shift match the CPU b
     auto d_inp = UploadBf16(inp), d_weight = UploadBf16(weight);
     DeviceArray<bf16> d_out(N * C);
     DeviceArray<float> d_rstd(N);
-    REQUIRE(RmsNormForward(d_out.get(), d_rstd.get(), d_inp.get(), d_weight.get(), N, C, stream.get()).ok());
+    REQUIRE(RmsNormForward(d_out.get(), d_rstd.get(), d_inp.get(), d_weight.get(), N, C, 1e-6f, stream.get()).ok());
     CHECK(RelativeError(DownloadBf16(d_out), out_want) <= 1e-2);
     CHECK(MaxScaledError(d_rstd.Download(), rstd_want) <= 1e-4);
 
@@ -265,7 +265,7 @@ TEST_CASE("RmsNormForward/Backward and LayerNorm without a shift match the CPU b
     cpu::LayerNormForward<float>(ln_want.data(), mean.data(), rstd.data(), inp.data(), weight.data(), nullptr, N, C);
     DeviceArray<float> d_mean(N);
     REQUIRE(LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(), nullptr, N, C,
-                             stream.get())
+                             1e-5f, stream.get())
                 .ok());
     CHECK(RelativeError(DownloadBf16(d_out), ln_want) <= 1e-2);
     std::vector<float> ln_dinp_want = dinp0, ln_dweight_want = dweight0;
@@ -309,6 +309,78 @@ TEST_CASE("ReLU and gated GELU forward/backward match the CPU backend", "[gpu]")
   auto d_dinp = UploadBf16(dinp0);
   REQUIRE(GatedGeluBackward(d_dinp.get(), d_inp.get(), d_dout.get(), N, F, stream.get()).ok());
   CHECK(RelativeError(Minus(DownloadBf16(d_dinp), dinp0), Minus(dwant, dinp0)) <= 1e-2);
+}
+
+TEST_CASE("SwiGLU forward/backward match the CPU backend (saturated gates too)", "[gpu]") {
+  const int64_t N = 301, F = 257;  // not multiples of the block size
+  std::vector<float> inp = RandomNormal(N * 2 * F, 41, 2.0f);
+  // Gates far out on both sides: exp(-gate) overflows (silu 0) or vanishes (silu = gate).
+  for (int64_t i = 0; i < N; i += 7) {
+    inp[i * 2 * F] = -120.0f;
+    inp[i * 2 * F + 1] = 95.0f;
+  }
+  inp = RoundBf16(inp);
+  const std::vector<float> dout = RandomBf16(N * F, 42), dinp0 = RandomBf16(N * 2 * F, 43, 0.3f);
+  std::vector<float> want(N * F), dwant = dinp0;
+  cpu::SwigluForward<float>(want.data(), inp.data(), N, F);
+  cpu::SwigluBackward<float>(dwant.data(), inp.data(), dout.data(), N, F);
+  Stream stream;
+  auto d_inp = UploadBf16(inp), d_dout = UploadBf16(dout), d_dinp = UploadBf16(dinp0);
+  DeviceArray<bf16> d_out(N * F);
+  REQUIRE(SwigluForward(d_out.get(), d_inp.get(), N, F, stream.get()).ok());
+  const std::vector<float> out = DownloadBf16(d_out);
+  CHECK(RelativeError(out, want) <= 1e-2);
+  REQUIRE(SwigluBackward(d_dinp.get(), d_inp.get(), d_dout.get(), N, F, stream.get()).ok());
+  const std::vector<float> dinp = DownloadBf16(d_dinp);
+  // Gate and up halves apart: each has its own formula.
+  std::vector<float> dgate, dgate_want, dup, dup_want;
+  for (int64_t k = 0; k < N * 2 * F; ++k) {
+    const bool gate = k % (2 * F) < F;
+    (gate ? dgate : dup).push_back(dinp[k] - dinp0[k]);
+    (gate ? dgate_want : dup_want).push_back(dwant[k] - dinp0[k]);
+  }
+  CHECK(RelativeError(dgate, dgate_want) <= 1e-2);
+  CHECK(RelativeError(dup, dup_want) <= 1e-2);
+  int64_t not_finite = 0;
+  for (float x : out) not_finite += !std::isfinite(x);
+  for (float x : dinp) not_finite += !std::isfinite(x);
+  CHECK(not_finite == 0);
+}
+
+// Llama's RMS norm epsilon is 1e-5, T5's 1e-6: on rows whose mean square is
+// of that order the two give different outputs, so a kernel ignoring its
+// epsilon fails here (on the rows of the tests above it would not show).
+TEST_CASE("RmsNormForward and LayerNormForward add the caller's epsilon (1e-5 and 1e-6)", "[gpu]") {
+  const int64_t N = 67, C = 256;
+  const std::vector<float> inp = RandomBf16(N * C, 51, 3e-3f);  // mean square ~1e-5
+  const std::vector<float> weight = RandomBf16(C, 52, 0.3f, 1.0f);
+  Stream stream;
+  auto d_inp = UploadBf16(inp), d_weight = UploadBf16(weight);
+  DeviceArray<bf16> d_out(N * C);
+  DeviceArray<float> d_mean(N), d_rstd(N);
+  std::vector<float> rms_rstd[2];
+  const double eps_values[2] = {1e-5, 1e-6};
+  for (int e = 0; e < 2; ++e) {
+    const double eps = eps_values[e];
+    INFO("eps " << eps);
+    std::vector<float> want(N * C), rstd_want(N), mean_want(N);
+    cpu::RmsNormForward<float>(want.data(), rstd_want.data(), inp.data(), weight.data(), N, C, eps);
+    REQUIRE(RmsNormForward(d_out.get(), d_rstd.get(), d_inp.get(), d_weight.get(), N, C, static_cast<float>(eps),
+                           stream.get())
+                .ok());
+    CHECK(RelativeError(DownloadBf16(d_out), want) <= 1e-2);
+    rms_rstd[e] = d_rstd.Download();
+    CHECK(RelativeError(rms_rstd[e], rstd_want) <= 1e-4);
+    cpu::LayerNormForward<float>(want.data(), mean_want.data(), rstd_want.data(), inp.data(), weight.data(), nullptr,
+                                 N, C, eps);
+    REQUIRE(LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(), nullptr, N, C,
+                             static_cast<float>(eps), stream.get())
+                .ok());
+    CHECK(RelativeError(DownloadBf16(d_out), want) <= 1e-2);
+    CHECK(RelativeError(d_rstd.Download(), rstd_want) <= 1e-4);
+  }
+  // The epsilon mattered: 1e-5 is about the rows' mean square.
+  CHECK(RelativeError(rms_rstd[0], rms_rstd[1]) > 0.2);
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -429,9 +501,14 @@ TEST_CASE("Layer launchers reject bad sizes and accept empty work") {
   CHECK(EmbeddingBackward(nullptr, nullptr, nullptr, nullptr, nullptr, -1, 8, nullptr).code() == kInvalid);
   CHECK(EmbeddingBackward(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, nullptr).ok());
 
-  CHECK(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 3, 0, nullptr).code() == kInvalid);
-  CHECK(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 3, 8, nullptr).code() == kInvalid);
-  CHECK(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, nullptr).ok());
+  CHECK(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 3, 0, 1e-5f, nullptr).code() == kInvalid);
+  CHECK(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 3, 8, 1e-5f, nullptr).code() == kInvalid);
+  CHECK(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, 1e-5f, nullptr).ok());
+  // An epsilon that is not positive and finite, before anything else.
+  CHECK(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, 0.0f, nullptr).code() == kInvalid);
+  CHECK(RmsNormForward(nullptr, nullptr, nullptr, nullptr, 0, 8, -1e-6f, nullptr).code() == kInvalid);
+  CHECK(RmsNormForward(nullptr, nullptr, nullptr, nullptr, 0, 8, INFINITY, nullptr).code() == kInvalid);
+  CHECK(RmsNormForward(nullptr, nullptr, nullptr, nullptr, 0, 8, 1e-5f, nullptr).ok());
   CHECK(LayerNormBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 8, nullptr)
             .code() == kInvalid);
   CHECK(LayerNormBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, nullptr).ok());
@@ -439,6 +516,10 @@ TEST_CASE("Layer launchers reject bad sizes and accept empty work") {
   CHECK(GeluForward(nullptr, nullptr, -1, nullptr).code() == kInvalid);
   CHECK(GeluForward(nullptr, nullptr, 0, nullptr).ok());
   CHECK(GeluBackward(nullptr, nullptr, nullptr, 10, nullptr).code() == kInvalid);
+  CHECK(SwigluForward(nullptr, nullptr, 4, 0, nullptr).code() == kInvalid);
+  CHECK(SwigluForward(nullptr, nullptr, 4, 8, nullptr).code() == kInvalid);
+  CHECK(SwigluForward(nullptr, nullptr, 0, 8, nullptr).ok());
+  CHECK(SwigluBackward(nullptr, nullptr, nullptr, -1, 8, nullptr).code() == kInvalid);
 
   CHECK(SoftmaxCrossEntropy(nullptr, nullptr, nullptr, nullptr, nullptr, 1.0f, -1, 97, nullptr).code() == kInvalid);
   CHECK(SoftmaxCrossEntropy(nullptr, nullptr, nullptr, nullptr, nullptr, 1.0f, 2, 0, nullptr).code() == kInvalid);
