@@ -180,10 +180,14 @@ TEST_CASE("init_from refuses a Llama checkpoint for other key-value heads, witho
   fs::remove(dir + "/mha/config.json");
   CHECK(refusal(dir + "/mha") ==
         "model.init_from: tensor model.layers.0.self_attn.k_proj.weight: shape [16, 16], the model needs [8, 16]");
-  // A tied export for this untied job has no lm_head.
+  // A tied export for this untied job has no lm_head: config.json says why;
+  // without it, the missing tensor does.
   GptConfig tied = c;
   tied.tie_embeddings = true;
   Export(tied, Trained(tied), dir + "/tied", 99);
+  CHECK(refusal(dir + "/tied") ==
+        "model.init_from: config.json: tie_word_embeddings true; the job's model.tie_embeddings is false");
+  fs::remove(dir + "/tied/config.json");
   CHECK(refusal(dir + "/tied") == "model.init_from: tensor lm_head.weight: not in the checkpoint");
   // RoPE scaling (Llama 3.1's) is not what our rotary positions compute.
   Export(c, Trained(c), dir + "/scaled", 99);

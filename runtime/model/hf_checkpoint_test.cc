@@ -410,7 +410,10 @@ TEST_CASE("A config.json beside weights must describe the job's model where no t
   REQUIRE_OK(json.status());
   REQUIRE_OK(CheckHfConfig(*json, c));
   REQUIRE_OK(CheckHfConfig("", c));
-  REQUIRE_OK(CheckHfConfig(R"({"model_type": "llama"})", c));  // what it leaves out is not checked
+  // What it leaves out reads as transformers' defaults: rms_norm_eps 1e-6, untied.
+  REQUIRE_OK(CheckHfConfig(R"({"model_type": "llama", "rms_norm_eps": 1e-5})", c));
+  CHECK(CheckHfConfig(R"({"model_type": "llama"})", c).message() ==
+        "config.json: rms_norm_eps 1e-06; the job's model.block.norm_eps is 1e-05");
   auto other = [&](void (*edit)(GptConfig&)) {
     GptConfig o = c;
     edit(o);
@@ -424,6 +427,19 @@ TEST_CASE("A config.json beside weights must describe the job's model where no t
         "config.json: rope_theta 10000; the job's model.block.rope_base is 500000");
   CHECK(other([](GptConfig& o) { o.norm_eps = 1e-6; }) ==
         "config.json: rms_norm_eps 1e-06; the job's model.block.norm_eps is 1e-05");
+  CHECK(other([](GptConfig& o) { o.tie_embeddings = true; }) ==
+        "config.json: tie_word_embeddings true; the job's model.tie_embeddings is false");
+  // GPT-2 and T5 write and check their layer_norm_epsilon too.
+  GptConfig g = Gpt();
+  g.norm_eps = 1e-6;
+  auto g_json = HfConfigJson(g);
+  REQUIRE_OK(g_json.status());
+  CHECK(g_json->find("\"layer_norm_epsilon\":1e-06") != std::string::npos);
+  auto g_back = ConfigFromHfJson(*g_json);
+  REQUIRE_OK(g_back.status());
+  CHECK(g_back->NormEps() == 1e-6);
+  CHECK(CheckHfConfig(*g_json, Gpt()).message() ==
+        "config.json: layer_norm_epsilon 1e-06; the job's model.block.norm_eps is 1e-05");
   auto gpt = HfConfigJson(Gpt());
   REQUIRE_OK(gpt.status());
   CHECK(CheckHfConfig(*gpt, c).message() == "config.json: model_type \"gpt2\"; the job's model needs \"llama\"");

@@ -66,6 +66,27 @@ bool LlamaBlock(const GptConfig& c) {
   return c.norm == NormKind::kRms && c.mlp == MlpKind::kSwiglu && !c.bias && c.rotary;
 }
 
+// Each family's norm epsilon field in config.json and transformers'
+// default where the file leaves it out.
+struct EpsField {
+  const char* name;
+  double fallback;
+};
+constexpr EpsField kGpt2Eps{"layer_norm_epsilon", 1e-5};
+constexpr EpsField kT5Eps{"layer_norm_epsilon", 1e-6};
+constexpr EpsField kLlamaEps{"rms_norm_eps", 1e-6};
+EpsField EpsOf(HfFamily family) {
+  return family == HfFamily::kT5 ? kT5Eps : (family == HfFamily::kLlama ? kLlamaEps : kGpt2Eps);
+}
+// The file's epsilon (or transformers' default) into c.norm_eps.
+absl::Status Eps(const Struct& f, EpsField field, GptConfig* c) {
+  c->norm_eps = Num(f, field.name, field.fallback);
+  if (!(c->norm_eps > 0 && c->norm_eps < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", field.name, ": must be in (0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
 // transformers 5 keeps RoPE's settings in `rope_parameters` (rope_type,
 // rope_theta); earlier versions in `rope_scaling` (null: plain RoPE) and
 // `rope_theta`. Null where neither says.
@@ -82,7 +103,7 @@ const Value* RopeTheta(const Struct& f) {
 // What a Llama config.json may ask that our block cannot run.
 absl::Status LlamaUnsupported(const Struct& f) {
   const std::string act = Str(f, "hidden_act", "silu");
-  if (act != "silu") {
+  if (act != "silu" && act != "swish") {  // transformers' two names of x * sigmoid(x)
     return absl::InvalidArgumentError(absl::StrCat("config.json: hidden_act \"", act, "\": only silu (SwiGLU) runs here"));
   }
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
@@ -119,6 +140,7 @@ absl::StatusOr<GptConfig> Gpt2FromJson(const Struct& f) {
   ASSIGN_OR_RETURN(c.max_positions, Count(f, "n_positions", 1024));
   ASSIGN_OR_RETURN(c.vocab, Count(f, "vocab_size", 50257));
   ASSIGN_OR_RETURN(c.ffn, Count(f, "n_inner", 4.0 * c.hidden));
+  RETURN_IF_ERROR(Eps(f, kGpt2Eps, &c));
   return c;
 }
 
@@ -148,6 +170,7 @@ absl::StatusOr<GptConfig> T5FromJson(const Struct& f) {
   if (Num(f, "d_kv", c.hidden / c.heads) * c.heads != c.hidden) {
     return absl::InvalidArgumentError("config.json: d_kv: must be d_model / num_heads here");
   }
+  RETURN_IF_ERROR(Eps(f, kT5Eps, &c));
   return c;
 }
 
@@ -168,7 +191,7 @@ absl::StatusOr<GptConfig> LlamaFromJson(const Struct& f) {
   ASSIGN_OR_RETURN(c.kv_heads, Count(f, "num_key_value_heads", c.heads));
   ASSIGN_OR_RETURN(c.vocab, Count(f, "vocab_size", 32000));
   ASSIGN_OR_RETURN(c.max_positions, Count(f, "max_position_embeddings", 2048));
-  c.norm_eps = Num(f, "rms_norm_eps", 1e-6);
+  RETURN_IF_ERROR(Eps(f, kLlamaEps, &c));
   const Value* rope_theta = RopeTheta(f);
   const double theta = rope_theta != nullptr ? rope_theta->number_value() : 10000.0;
   c.rope_base = static_cast<float>(theta);
@@ -188,7 +211,6 @@ absl::StatusOr<GptConfig> LlamaFromJson(const Struct& f) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: head_dim: rotary positions need an even head size, got ",
                                                    c.HeadSize()));
   }
-  if (!(c.norm_eps > 0 && c.norm_eps < 1)) return absl::InvalidArgumentError("config.json: rms_norm_eps: must be in (0, 1)");
   if (!(theta > 1 && theta < 1e12)) return absl::InvalidArgumentError("config.json: rope_theta: must be in (1, 1e12)");
   return c;
 }
@@ -208,6 +230,20 @@ void LlamaJson(const GptConfig& c, JsonWriter& w) {
 
 // Where `got` (a config.json's number) and `want` (the job's) differ.
 bool Differs(double got, double want) { return std::abs(got - want) > 1e-6 * std::abs(want); }
+
+// What a Llama config.json must agree on with the job beyond its heads.
+absl::Status CheckLlama(const Struct& f, const GptConfig& c) {
+  RETURN_IF_ERROR(LlamaUnsupported(f));
+  if (const Value* v = Field(f, "num_key_value_heads"); v != nullptr && v->number_value() != c.KvHeads()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: num_key_value_heads ", v->number_value(),
+                                                   "; the job's model.kv_heads is ", c.KvHeads()));
+  }
+  if (const Value* v = RopeTheta(f); v != nullptr && Differs(v->number_value(), c.rope_base)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: rope_theta ", v->number_value(),
+                                                   "; the job's model.block.rope_base is ", c.rope_base));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -238,7 +274,7 @@ absl::StatusOr<std::string> HfConfigJson(const GptConfig& c) {
     w.Int("num_heads", c.heads).Int("relative_attention_num_buckets", c.relative_buckets);
     w.Int("relative_attention_max_distance", c.relative_max_distance);
     w.Str("feed_forward_proj", c.mlp == MlpKind::kGatedGelu ? "gated-gelu" : "relu");
-    w.Fixed("layer_norm_epsilon", 1e-6, 8).Fixed("dropout_rate", 0.0, 1).Bool("is_encoder_decoder", true);
+    w.Raw("layer_norm_epsilon", Shortest(c.NormEps())).Fixed("dropout_rate", 0.0, 1).Bool("is_encoder_decoder", true);
     w.Int("decoder_start_token_id", 0).Int("pad_token_id", 0).Int("eos_token_id", 1);
   } else if (family == HfFamily::kLlama) {
     if (!LlamaBlock(c)) {
@@ -253,7 +289,7 @@ absl::StatusOr<std::string> HfConfigJson(const GptConfig& c) {
     w.Key("architectures").BeginArray().String("GPT2LMHeadModel").EndArray();
     w.Str("model_type", "gpt2").Int("vocab_size", c.vocab).Int("n_positions", c.max_positions);
     w.Int("n_embd", c.hidden).Int("n_layer", c.num_layers).Int("n_head", c.heads).Int("n_inner", c.ffn);
-    w.Str("activation_function", "gelu_new").Fixed("layer_norm_epsilon", 1e-5, 8);
+    w.Str("activation_function", "gelu_new").Raw("layer_norm_epsilon", Shortest(c.NormEps()));
     w.Fixed("resid_pdrop", 0.0, 1).Fixed("embd_pdrop", 0.0, 1).Fixed("attn_pdrop", 0.0, 1);
   }
   w.Bool("tie_word_embeddings", c.tie_embeddings).Str("torch_dtype", "float32");
@@ -287,18 +323,19 @@ absl::Status CheckHfConfig(absl::string_view json, const GptConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json: ", heads, " ", v->number_value(), "; the job's model.heads is ", c.heads));
   }
-  if (family != HfFamily::kLlama) return absl::OkStatus();
-  RETURN_IF_ERROR(LlamaUnsupported(f));
-  if (const Value* v = Field(f, "num_key_value_heads"); v != nullptr && v->number_value() != c.KvHeads()) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: num_key_value_heads ", v->number_value(),
-                                                   "; the job's model.kv_heads is ", c.KvHeads()));
+  if (family == HfFamily::kLlama) RETURN_IF_ERROR(CheckLlama(f, c));
+  // Tied or not: a tied job would never read an untied file's lm_head, and
+  // an untied one would miss it in a tied file.
+  const bool tied = Bool(f, "tie_word_embeddings", family != HfFamily::kLlama);
+  if (tied != c.tie_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: tie_word_embeddings ", tied ? "true" : "false",
+                                                   "; the job's model.tie_embeddings is ",
+                                                   c.tie_embeddings ? "true" : "false"));
   }
-  if (const Value* v = RopeTheta(f); v != nullptr && Differs(v->number_value(), c.rope_base)) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: rope_theta ", v->number_value(),
-                                                   "; the job's model.block.rope_base is ", c.rope_base));
-  }
-  if (const Value* v = Field(f, "rms_norm_eps"); v != nullptr && Differs(v->number_value(), c.NormEps())) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: rms_norm_eps ", v->number_value(),
+  // The norm's epsilon, transformers' default where the file has none.
+  const EpsField eps = EpsOf(family);
+  if (const double got = Num(f, eps.name, eps.fallback); Differs(got, c.NormEps())) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", eps.name, " ", got,
                                                    "; the job's model.block.norm_eps is ", c.NormEps()));
   }
   return absl::OkStatus();

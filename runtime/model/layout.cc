@@ -46,6 +46,9 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   c.norm_eps = spec.block().norm_eps();
   c.kv_heads = spec.kv_heads() > 0 ? spec.kv_heads() : spec.heads();
   c.rotary = spec.block().positions() == proto::PositionKind::rotary;
+  if (spec.kind() == proto::ModelKind::llama && !c.rotary) {  // a spec not normalised reads as GPT-2's block
+    return absl::InvalidArgumentError("model.block.positions: a llama model needs rotary positions");
+  }
   if (spec.block().rope_base() > 0) c.rope_base = static_cast<float>(spec.block().rope_base());
   auto positive = [](int v, const char* field) -> absl::Status {
     if (v > 0) return absl::OkStatus();

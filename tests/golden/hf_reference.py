@@ -63,7 +63,7 @@ def gpt2_logits(W, cfg, tokens):
     pre = "transformer." if "transformer.wte.weight" in W else ""
     g = lambda n: W[pre + n]
     C, H = cfg["n_embd"], cfg["n_head"]
-    eps = cfg["layer_norm_epsilon"]
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
     B, T = tokens.shape
     x = g("wte.weight")[tokens] + g("wpe.weight")[torch.arange(T)][None]
     mask = torch.ones(T, T, dtype=torch.bool).tril()
@@ -101,7 +101,7 @@ def t5_bucket(rel, bidirectional, buckets, max_distance):
 def t5_logits(W, cfg, enc_tokens, dec_tokens):
     """T5ForConditionalGeneration: RMS norm, unscaled attention with a relative
     bias from each stack's first block, cross-attention without one."""
-    C, H, eps = cfg["d_model"], cfg["num_heads"], cfg["layer_norm_epsilon"]
+    C, H, eps = cfg["d_model"], cfg["num_heads"], cfg.get("layer_norm_epsilon", 1e-6)
     nb, md = cfg["relative_attention_num_buckets"], cfg["relative_attention_max_distance"]
     gated = cfg["feed_forward_proj"] == "gated-gelu"
 
@@ -167,7 +167,7 @@ def llama_logits(W, cfg, tokens, segments=None):
     KV = cfg.get("num_key_value_heads") or H
     D = cfg.get("head_dim") or C // H
     rope = cfg.get("rope_parameters") or {}  # transformers 5's place for RoPE's settings
-    eps, theta = cfg["rms_norm_eps"], rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    eps, theta = cfg.get("rms_norm_eps", 1e-6), rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     assert cfg.get("rope_scaling") is None and rope.get("rope_type", "default") == "default"
     assert cfg.get("hidden_act", "silu") == "silu"
     B, T = tokens.shape
