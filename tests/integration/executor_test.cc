@@ -448,6 +448,12 @@ TEST_CASE("a T5 job exported with `dynapipe export` starts another job through t
   ExportedModelStartsAJob(T5TrainJob(1, "", 0), "t5");
 }
 
+TEST_CASE("a GPT-2-style job exported with `dynapipe export` starts another job through the daemons from its "
+          "trained weights",
+          "[executor][integration]") {
+  ExportedModelStartsAJob(TrainJob(1, "", 0), "gpt2");
+}
+
 TEST_CASE("a Llama-style job (2 kv heads for 4, untied head) exported with `dynapipe export` starts another job "
           "through the daemons from its trained weights",
           "[executor][integration]") {
