@@ -5,6 +5,7 @@
 #include <cmath>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "src/common/keyed_normal.h"
 #include "src/common/status_macros.h"
@@ -80,6 +81,30 @@ absl::StatusOr<GptConfig> GptConfig::FromSpec(const proto::ModelSpec& spec) {
   return c;
 }
 
+namespace {
+
+// Whether every sample (segment id >= 0) of each row of `seg` (rows x len)
+// is one contiguous run, as batching places them: the kernels of both
+// backends find a sample's tokens differently (the CPU's by its runs, the
+// CUDA cross-attention's by its id), so they agree only on such rows.
+absl::Status ContiguousSamples(const std::vector<int32_t>& seg, int64_t rows, int64_t len, const char* what) {
+  absl::flat_hash_set<int32_t> done;
+  for (int64_t r = 0; r < rows; ++r) {
+    done.clear();
+    const int32_t* row = seg.data() + r * len;
+    for (int64_t t = 0; t < len; ++t) {
+      if (row[t] < 0 || (t > 0 && row[t] == row[t - 1])) continue;
+      if (!done.insert(row[t]).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("micro-batch ", what, " row ", r, ": sample ", row[t], " is split into several runs"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
   const size_t n = static_cast<size_t>(b.rows * b.seq);
   if (c.encoder_decoder) {
@@ -91,6 +116,7 @@ absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
     for (const int32_t t : b.enc_tokens) {
       if (t < 0 || t >= c.vocab) return absl::InvalidArgumentError(absl::StrCat("token id outside the vocabulary of ", c.vocab));
     }
+    RETURN_IF_ERROR(ContiguousSamples(b.enc_segments, b.rows, b.enc_seq, "encoder"));
   }
   if (b.rows <= 0 || b.seq <= 0 || b.tokens.size() != n || b.positions.size() != n || b.segments.size() != n ||
       b.targets.size() != n) {
@@ -105,7 +131,7 @@ absl::Status CheckTokenBatch(const TokenBatch& b, const GptConfig& c) {
           absl::StrCat("position ", b.positions[i], " outside the model's ", c.max_positions, " positions"));
     }
   }
-  return absl::OkStatus();
+  return ContiguousSamples(b.segments, b.rows, b.seq, "tokens");
 }
 
 namespace {

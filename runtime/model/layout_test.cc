@@ -131,5 +131,31 @@ TEST_CASE("a layer range outside the model is refused", "[model]") {
   CHECK(GptLayout::Make(c, {0, 2, false, false, 1}).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a micro-batch whose sample is split into several runs of a row is refused", "[model]") {
+  GptConfig c = Config(true);
+  TokenBatch b;
+  b.rows = 2;
+  b.seq = 4;
+  b.tokens = {1, 2, 3, 0, 4, 5, 6, 7};
+  b.positions = {0, 1, 0, 0, 0, 1, 0, 1};
+  b.segments = {0, 0, 1, -1, 0, 0, 1, 1};  // two samples per row, padding after
+  b.targets = {2, -1, -1, -1, 5, -1, 7, -1};
+  REQUIRE(CheckTokenBatch(b, c).ok());
+  b.segments = {0, 0, 1, -1, 0, 1, 0, 1};  // row 1: sample 0 at 0 and 2
+  const absl::Status split = CheckTokenBatch(b, c);
+  CHECK(split.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(split.message() == "micro-batch tokens row 1: sample 0 is split into several runs");
+  // An encoder-decoder's encoder rows too.
+  c.encoder_decoder = true;
+  c.decoder_layers = 1;
+  b.segments = {0, 0, 1, -1, 0, 0, 1, 1};
+  b.enc_seq = 3;
+  b.enc_tokens = {1, 1, 1, 2, 2, 2};
+  b.enc_segments = {0, 1, 1, 0, 1, 1};
+  REQUIRE(CheckTokenBatch(b, c).ok());
+  b.enc_segments = {0, 1, 0, 0, 1, 1};
+  CHECK(CheckTokenBatch(b, c).message() == "micro-batch encoder row 0: sample 0 is split into several runs");
+}
+
 }  // namespace
 }  // namespace dynapipe::runtime::model
