@@ -134,7 +134,7 @@ absl::StatusOr<LayerCost> AnalyticCostModel::Cost(LayerKind kind, const Shape& s
       return c;
     }
     case LayerKind::kPostprocess: {
-      const double tokens = b * (sd > 0 ? sd : s);  // loss on decoder (or all) tokens
+      const double tokens = shape.head_tokens();  // the scored rows
       const double gemm_s = GemmSeconds(2 * tokens * h * vocab_, tokens);
       const double softmax_s = MemorySeconds(tokens * vocab_ * (B + 4) * 2);
       LayerCost c;

@@ -140,6 +140,21 @@ TEST_CASE("Llama's block: SwiGLU prices three matrices, grouped-query heads shri
   CHECK((*mha)->ParamsMillions(LayerKind::kEmbedding) * 1e6 == Approx(llama.vocab() * h));
 }
 
+TEST_CASE("The LM head is priced on the rows it scores (Shape::scored), the layers on every token") {
+  auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
+  REQUIRE(m.ok());
+  Shape s{4, 2048, 0};
+  const LayerCost all = *(*m)->Cost(LayerKind::kPostprocess, s, Recompute::kNone);
+  const LayerCost layer = *(*m)->Cost(LayerKind::kEncoder, s, Recompute::kNone);
+  s.scored = 4 * 2048 / 25;  // FLAN-like: 4% of the tokens are targets
+  const LayerCost part = *(*m)->Cost(LayerKind::kPostprocess, s, Recompute::kNone);
+  CHECK(part.fw_ms < all.fw_ms / 10);
+  CHECK(part.stored_mb == Approx(all.stored_mb * static_cast<double>(s.scored) / (4 * 2048)));
+  CHECK((*m)->Cost(LayerKind::kEncoder, s, Recompute::kNone)->fw_ms == layer.fw_ms);
+  s.scored = 4 * 2048;  // every token scored: the grid's price
+  CHECK((*m)->Cost(LayerKind::kPostprocess, s, Recompute::kNone)->fw_ms == all.fw_ms);
+}
+
 TEST_CASE("Layouts: equal stages, explicit interleaving, and bad assignments") {
   auto m = AnalyticCostModel::Create(Gpt67b(), H100(), {});
   std::shared_ptr<const LayerCostModel> cost(std::move(*m));

@@ -51,12 +51,18 @@ double Megabytes(const proto::CommOp& op) {
 
 // A planned micro-batch's shape as executors compute it (WorkShape).
 Shape ShapeOf(const proto::MicroBatch& mb, const WorkModel& work) {
-  int64_t sum_sq = 0;
+  int64_t sum_sq = 0, scored = 0;
+  const bool ed = mb.dec_seq_len() > 0;
   for (const proto::PlacedSample& s : mb.samples()) {
     const int64_t len = std::clamp<int64_t>(s.input_len(), 0, mb.seq_len());
     sum_sq += len * len;
+    // The loss tokens (LossTokens in planner/partition/batch.h, which this layer cannot see).
+    scored += ed ? std::min<int64_t>(s.target_len(), mb.dec_seq_len())
+                 : std::clamp<int64_t>(std::min<int64_t>(s.target_len(), len - 1), 0, len);
   }
-  return WorkShape({mb.rows(), mb.seq_len(), mb.dec_seq_len()}, sum_sq, work);
+  Shape shape = WorkShape({mb.rows(), mb.seq_len(), mb.dec_seq_len()}, sum_sq, work);
+  shape.scored = std::max<int64_t>(scored, 1);
+  return shape;
 }
 
 // A chunk's base costs and features for one micro-batch shape.

@@ -203,7 +203,12 @@ TEST_CASE("Refit learns costs of another shape") {
     CHECK(base_error > 0.5);  // the analytic model is far off this machine
     for (int i = 0; i < 12; ++i) refit.Add(h.Run(i));
     REQUIRE(refit.fitted());
-    CHECK(h.WorstError(*refit.model()) < 0.03);
+    // 4.5%: this synthetic machine has no LM head, while the base model
+    // prices one on the rows it scores (a quarter of Batch's tokens, with
+    // its own GEMM-efficiency curve), which the one scale term absorbs less
+    // well than a head over every token (under 3% while the base priced
+    // that; 3.6-4.1% since, with the plans' own choices).
+    CHECK(h.WorstError(*refit.model()) < 0.045);
     // Measured extras: dispatch per micro-batch, optimizer step per iteration.
     CHECK(refit.terms().dispatch_fw_ms > 0);
     CHECK(refit.terms().iteration_ms == Catch::Detail::Approx(7.5).epsilon(0.1));
@@ -247,7 +252,7 @@ TEST_CASE("Refit learns that a token costs more in a larger micro-batch (caches 
   for (int i = 0; i < 12; ++i) refit.Add(h.Run(i));
   REQUIRE(refit.fitted());
   CHECK(refit.terms().fw.size_ms > 0);
-  CHECK(h.WorstError(*refit.model()) < 0.05);
+  CHECK(h.WorstError(*refit.model()) < 0.06);  // 5% before the head was priced on scored rows (see above)
   // Without the truth's size term the fit finds none worth keeping.
   Harness linear(1, 1);
   CostRefit plain(linear.base);

@@ -28,15 +28,24 @@ const char* RecomputeName(Recompute r);
 // (decoder-only models) attention computes only the query x key pairs inside
 // each sample: `cells`, the sum of the samples' squared lengths (0: the whole
 // grid, mbs * seq * seq, as a kernel that masks after computing pays).
+//
+// `scored`: the rows the LM head computes, the micro-batch's loss tokens
+// (both executors run the head, its softmax and its loss on scored rows
+// only); 0: every token of the grid (decoder tokens of an encoder-decoder).
 struct Shape {
   int mbs = 0;
   int seq = 0;
   int dec_seq = 0;
   int64_t cells = 0;
+  int64_t scored = 0;
   bool operator==(const Shape&) const = default;
 
   // Attention covers the whole grid.
   bool padded() const { return cells == 0; }
+  // Rows through the LM head.
+  double head_tokens() const {
+    return scored > 0 ? static_cast<double>(scored) : static_cast<double>(mbs) * (dec_seq > 0 ? dec_seq : seq);
+  }
   // Query x key pairs attention computes (encoder side).
   double work_cells() const {
     return cells > 0 ? static_cast<double>(cells) : static_cast<double>(mbs) * seq * seq;

@@ -148,11 +148,20 @@ absl::StatusOr<PipelineModel> PipelineModel::Create(const proto::ModelSpec& mode
   return pm;
 }
 
-absl::Status PipelineModel::ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out) const {
+absl::Status PipelineModel::ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out, LayerCost* head,
+                                       double* rest_peak) const {
   // Each layer kind is priced once per call, whatever the number of chunks.
   LayerCost of[4];
   for (const LayerKind kind : kinds_) {
     ASSIGN_OR_RETURN(of[static_cast<int>(kind)], cost_->Cost(kind, shape, r));
+  }
+  if (head != nullptr) {
+    const Chunk& last = chunks_.back();
+    *head = last.postprocess ? of[static_cast<int>(LayerKind::kPostprocess)] : LayerCost{};
+    *rest_peak = 0;
+    for (const auto& [kind, n] : LayerCounts(last)) {
+      if (n > 0 && kind != LayerKind::kPostprocess) *rest_peak = std::max(*rest_peak, of[static_cast<int>(kind)].peak_mb);
+    }
   }
   const OverheadTerms overheads = cost_->Overheads();
   for (size_t i = 0; i < chunks_.size(); ++i) {

@@ -79,7 +79,12 @@ class PipelineModel {
 
   // Per-chunk costs of one micro-batch; OUT_OF_RANGE passes through from the
   // layer cost model. `out` must hold num_chunks() entries.
-  absl::Status ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out) const;
+  // With `head`: the LM head's own cost at `shape` into *head and the peak
+  // of its chunk (the last) without it into *rest_peak, so that the chunk's
+  // cost for another number of scored rows follows from one head query
+  // (ShapeCosts); zeros where no chunk has the head.
+  absl::Status ChunkCosts(const Shape& shape, Recompute r, std::span<ChunkCost> out, LayerCost* head = nullptr,
+                          double* rest_peak = nullptr) const;
 
   // Parameters, gradients and optimizer state on `device`, in MB.
   double StaticMb(int device) const { return static_mb_[device]; }

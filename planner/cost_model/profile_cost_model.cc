@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "src/common/status_macros.h"
 
 namespace dynapipe::planner {
 namespace {
@@ -130,6 +131,15 @@ absl::StatusOr<LayerCost> ProfileCostModel::Cost(LayerKind kind, const Shape& sh
   // attention than they compute). Where that point needs a profile point
   // that was not measured (more rows than any measured at that length), the
   // micro-batch is priced as its whole grid, which costs at least as much.
+  if (kind == LayerKind::kPostprocess && shape.scored > 0) {
+    // Profiled with every row scored: the head costs in proportion to the
+    // rows it computes.
+    Shape grid = shape;
+    grid.scored = 0;
+    ASSIGN_OR_RETURN(LayerCost c, Cost(kind, grid, r));
+    const double f = shape.head_tokens() / grid.head_tokens();
+    return LayerCost{c.fw_ms * f, c.bw_ms * f, c.stored_mb * f, c.peak_mb * f};
+  }
   if (!shape.padded() && shape.dec_seq == 0) {
     const double t = static_cast<double>(shape.mbs) * shape.seq, cells = shape.work_cells();
     const double seq = std::max<double>(cells / t, g.seq.front());

@@ -58,6 +58,24 @@ TEST_CASE("A varlen micro-batch is priced as the profiled grid with its tokens a
   CHECK(priced->fw_ms == Approx(40.96));
 }
 
+TEST_CASE("The LM head of a micro-batch is priced on the rows it scores, in proportion to the profiled grid's") {
+  proto::CostProfile p = Grid();
+  proto::LayerProfile head = p.layers(0);
+  head.set_kind(proto::LayerProfile::postprocess);
+  *p.add_layers() = head;
+  auto m = ProfileCostModel::Create(p);
+  REQUIRE(m.ok());
+  Shape s{4, 1024, 0};
+  const LayerCost all = *(*m)->Cost(LayerKind::kPostprocess, s, Recompute::kNone);
+  s.scored = 512;  // an eighth of the 4096 tokens
+  const LayerCost part = *(*m)->Cost(LayerKind::kPostprocess, s, Recompute::kNone);
+  CHECK(part.fw_ms == Approx(all.fw_ms / 8));
+  CHECK(part.bw_ms == Approx(all.bw_ms / 8));
+  CHECK(part.stored_mb == Approx(all.stored_mb / 8));
+  // Layers are not the head: scored rows change nothing there.
+  CHECK((*m)->Cost(LayerKind::kEncoder, s, Recompute::kNone)->fw_ms == Approx(40.96));
+}
+
 TEST_CASE("A query outside the profile is OUT_OF_RANGE with the profiled range, never extrapolated") {
   auto m = ProfileCostModel::Create(Grid());
   REQUIRE(m.ok());

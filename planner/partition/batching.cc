@@ -115,12 +115,16 @@ std::vector<MicroBatch> FromSplit(std::span<const Sample> samples, std::span<con
 
 void ApplyWork(std::span<const Sample> samples, const WorkModel& work, std::span<MicroBatch> mbs) {
   for (MicroBatch& mb : mbs) {
-    int64_t sum_sq = 0;
+    const bool ed = mb.shape.dec_seq > 0;
+    int64_t sum_sq = 0, scored = 0;
     for (const Placement& p : mb.samples) {
-      const int64_t len = std::min(EncLen(samples[p.sample]), mb.shape.seq);  // packing truncates to the row
+      const Sample& s = samples[p.sample];
+      const int64_t len = std::min(EncLen(s), mb.shape.seq);  // packing truncates to the row
       sum_sq += len * len;
+      scored += std::min(LossTokens(s, ed), static_cast<int64_t>(ed ? mb.shape.dec_seq : mb.shape.seq));
     }
     mb.shape = WorkShape(mb.shape, sum_sq, work);
+    mb.shape.scored = std::max<int64_t>(scored, 1);  // the head on the rows it scores
   }
 }
 

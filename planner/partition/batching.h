@@ -38,7 +38,8 @@ Shape PaddedShape(std::span<const Sample> samples, std::span<const int> order, i
                   bool encoder_decoder);
 
 // Sets each micro-batch's Shape::cells to what `work` computes of its
-// samples (WorkShape); its grid stays.
+// samples (WorkShape) and Shape::scored to their loss tokens (the rows
+// through the LM head); its grid stays.
 void ApplyWork(std::span<const Sample> samples, const WorkModel& work, std::span<MicroBatch> mbs);
 
 // Builds micro-batches from split points over `order`.

@@ -139,5 +139,22 @@ TEST_CASE("ApplyWork prices varlen attention by the samples' own lengths; other 
   CHECK(cells == 100 * 100 + 300 * 300 + 50 * 50 + 512 * 512);
 }
 
+TEST_CASE("ApplyWork gives each micro-batch the rows its LM head scores: the samples' loss tokens") {
+  std::vector<Sample> s = {{1, 100, 10}, {2, 300, 40}, {3, 50, 0}, {4, 8, 20}};
+  std::vector<MicroBatch> mbs = FromSplit(s, std::vector<int>{0, 1, 2, 3}, std::vector<int>{2, 4}, 8, false);
+  ApplyWork(s, WorkModel{.varlen_attention = true}, std::span<MicroBatch>(mbs));
+  CHECK(mbs[0].shape.scored == 10 + 40);
+  // A target that fills its sample scores all but its first token; none
+  // scored still prices one row.
+  CHECK(mbs[1].shape.scored == 0 + 7);
+  CHECK(mbs[0].shape.head_tokens() == 50);
+  Shape grid{2, 304, 0};
+  CHECK(grid.head_tokens() == 2 * 304);
+  // Encoder-decoder: every target token, on the decoder side.
+  std::vector<MicroBatch> ed = FromSplit(s, std::vector<int>{0, 1}, std::vector<int>{2}, 8, true);
+  ApplyWork(s, WorkModel{}, std::span<MicroBatch>(ed));
+  CHECK(ed[0].shape.scored == 50);
+}
+
 }  // namespace
 }  // namespace dynapipe::planner

@@ -264,6 +264,40 @@ TEST_CASE("ShapeCosts::Time answers as Get, cached or not, varlen or padded") {
   CHECK(fits < 1600 - misses);
 }
 
+TEST_CASE("A padded shape scoring fewer rows costs as computed whole, from its cached grid and one head query") {
+  std::shared_ptr<const PipelineModel> pm = SmallPipeline();
+  ShapeCosts costs(pm);
+  std::mt19937 rng(6);
+  int cheaper = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int mbs = 1 + static_cast<int>(rng() % 32), seq = 8 * (1 + static_cast<int>(rng() % 256));
+    Shape shape{mbs, seq, 0};
+    shape.scored = 1 + static_cast<int64_t>(rng() % (static_cast<int64_t>(mbs) * seq));
+    for (const Recompute r : {Recompute::kNone, Recompute::kSelective}) {
+      INFO("mbs " << mbs << " seq " << seq << " scored " << shape.scored);
+      auto got = costs.Get(shape, r);  // the grid's cost, rescored
+      std::vector<ChunkCost> chunks(pm->num_chunks());
+      const absl::Status direct = pm->ChunkCosts(shape, r, chunks);
+      REQUIRE(got.ok() == direct.ok());
+      if (!got.ok()) continue;
+      for (int c = 0; c < pm->num_chunks(); ++c) {
+        CHECK((*got)->chunks[c].fw_ms == Approx(chunks[c].fw_ms).epsilon(1e-12));
+        CHECK((*got)->chunks[c].bw_ms == Approx(chunks[c].bw_ms).epsilon(1e-12));
+        CHECK((*got)->chunks[c].stored_mb == Approx(chunks[c].stored_mb).epsilon(1e-12));
+        CHECK((*got)->chunks[c].peak_mb == Approx(chunks[c].peak_mb).epsilon(1e-12));
+      }
+      auto t = costs.Time(shape, r);
+      REQUIRE(t.ok());
+      CHECK(t->time_ms == (*got)->time_ms);
+      CHECK(t->fits[1] == costs.Fits(**got, true));
+      Shape grid = shape;
+      grid.scored = 0;
+      cheaper += (*got)->time_ms < (*costs.Get(grid, r))->time_ms;
+    }
+  }
+  CHECK(cheaper > 300);  // fewer scored rows, a cheaper head
+}
+
 TEST_CASE("A relative tolerance trades a bounded loss for fewer caps") {
   std::mt19937 rng(5);
   CostTable table(60);

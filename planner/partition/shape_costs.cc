@@ -37,16 +37,45 @@ absl::StatusOr<std::unique_ptr<ShapeCost>> ShapeCosts::Compute(const Shape& shap
   const PipelineModel& pm = *model_;
   auto cost = std::make_unique<ShapeCost>();
   cost->chunks.resize(pm.num_chunks());
-  RETURN_IF_ERROR(pm.ChunkCosts(shape, r, std::span<ChunkCost>(cost->chunks)));
+  RETURN_IF_ERROR(pm.ChunkCosts(shape, r, std::span<ChunkCost>(cost->chunks), &cost->head, &cost->head_rest_peak));
   cost->stored_mb.assign(pm.num_devices(), 0);
   cost->peak_mb.assign(pm.num_devices(), 0);
   Summarize(cost->chunks, cost->stored_mb, cost->peak_mb, &cost->time_ms, cost->fits);
   return cost;
 }
 
-absl::StatusOr<ShapeTime> ShapeCosts::Uncached(const Shape& shape, Recompute r) {
+absl::Status ShapeCosts::Rescore(const ShapeCost& grid, const Shape& shape, Recompute r, std::span<ChunkCost> chunks,
+                                 LayerCost* head) const {
+  const PipelineModel& pm = *model_;
+  ASSIGN_OR_RETURN(*head, pm.cost_model().Cost(LayerKind::kPostprocess, shape, r));
+  std::copy(grid.chunks.begin(), grid.chunks.end(), chunks.begin());
+  if (pm.chunks().back().postprocess) {
+    ChunkCost& last = chunks.back();
+    last.fw_ms += head->fw_ms - grid.head.fw_ms;
+    last.bw_ms += head->bw_ms - grid.head.bw_ms;
+    last.stored_mb += head->stored_mb - grid.head.stored_mb;
+    last.peak_mb = std::max(grid.head_rest_peak, head->peak_mb);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShapeTime> ShapeCosts::RescoredTime(const Shape& shape, Recompute r) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShapeCost> grid, Grid(shape, r));
+  const PipelineModel& pm = *model_;
+  absl::InlinedVector<ChunkCost, 16> chunks(pm.num_chunks());
+  absl::InlinedVector<double, 16> stored(pm.num_devices()), peak(pm.num_devices());
+  LayerCost head;
+  RETURN_IF_ERROR(Rescore(*grid, shape, r, std::span<ChunkCost>(chunks.data(), chunks.size()), &head));
   ShapeTime t;
-  if (shape.padded()) {
+  Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), std::span<double>(stored.data(), stored.size()),
+            std::span<double>(peak.data(), peak.size()), &t.time_ms, t.fits);
+  return t;
+}
+
+absl::StatusOr<ShapeTime> ShapeCosts::Uncached(const Shape& shape, Recompute r) {
+  if (Rescorable(shape)) return RescoredTime(shape, r);
+  ShapeTime t;
+  if (Cacheable(shape)) {
     ASSIGN_OR_RETURN(std::shared_ptr<const ShapeCost> c, Get(shape, r));
     t.time_ms = c->time_ms;
     t.fits[0] = c->fits[0];
@@ -63,7 +92,18 @@ absl::StatusOr<ShapeTime> ShapeCosts::Uncached(const Shape& shape, Recompute r) 
 }
 
 absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& shape, Recompute r) {
-  if (!shape.padded()) {
+  if (Rescorable(shape)) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const ShapeCost> grid, Grid(shape, r));
+    auto cost = std::make_shared<ShapeCost>();
+    cost->chunks.resize(grid->chunks.size());
+    RETURN_IF_ERROR(Rescore(*grid, shape, r, std::span<ChunkCost>(cost->chunks), &cost->head));
+    cost->head_rest_peak = grid->head_rest_peak;
+    cost->stored_mb.assign(model_->num_devices(), 0);
+    cost->peak_mb.assign(model_->num_devices(), 0);
+    Summarize(cost->chunks, cost->stored_mb, cost->peak_mb, &cost->time_ms, cost->fits);
+    return std::shared_ptr<const ShapeCost>(std::move(cost));
+  }
+  if (!Cacheable(shape)) {
     ASSIGN_OR_RETURN(std::unique_ptr<ShapeCost> cost, Compute(shape, r));
     return std::shared_ptr<const ShapeCost>(std::move(cost));
   }

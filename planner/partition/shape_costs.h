@@ -25,6 +25,11 @@ struct ShapeCost {
   std::vector<double> stored_mb, peak_mb;
   // Fits() answers, computed once: [0] one in flight, [1] the preferred budget.
   bool fits[2] = {false, false};
+  // The LM head's share of the last chunk and that chunk's peak without it
+  // (PipelineModel::ChunkCosts), to price the same grid with fewer scored
+  // rows (ShapeCosts::Rescore).
+  LayerCost head;
+  double head_rest_peak = 0;
 };
 
 // What the partitioner's table needs of a shape: ShapeCost's time and fits.
@@ -37,23 +42,29 @@ class ShapeCosts {
  public:
   explicit ShapeCosts(std::shared_ptr<const PipelineModel> model) : model_(std::move(model)) {}
 
-  // The cost of `shape` under recomputation `r`. Padded shapes are computed
-  // once, then cached (the pointer does not own them; they live as long as
-  // this object); shapes that compute less than their grid (Shape::padded()
-  // false) differ for nearly every run of samples, so they are computed on
-  // each call and owned by the pointer. OUT_OF_RANGE passes through from the
-  // cost model.
+  // The cost of `shape` under recomputation `r`. Padded shapes whose head
+  // scores the whole grid are computed once, then cached (the pointer does
+  // not own them; they live as long as this object); shapes that compute
+  // less than their grid (Shape::padded() false, or a head on fewer rows:
+  // Shape::scored) differ for nearly every run of samples, so they are
+  // computed on each call and owned by the pointer. OUT_OF_RANGE passes
+  // through from the cost model.
   absl::StatusOr<std::shared_ptr<const ShapeCost>> Get(const Shape& shape, Recompute r);
 
   // Get's time_ms and fits without keeping the cost: for shapes that compute
   // less than their grid (nearly every varlen run of samples), this
   // allocates nothing, where Get builds and hands over a ShapeCost.
   absl::StatusOr<ShapeTime> Time(const Shape& shape, Recompute r) {
-    if (const ShapeCost* c = shape.padded() ? Dense(shape, r) : nullptr) {
+    if (const ShapeCost* c = Cacheable(shape) ? Dense(shape, r) : nullptr) {
       return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
     }
     return Uncached(shape, r);
   }
+
+  // Whether the cost of `shape` is kept once computed (padded shapes; one
+  // that scores fewer rows is its grid's cost with the head priced again).
+  static bool Cacheable(const Shape& s) { return s.padded() && s.scored == 0; }
+  static bool Rescorable(const Shape& s) { return s.padded() && s.scored > 0; }
 
   // Whether one micro-batch of this cost fits on every device when each keeps
   // `in_flight(d)` such micro-batches: model state + in_flight * stored + the
@@ -63,6 +74,19 @@ class ShapeCosts {
   const PipelineModel& model() const { return *model_; }
 
  private:
+  // `grid`'s per-chunk costs (its head over every row) with the head
+  // priced on shape.scored rows instead, into `chunks` (num_chunks()
+  // entries); the head's cost into *head.
+  absl::Status Rescore(const ShapeCost& grid, const Shape& shape, Recompute r, std::span<ChunkCost> chunks,
+                       LayerCost* head) const;
+  // Rescorable shapes: their time and fits without allocating.
+  absl::StatusOr<ShapeTime> RescoredTime(const Shape& shape, Recompute r);
+  // The cached cost of `shape`'s grid (its head over every row).
+  absl::StatusOr<std::shared_ptr<const ShapeCost>> Grid(const Shape& shape, Recompute r) {
+    Shape grid = shape;
+    grid.scored = 0;
+    return Get(grid, r);
+  }
   // Per device from per-chunk costs: time (slowest device's forward +
   // backward), stored and peak megabytes, and the fits.
   void Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
