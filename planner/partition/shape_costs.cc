@@ -38,10 +38,14 @@ absl::StatusOr<std::unique_ptr<ShapeCost>> ShapeCosts::Compute(const Shape& shap
   auto cost = std::make_unique<ShapeCost>();
   cost->chunks.resize(pm.num_chunks());
   RETURN_IF_ERROR(pm.ChunkCosts(shape, r, std::span<ChunkCost>(cost->chunks), &cost->head, &cost->head_rest_peak));
-  cost->stored_mb.assign(pm.num_devices(), 0);
-  cost->peak_mb.assign(pm.num_devices(), 0);
-  Summarize(cost->chunks, cost->stored_mb, cost->peak_mb, &cost->time_ms, cost->fits);
+  SummarizeInto(*cost);
   return cost;
+}
+
+void ShapeCosts::SummarizeInto(ShapeCost& cost) const {
+  cost.stored_mb.assign(model_->num_devices(), 0);
+  cost.peak_mb.assign(model_->num_devices(), 0);
+  Summarize(cost.chunks, cost.stored_mb, cost.peak_mb, &cost.time_ms, cost.fits);
 }
 
 absl::Status ShapeCosts::Rescore(const ShapeCost& grid, const Shape& shape, Recompute r, std::span<ChunkCost> chunks,
@@ -98,9 +102,7 @@ absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& sh
     cost->chunks.resize(grid->chunks.size());
     RETURN_IF_ERROR(Rescore(*grid, shape, r, std::span<ChunkCost>(cost->chunks), &cost->head));
     cost->head_rest_peak = grid->head_rest_peak;
-    cost->stored_mb.assign(model_->num_devices(), 0);
-    cost->peak_mb.assign(model_->num_devices(), 0);
-    Summarize(cost->chunks, cost->stored_mb, cost->peak_mb, &cost->time_ms, cost->fits);
+    SummarizeInto(*cost);
     return std::shared_ptr<const ShapeCost>(std::move(cost));
   }
   if (!Cacheable(shape)) {

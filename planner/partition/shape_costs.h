@@ -91,6 +91,8 @@ class ShapeCosts {
   // backward), stored and peak megabytes, and the fits.
   void Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
                  double* time_ms, bool fits[2]) const;
+  // Summarize over cost.chunks into the rest of `cost`.
+  void SummarizeInto(ShapeCost& cost) const;
   absl::StatusOr<std::unique_ptr<ShapeCost>> Compute(const Shape& shape, Recompute r) const;
   // Time() past the lock-free rows.
   absl::StatusOr<ShapeTime> Uncached(const Shape& shape, Recompute r);
