@@ -133,10 +133,7 @@ TEST_CASE("dynapipe export gathers a Llama with grouped heads split over two sta
   // The config the job normalises to (Llama's block, its eps 1e-5).
   model::GptConfig c{.num_layers = 3, .hidden = 32, .heads = 4, .ffn = 48, .vocab = 16, .max_positions = 64};
   c.tie_embeddings = false;
-  c.norm = model::NormKind::kRms;
-  c.mlp = model::MlpKind::kSwiglu;
-  c.bias = false;
-  c.rotary = true;
+  c.UseLlamaBlock();
   c.kv_heads = 2;
   c.rope_base = 500000.0f;
   c.norm_eps = 1e-5;

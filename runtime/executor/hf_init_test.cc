@@ -72,10 +72,7 @@ std::vector<float> Trained(const GptConfig& c) {
 // Llama's block: 2 key-value heads for 4 query heads, an untied head.
 GptConfig Llama() {
   GptConfig c{.num_layers = 3, .hidden = 16, .heads = 4, .ffn = 24, .vocab = 13, .max_positions = 32};
-  c.norm = model::NormKind::kRms;
-  c.mlp = model::MlpKind::kSwiglu;
-  c.bias = false;
-  c.rotary = true;
+  c.UseLlamaBlock();
   c.kv_heads = 2;
   c.norm_eps = 1e-5;
   c.tie_embeddings = false;

@@ -40,10 +40,7 @@ GptConfig T5(MlpKind mlp, bool tied) {
 // norm eps unlike the defaults.
 GptConfig Llama(bool tied) {
   GptConfig c{.num_layers = 2, .hidden = 16, .heads = 4, .ffn = 24, .vocab = 11, .max_positions = 12};
-  c.norm = NormKind::kRms;
-  c.mlp = MlpKind::kSwiglu;
-  c.bias = false;
-  c.rotary = true;
+  c.UseLlamaBlock();
   c.kv_heads = 2;
   c.rope_base = 500000.0f;
   c.norm_eps = 1e-5;

@@ -180,10 +180,7 @@ absl::StatusOr<GptConfig> LlamaFromJson(const Struct& f) {
   RETURN_IF_ERROR(LlamaUnsupported(f));
   GptConfig c;
   c.tie_embeddings = Bool(f, "tie_word_embeddings", false);
-  c.norm = NormKind::kRms;
-  c.mlp = MlpKind::kSwiglu;
-  c.bias = false;
-  c.rotary = true;
+  c.UseLlamaBlock();
   ASSIGN_OR_RETURN(c.hidden, Count(f, "hidden_size", 4096));
   ASSIGN_OR_RETURN(c.ffn, Count(f, "intermediate_size", 11008));
   ASSIGN_OR_RETURN(c.num_layers, Count(f, "num_hidden_layers", 32));

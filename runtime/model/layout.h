@@ -112,6 +112,14 @@ struct GptConfig {
 
   // INVALID_ARGUMENT naming the field for a spec this model cannot run.
   static absl::StatusOr<GptConfig> FromSpec(const proto::ModelSpec& spec);
+  // Llama's block parts: RMS norm, SwiGLU, no biases, rotary positions
+  // (heads, kv_heads, norm_eps and rope_base stay as they are).
+  void UseLlamaBlock() {
+    norm = NormKind::kRms;
+    mlp = MlpKind::kSwiglu;
+    bias = false;
+    rotary = true;
+  }
 };
 
 // One micro-batch as the model sees it: rows x seq token grids, row-major.

@@ -56,10 +56,7 @@ GptConfig T5(MlpKind mlp, bool tied) {
 // norm eps other than the defaults.
 GptConfig Llama(bool tied) {
   GptConfig c = Gpt(tied);
-  c.norm = NormKind::kRms;
-  c.mlp = MlpKind::kSwiglu;
-  c.bias = false;
-  c.rotary = true;
+  c.UseLlamaBlock();
   c.kv_heads = 2;
   c.rope_base = 500000.0f;
   c.norm_eps = 1e-5;

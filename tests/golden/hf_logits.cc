@@ -141,10 +141,7 @@ absl::Status Export(const std::string& kind, const std::string& dir) {
     c.mlp = kind == "t5" ? MlpKind::kRelu : MlpKind::kGatedGelu;
     c.tie_embeddings = kind == "t5";
   } else if (kind == "llama") {  // grouped heads, an untied head, a rope base and eps other than the defaults
-    c.norm = NormKind::kRms;
-    c.mlp = MlpKind::kSwiglu;
-    c.bias = false;
-    c.rotary = true;
+    c.UseLlamaBlock();
     c.kv_heads = 2;
     c.rope_base = 500000.0f;
     c.norm_eps = 1e-5;
