@@ -56,9 +56,7 @@ Shape ShapeOf(const proto::MicroBatch& mb, const WorkModel& work) {
   for (const proto::PlacedSample& s : mb.samples()) {
     const int64_t len = std::clamp<int64_t>(s.input_len(), 0, mb.seq_len());
     sum_sq += len * len;
-    // The loss tokens (LossTokens in planner/partition/batch.h, which this layer cannot see).
-    scored += ed ? std::min<int64_t>(s.target_len(), mb.dec_seq_len())
-                 : std::clamp<int64_t>(std::min<int64_t>(s.target_len(), len - 1), 0, len);
+    scored += ScoredRows(len, ed ? std::min<int64_t>(s.target_len(), mb.dec_seq_len()) : s.target_len(), ed);
   }
   Shape shape = WorkShape({mb.rows(), mb.seq_len(), mb.dec_seq_len()}, sum_sq, work);
   shape.scored = std::max<int64_t>(scored, 1);

@@ -4,6 +4,7 @@
 // ask "how long and how much memory", implemented from a measured profile or
 // from model dimensions and a device description.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -22,6 +23,16 @@ inline constexpr int kNumRecompute = 3;
 
 const char* LayerKindName(LayerKind kind);
 const char* RecomputeName(Recompute r);
+
+// The rows the LM head scores of a sample of `input` tokens (after any
+// truncation) and `target` target tokens. Decoder-only: the sequence ends
+// with its targets, each scored at the position before it, so a target
+// token with no token before it is not scored. Encoder-decoder: every
+// decoder token.
+inline int64_t ScoredRows(int64_t input, int64_t target, bool encoder_decoder) {
+  if (encoder_decoder) return target;
+  return input > 0 ? std::min(target, input - 1) : 0;
+}
 
 // A padded micro-batch: `mbs` rows of `seq` tokens (and `dec_seq` decoder
 // tokens for encoder-decoder models). With a varlen attention kernel

@@ -32,13 +32,10 @@ struct MicroBatch {
   int group = -1;
 };
 
-// Tokens whose loss counts. Decoder-only: the sequence ends with `target`
-// target tokens, each scored at the position before it, so a target token
-// with no token before it (no prompt left after truncation) is not scored.
-// Encoder-decoder: every decoder token.
+// Tokens whose loss counts (ScoredRows: decoder-only, a target token with
+// no token before it, no prompt left after truncation, is not scored).
 inline int64_t LossTokens(const Sample& s, bool encoder_decoder) {
-  if (encoder_decoder) return s.target;
-  return s.input > 0 ? std::min<int64_t>(s.target, s.input - 1) : 0;
+  return ScoredRows(s.input, s.target, encoder_decoder);
 }
 
 // Rounds `len` up to a multiple of `multiple` (>= 1).
