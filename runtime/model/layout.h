@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/model.pb.h"
+#include "src/spec/job_spec.h"
 
 namespace dynapipe::runtime::model {
 
@@ -88,8 +89,11 @@ struct GptConfig {
   // Outputs of the MLP's first projection: ffn, or gate and up (2 ffn).
   bool Gated() const { return mlp == MlpKind::kGatedGelu || mlp == MlpKind::kSwiglu; }
   int MlpWidth() const { return Gated() ? 2 * ffn : ffn; }
-  // LayerNorm's 1e-5 (GPT-2), RMS norm's 1e-6 (T5) unless norm_eps is set.
-  double NormEps() const { return norm_eps > 0 ? norm_eps : (norm == NormKind::kRms ? 1e-6 : 1e-5); }
+  // The norm's default (spec::kDefaultLayerNormEps, kDefaultRmsNormEps)
+  // unless norm_eps is set.
+  double NormEps() const {
+    return norm_eps > 0 ? norm_eps : (norm == NormKind::kRms ? spec::kDefaultRmsNormEps : spec::kDefaultLayerNormEps);
+  }
   int HeadSize() const { return hidden / heads; }
   int KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   // Outputs of the attention's input projection per token: [q | k | v],
