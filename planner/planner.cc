@@ -224,6 +224,7 @@ std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>
   const auto split = SplitGroups(mbs, r);
   Candidate c;
   c.costs.resize(D);
+  c.times.resize(D);
   c.group_mbs.resize(D);
   for (int g = 0; g < D; ++g) {
     for (int i : split[g]) c.group_mbs[g].push_back(mbs[i]);
@@ -233,7 +234,8 @@ std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>
       return std::nullopt;
     }
     c.costs[g] = std::move(*costs);
-    c.bound = std::max(c.bound, MakespanLowerBound(c.costs[g], *model_));
+    c.times[g] = GroupTimes(c.group_mbs[g], c.costs[g], *model_, comm_, g);
+    c.bound = std::max({c.bound, MakespanLowerBound(c.costs[g], *model_), SearchLowerBound(c.times[g], s.options)});
   }
   return c;
 }
@@ -241,11 +243,9 @@ std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>
 bool Planner::SearchCandidate(Candidate& c, Recompute r, double allreduce, Search& s, int* memory_rejections) const {
   const int D = config_.dp;
   std::vector<GroupSchedule> found(D);
-  std::vector<PipelineTimes> times(D);
   double slowest = 0;
   for (int g = 0; g < D; ++g) {
-    times[g] = GroupTimes(c.group_mbs[g], c.costs[g], *model_, comm_, g);
-    found[g] = SearchSchedule(times[g], config_.memory_limit_mb, s.options);
+    found[g] = SearchSchedule(c.times[g], config_.memory_limit_mb, s.options);
     s.simulations += found[g].simulations;
     *memory_rejections += found[g].memory_rejections;
     if (!found[g].found) {
@@ -267,7 +267,7 @@ bool Planner::SearchCandidate(Candidate& c, Recompute r, double allreduce, Searc
       for (int i : found[g].order) s.best.groups[g].push_back(c.group_mbs[g][i]);
     }
     s.best_groups = std::move(found);
-    s.best_times = std::move(times);
+    s.best_times = c.times;
   }
   return true;
 }

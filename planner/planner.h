@@ -138,7 +138,8 @@ class Planner {
   struct Candidate {
     std::vector<std::vector<MicroBatch>> group_mbs;
     std::vector<GroupCosts> costs;
-    double bound = 0;
+    std::vector<PipelineTimes> times;
+    double bound = 0;  // no schedule search of this split can do better
   };
   // The split's Candidate; nullopt (last_error set) when a shape has no cost.
   std::optional<Candidate> Prepare(const std::vector<MicroBatch>& mbs, Recompute r, Search& s) const;

@@ -55,7 +55,28 @@ PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order);
 // and need not be searched.
 double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm);
 
-// The search described above. found = false when nothing fits in memory.
+// A lower bound on the simulated makespan of `t`'s micro-batches run in
+// `order` (indices into `t`) under every schedule above, all of which run a
+// chunk's forwards in micro-batch order and its backwards too. With one chunk
+// per device, two chains of work must each finish (k any micro-batch, L the
+// last chunk):
+// - backward through k: the first micro-batch's forward up to L, then on L
+//   every forward and backward up to k's, k's backward down to chunk 1 (with
+//   its transfers), then on chunk 0 the backwards of k and every later one;
+// - forward through k: on chunk 0 the forwards up to k's, k's forward up to
+//   L, on L every forward and backward from k's on, then the last micro-
+//   batch's backward down to chunk 0.
+// A heavy micro-batch's trip through every stage counts once at each stage,
+// which MakespanLowerBound's per-device work does not see. 0 for interleaved
+// layouts (several chunks on a device).
+double OrderLowerBound(const PipelineTimes& t, std::span<const int> order);
+
+// The smallest OrderLowerBound over the orders SearchSchedule tries.
+double SearchLowerBound(const PipelineTimes& base, const SearchOptions& options);
+
+// The search described above; an order whose OrderLowerBound is no better
+// than the schedule in hand is not simulated. found = false when nothing
+// fits in memory.
 GroupSchedule SearchSchedule(const PipelineTimes& base, double memory_limit_mb, const SearchOptions& options);
 
 }  // namespace dynapipe::planner
