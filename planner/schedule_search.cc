@@ -108,30 +108,34 @@ double OrderLowerBound(const PipelineTimes& t, std::span<const int> order) {
   }
   const int L = C - 1;
   auto at = [&](int pos, int c) { return t.At(order[pos], c); };
-  // Transfers count as their own time (a transfer may also wait for the
-  // link); GroupTimes leaves them 0 between chunks on one device.
-  double fill = 0;  // nothing runs on L before the first micro-batch's forward
-  for (int c = 0; c < L; ++c) fill += t.fw_ms[at(0, c)] + t.comm_fw_ms[at(0, c)];
-  double drain = 0;  // the last micro-batch's backward below L
-  for (int c = 0; c < L; ++c) drain += t.comm_bw_ms[at(M - 1, c)] + t.bw_ms[at(M - 1, c)];
-  // Suffix sums over positions: chunk 0's backwards, L's forwards and backwards.
-  std::vector<double> bw0_from(M + 1, 0), last_from(M + 1, 0);
-  for (int k = M - 1; k >= 0; --k) {
-    bw0_from[k] = bw0_from[k + 1] + t.bw_ms[at(k, 0)];
-    last_from[k] = last_from[k + 1] + (L > 0 ? t.fw_ms[at(k, L)] + t.bw_ms[at(k, L)] : 0.0);
+  if (L == 0) {  // one device: its work
+    double work = 0;
+    for (int k = 0; k < M; ++k) work += t.fw_ms[at(k, 0)] + t.bw_ms[at(k, 0)];
+    return work;
   }
-  double bound = 0, last_through = 0, fw0_through = 0;  // prefix sums up to and including k
+  // Chain (j, k), j <= k: on chunk 0 the forwards up to j's, j's forward up
+  // to L, on L every op from j's forward to k's backward, k's backward down
+  // to chunk 0, there the backwards from k's on. It splits at the last
+  // chunk: A(j) + D(k), with L's ops before j's forward taken out of A and
+  // L's ops up to k's backward put into D. Transfers count as their own time
+  // (one may also wait for the link; GroupTimes leaves them 0 between chunks
+  // on one device).
+  double bw0_rest = 0;  // chunk 0's backwards from k's on
+  for (int k = 0; k < M; ++k) bw0_rest += t.bw_ms[at(k, 0)];
+  double bound = 0, best_a = -std::numeric_limits<double>::infinity();
+  double fw0_through = 0, last_before = 0;  // chunk 0's forwards up to k's; L's ops before k's
   for (int k = 0; k < M; ++k) {
-    last_through += t.fw_ms[at(k, L)] + t.bw_ms[at(k, L)];
-    fw0_through += t.fw_ms[at(k, 0)];
-    if (L == 0) continue;
-    double down = 0, up = 0;  // k's backward from L to chunk 1 with transfers to 0; k's forward from 1 to L - 1 with transfers
+    double up = 0, down = 0;  // k's forward from chunk 1 to L - 1, its backward from L - 1 to 1, with transfers
     for (int c = 0; c < L; ++c) {
-      down += t.comm_bw_ms[at(k, c)] + (c > 0 ? t.bw_ms[at(k, c)] : 0.0);
       up += t.comm_fw_ms[at(k, c)] + (c > 0 ? t.fw_ms[at(k, c)] : 0.0);
+      down += t.comm_bw_ms[at(k, c)] + (c > 0 ? t.bw_ms[at(k, c)] : 0.0);
     }
-    bound = std::max(bound, fill + last_through + down + bw0_from[k]);
-    bound = std::max(bound, fw0_through + up + last_from[k] + drain);
+    const double on_last = t.fw_ms[at(k, L)] + t.bw_ms[at(k, L)];
+    fw0_through += t.fw_ms[at(k, 0)];
+    best_a = std::max(best_a, fw0_through + up - last_before);
+    last_before += on_last;
+    bound = std::max(bound, best_a + last_before + down + bw0_rest);
+    bw0_rest -= t.bw_ms[at(k, 0)];
   }
   return bound;
 }

@@ -58,17 +58,14 @@ double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm);
 // A lower bound on the simulated makespan of `t`'s micro-batches run in
 // `order` (indices into `t`) under every schedule above, all of which run a
 // chunk's forwards in micro-batch order and its backwards too. With one chunk
-// per device, two chains of work must each finish (k any micro-batch, L the
-// last chunk):
-// - backward through k: the first micro-batch's forward up to L, then on L
-//   every forward and backward up to k's, k's backward down to chunk 1 (with
-//   its transfers), then on chunk 0 the backwards of k and every later one;
-// - forward through k: on chunk 0 the forwards up to k's, k's forward up to
-//   L, on L every forward and backward from k's on, then the last micro-
-//   batch's backward down to chunk 0.
-// A heavy micro-batch's trip through every stage counts once at each stage,
-// which MakespanLowerBound's per-device work does not see. 0 for interleaved
-// layouts (several chunks on a device).
+// per device, for any micro-batches j <= k in the order, one chain of work
+// must finish: on chunk 0 the forwards up to j's, j's forward up to the last
+// chunk L (with its transfers), on L every forward and backward from j's
+// forward to k's backward, k's backward down to chunk 0, and there the
+// backwards of k and every later one. The longest such chain, in O(M C). A
+// heavy micro-batch's trip through every stage counts at each stage, which
+// MakespanLowerBound's per-device work does not see. With one chunk, the
+// device's work; 0 for interleaved layouts (several chunks on a device).
 double OrderLowerBound(const PipelineTimes& t, std::span<const int> order);
 
 // The smallest OrderLowerBound over the orders SearchSchedule tries.
