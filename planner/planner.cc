@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <queue>
 
 #include "absl/strings/str_cat.h"
 #include "planner/candidates.h"
@@ -188,10 +189,14 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
     return false;
   }
   t0 = std::chrono::steady_clock::now();
-  // Every split's groups, times and makespan lower bound first, then the
-  // splits searched in order of their bounds: the likely best are searched
-  // first, and once a bound cannot beat the plan in hand neither can any
-  // after it.
+  // Every split's groups and per-device lower bound first (from cached
+  // costs), then best-first on bounds: the split with the lowest bound is
+  // taken; if that bound is only the per-device one, the tighter chain bound
+  // over its simulator inputs (SearchLowerBound) replaces it and the split
+  // goes back; otherwise it is searched. Splits are searched in order of
+  // their chain bounds, and once the lowest bound cannot beat the plan in
+  // hand no split can; a split is tightened only when its per-device bound
+  // could still win.
   std::vector<Candidate> prepared;
   bool all_found = true;
   for (const std::vector<MicroBatch>& mbs : candidates->splits) {
@@ -202,17 +207,26 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
       all_found = false;
     }
   }
-  std::stable_sort(prepared.begin(), prepared.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
+  using Entry = std::pair<double, size_t>;  // (bound, index): ties in index order
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue;
+  for (size_t k = 0; k < prepared.size(); ++k) queue.push({prepared[k].bound, k});
   const double allreduce = AllReduceMs();
   int memory_rejections = 0;
-  for (size_t k = 0; k < prepared.size(); ++k) {
+  while (!queue.empty()) {
+    const auto [bound, k] = queue.top();
     // The margin keeps rounding from skipping an equal plan.
-    if ((prepared[k].bound + allreduce) * (1 - 1e-9) > s.best.predicted_ms) {
-      s.pruned += static_cast<int>(prepared.size() - k);
+    if ((bound + allreduce) * (1 - 1e-9) > s.best.predicted_ms) {
+      s.pruned += static_cast<int>(queue.size());
       break;
     }
-    if (!SearchCandidate(prepared[k], r, allreduce, s, &memory_rejections)) all_found = false;
+    queue.pop();
+    Candidate& c = prepared[k];
+    if (c.times.empty()) {
+      Tighten(c, s);
+      queue.push({c.bound, k});
+      continue;
+    }
+    if (!SearchCandidate(c, r, allreduce, s, &memory_rejections)) all_found = false;
   }
   s.schedule_ms += MsSince(t0);
   return !candidates->memory_bound && memory_rejections == 0 && all_found;
@@ -224,7 +238,6 @@ std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>
   const auto split = SplitGroups(mbs, r);
   Candidate c;
   c.costs.resize(D);
-  c.times.resize(D);
   c.group_mbs.resize(D);
   for (int g = 0; g < D; ++g) {
     for (int i : split[g]) c.group_mbs[g].push_back(mbs[i]);
@@ -234,10 +247,18 @@ std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>
       return std::nullopt;
     }
     c.costs[g] = std::move(*costs);
-    c.times[g] = GroupTimes(c.group_mbs[g], c.costs[g], *model_, comm_, g);
-    c.bound = std::max({c.bound, MakespanLowerBound(c.costs[g], *model_), SearchLowerBound(c.times[g], s.options)});
+    c.bound = std::max(c.bound, MakespanLowerBound(c.costs[g], *model_));
   }
   return c;
+}
+
+void Planner::Tighten(Candidate& c, const Search& s) const {
+  const int D = config_.dp;
+  c.times.resize(D);
+  for (int g = 0; g < D; ++g) {
+    c.times[g] = GroupTimes(c.group_mbs[g], c.costs[g], *model_, comm_, g);
+    c.bound = std::max(c.bound, SearchLowerBound(c.times[g], s.options));
+  }
 }
 
 bool Planner::SearchCandidate(Candidate& c, Recompute r, double allreduce, Search& s, int* memory_rejections) const {

@@ -138,11 +138,15 @@ class Planner {
   struct Candidate {
     std::vector<std::vector<MicroBatch>> group_mbs;
     std::vector<GroupCosts> costs;
-    std::vector<PipelineTimes> times;
+    std::vector<PipelineTimes> times;  // per group, once tightened (empty before)
     double bound = 0;  // no schedule search of this split can do better
   };
-  // The split's Candidate; nullopt (last_error set) when a shape has no cost.
+  // The split's Candidate with its per-device bound (MakespanLowerBound);
+  // nullopt (last_error set) when a shape has no cost.
   std::optional<Candidate> Prepare(const std::vector<MicroBatch>& mbs, Recompute r, Search& s) const;
+  // Builds the candidate's simulator inputs and raises its bound to the
+  // chain bound of the orders the search tries (SearchLowerBound).
+  void Tighten(Candidate& c, const Search& s) const;
   // Schedules a candidate on every group and keeps it if fastest so far;
   // false when a group has no schedule that fits.
   bool SearchCandidate(Candidate& c, Recompute r, double allreduce, Search& s, int* memory_rejections) const;
