@@ -432,7 +432,10 @@ TEST_CASE("Requests without the token, or executor calls without a credential, a
                   tls ? "TLS" : "plaintext", absl::ToDoubleMilliseconds(took_big), too_big.error_message().c_str(),
                   after / 1048576.0, after_big / 1048576.0);
       CHECK(!too_big.ok());
-      CHECK(after_big - before < rpc::kPlannerReceiveQuotaBytes + (16 << 20));
+      // Far below the 200 MB: the planner's peak RSS grew 53-68 MB in
+      // plaintext and 64-81 MB with TLS (its record buffers on top) in 7
+      // runs on 2026-11-29; one went past the 16 MB of slack first allowed.
+      CHECK(after_big - before < rpc::kPlannerReceiveQuotaBytes + (32 << 20));
       CHECK(list().ok());
       // A token holder without an executor credential is refused on the
       // headers of an executor-only call: its 200 MB are not read.
