@@ -51,7 +51,7 @@ std::vector<int> Identity(int n) {
   return id;
 }
 
-TEST_CASE("The path bound is what wait-free cyclic reaches on a uniform pipeline") {
+TEST_CASE("The chain bound is what wait-free cyclic reaches on a uniform pipeline") {
   // 4 stages, 8 micro-batches of 2 ms forward and backward per stage, 0.1 ms
   // hops (the reference set-up of schedules_test): the first forward's fill,
   // every op on the last stage, the last backward's way back.
@@ -110,7 +110,7 @@ TEST_CASE("A heavy forward's climb counts on every stage") {
   CHECK(Simulated(ScheduleKind::kWaitFreeCyclic, t, 1e18) >= expected - 1e-9);
 }
 
-TEST_CASE("The path bound never exceeds a simulated schedule") {
+TEST_CASE("The chain bound never exceeds a simulated schedule") {
   std::mt19937_64 rng(34);
   std::uniform_real_distribution<double> u(0, 1);
   int checked = 0;
@@ -168,7 +168,7 @@ TEST_CASE("The path bound never exceeds a simulated schedule") {
   CHECK(checked > 1000);
 }
 
-TEST_CASE("The path bound does not apply to interleaved layouts") {
+TEST_CASE("The chain bound does not apply to interleaved layouts") {
   const PipelineTimes t = Chain({0, 1, 0, 1}, std::vector<double>(6, 1.0), 2.0, 0.1);
   PipelineTimes shared = t;
   shared.num_devices = 2;
