@@ -222,7 +222,7 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
     queue.pop();
     Candidate& c = prepared[k];
     if (c.times.empty()) {
-      Tighten(c, s);
+      Tighten(c, s.options);
       queue.push({c.bound, k});
       continue;
     }
@@ -252,12 +252,12 @@ std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>
   return c;
 }
 
-void Planner::Tighten(Candidate& c, const Search& s) const {
+void Planner::Tighten(Candidate& c, const SearchOptions& options) const {
   const int D = config_.dp;
   c.times.resize(D);
   for (int g = 0; g < D; ++g) {
     c.times[g] = GroupTimes(c.group_mbs[g], c.costs[g], *model_, comm_, g);
-    c.bound = std::max(c.bound, SearchLowerBound(c.times[g], s.options));
+    c.bound = std::max(c.bound, SearchLowerBound(c.times[g], options));
   }
 }
 

@@ -146,7 +146,7 @@ class Planner {
   std::optional<Candidate> Prepare(const std::vector<MicroBatch>& mbs, Recompute r, Search& s) const;
   // Builds the candidate's simulator inputs and raises its bound to the
   // chain bound of the orders the search tries (SearchLowerBound).
-  void Tighten(Candidate& c, const Search& s) const;
+  void Tighten(Candidate& c, const SearchOptions& options) const;
   // Schedules a candidate on every group and keeps it if fastest so far;
   // false when a group has no schedule that fits.
   bool SearchCandidate(Candidate& c, Recompute r, double allreduce, Search& s, int* memory_rejections) const;

@@ -1,7 +1,6 @@
 #include "planner/schedule_search.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -196,9 +195,9 @@ bool TrySchedule(const PipelineTimes& t, std::span<const int> order, ScheduleKin
 }  // namespace
 
 double SearchLowerBound(const PipelineTimes& base, const SearchOptions& options) {
-  double bound = std::numeric_limits<double>::infinity();
+  double bound = std::numeric_limits<double>::infinity();  // Orders always has the identity
   for (const std::vector<int>& order : Orders(base.num_mb, options)) bound = std::min(bound, OrderLowerBound(base, order));
-  return std::isfinite(bound) ? bound : 0;
+  return bound;
 }
 
 GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
