@@ -146,8 +146,8 @@ std::vector<std::vector<int>> Planner::SplitGroups(std::span<const MicroBatch> m
   // group keeps the original (length) order.
   std::vector<std::pair<double, int>> by_time;
   for (size_t i = 0; i < mbs.size(); ++i) {
-    auto c = costs_->Get(mbs[i].shape, r);
-    by_time.push_back({c.ok() ? (*c)->time_ms : 0.0, static_cast<int>(i)});
+    auto c = costs_->Time(mbs[i].shape, r);
+    by_time.push_back({c.ok() ? c->time_ms : 0.0, static_cast<int>(i)});
   }
   std::sort(by_time.begin(), by_time.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
   std::vector<double> load(D, 0);
@@ -199,8 +199,8 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   // could still win.
   std::vector<Candidate> prepared;
   bool all_found = true;
-  for (const std::vector<MicroBatch>& mbs : candidates->splits) {
-    std::optional<Candidate> c = Prepare(mbs, r, s);
+  for (std::vector<MicroBatch>& mbs : candidates->splits) {
+    std::optional<Candidate> c = Prepare(std::move(mbs), r, s);
     if (c.has_value()) {
       prepared.push_back(std::move(*c));
     } else {
@@ -232,7 +232,7 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   return !candidates->memory_bound && memory_rejections == 0 && all_found;
 }
 
-std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>& mbs, Recompute r, Search& s) const {
+std::optional<Planner::Candidate> Planner::Prepare(std::vector<MicroBatch> mbs, Recompute r, Search& s) const {
   const int D = config_.dp;
   ++s.candidates;
   const auto split = SplitGroups(mbs, r);
@@ -240,7 +240,8 @@ std::optional<Planner::Candidate> Planner::Prepare(const std::vector<MicroBatch>
   c.costs.resize(D);
   c.group_mbs.resize(D);
   for (int g = 0; g < D; ++g) {
-    for (int i : split[g]) c.group_mbs[g].push_back(mbs[i]);
+    c.group_mbs[g].reserve(split[g].size());
+    for (int i : split[g]) c.group_mbs[g].push_back(std::move(mbs[i]));
     auto costs = CostsOf(c.group_mbs[g], *costs_, r);
     if (!costs.ok()) {
       s.last_error = costs.status();

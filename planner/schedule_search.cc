@@ -5,16 +5,16 @@
 #include <numeric>
 #include <random>
 
+#include "src/common/status_macros.h"
 
 namespace dynapipe::planner {
 
 absl::StatusOr<GroupCosts> CostsOf(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r) {
   GroupCosts out;
-  out.reserve(mbs.size());
-  for (const MicroBatch& mb : mbs) {
-    auto cost = costs.Get(mb.shape, r);
-    if (!cost.ok()) return cost.status();
-    out.push_back(std::move(*cost));
+  out.chunks = costs.model().num_chunks();
+  out.table.resize(mbs.size() * out.chunks);
+  for (size_t m = 0; m < mbs.size(); ++m) {
+    RETURN_IF_ERROR(costs.Chunks(mbs[m].shape, r, std::span<ChunkCost>(out.table).subspan(m * out.chunks, out.chunks)));
   }
   return out;
 }
@@ -32,7 +32,7 @@ PipelineTimes GroupTimes(std::span<const MicroBatch> mbs, const GroupCosts& cost
   for (size_t m = 0; m < mbs.size(); ++m) {
     for (int c = 0; c < C; ++c) {
       const size_t i = t.At(static_cast<int>(m), c);
-      const ChunkCost& cc = costs[m]->chunks[c];
+      const ChunkCost& cc = costs.At(static_cast<int>(m), c);
       t.fw_ms[i] = cc.fw_ms;
       t.bw_ms[i] = cc.bw_ms;
       t.stored_mb[i] = cc.stored_mb;
@@ -71,7 +71,7 @@ PipelineTimes Permute(const PipelineTimes& base, std::span<const int> order) {
 }
 
 double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm) {
-  const int D = pm.num_devices(), C = pm.num_chunks(), mbs = static_cast<int>(costs.size());
+  const int D = pm.num_devices(), C = pm.num_chunks(), mbs = costs.size();
   std::vector<int> first_chunk(D, C);
   for (int c = C - 1; c >= 0; --c) first_chunk[pm.chunks()[c].device] = c;
   std::vector<double> work(D, 0);
@@ -84,7 +84,7 @@ double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm) {
         fill[d] = std::min(fill[d], fw_before);
         drain[d] = std::min(drain[d], bw_before);
       }
-      const ChunkCost& cc = costs[m]->chunks[c];
+      const ChunkCost& cc = costs.At(m, c);
       work[d] += cc.fw_ms + cc.bw_ms;
       fw_before += cc.fw_ms;
       bw_before += cc.bw_ms;

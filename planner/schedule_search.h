@@ -34,8 +34,15 @@ struct GroupSchedule {
   int memory_rejections = 0;  // simulated schedules that did not fit
 };
 
-// Each micro-batch's cost per chunk, in the group's order.
-using GroupCosts = std::vector<std::shared_ptr<const ShapeCost>>;
+// Each micro-batch's cost per chunk, in the group's order: one flat table
+// (micro-batch-major), so a group's costs are one allocation, not one per
+// micro-batch.
+struct GroupCosts {
+  int chunks = 0;
+  std::vector<ChunkCost> table;  // [m * chunks + c]
+  int size() const { return chunks == 0 ? 0 : static_cast<int>(table.size()) / chunks; }
+  const ChunkCost& At(int m, int c) const { return table[static_cast<size_t>(m) * chunks + c]; }
+};
 absl::StatusOr<GroupCosts> CostsOf(std::span<const MicroBatch> mbs, ShapeCosts& costs, Recompute r);
 
 // Per-micro-batch simulator inputs for the group (index = position in `mbs`),

@@ -17,10 +17,10 @@ int DecOf(const Sample& s, bool encoder_decoder) { return encoder_decoder ? s.ta
 
 // First-fit-decreasing of `items` (sorted longest first) into `rows` rows of
 // `seq` (and `dec_seq`) tokens; the placements, or empty when they do not fit.
-std::vector<Placement> FirstFit(std::span<const Sample> samples, std::span<const int> items, int rows, int seq,
-                                int dec_seq, bool encoder_decoder, int* rows_used) {
+Placements FirstFit(std::span<const Sample> samples, std::span<const int> items, int rows, int seq, int dec_seq,
+                     bool encoder_decoder, int* rows_used) {
   std::vector<int> enc(rows, 0), dec(rows, 0);
-  std::vector<Placement> out;
+  Placements out;
   out.reserve(items.size());
   int used = 0;
   for (int i : items) {
@@ -164,7 +164,7 @@ MicroBatch PackRows(std::span<const Sample> samples, std::vector<int> items, int
     if (static_cast<int64_t>(r) * (seq + dec) >= best_grid) break;  // grows with r from here on
     for (;;) {
       int used = 0;
-      std::vector<Placement> placed = FirstFit(samples, items, r, seq, dec, encoder_decoder, &used);
+      Placements placed = FirstFit(samples, items, r, seq, dec, encoder_decoder, &used);
       if (!placed.empty() && static_cast<int64_t>(used) * (seq + dec) < best_grid) {
         best_grid = static_cast<int64_t>(used) * (seq + dec);
         mb.samples = std::move(placed);

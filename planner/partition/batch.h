@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "planner/cost_model/layer_cost.h"
 
 namespace dynapipe::planner {
@@ -23,9 +24,15 @@ struct Placement {
   int32_t offset = 0;
 };
 
+// A micro-batch's samples. Most micro-batches the planner weighs hold a few
+// samples (a baseline's candidate splits at small sizes, the DP's long
+// rows), so up to four are kept inline: planning builds ~100 candidate
+// splits per iteration and most of them are never simulated.
+using Placements = absl::InlinedVector<Placement, 4>;
+
 struct MicroBatch {
   Shape shape;                  // padded tensor shape: rows x seq (x dec_seq)
-  std::vector<Placement> samples;
+  Placements samples;
   bool packed = false;          // rows hold several samples (packing baseline)
   // The data-parallel group a partitioner that balances groups chose; -1:
   // the planner splits micro-batches over groups.

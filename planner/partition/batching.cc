@@ -106,6 +106,7 @@ std::vector<MicroBatch> FromSplit(std::span<const Sample> samples, std::span<con
   for (int end : ends) {
     MicroBatch mb;
     mb.shape = PaddedShape(samples, order.subspan(begin, end - begin), round_multiple, encoder_decoder);
+    mb.samples.reserve(end - begin);
     for (int i = begin; i < end; ++i) mb.samples.push_back({order[i], i - begin, 0});
     out.push_back(std::move(mb));
     begin = end;
@@ -144,10 +145,10 @@ double ObjectiveBound(std::span<const Sample> samples, std::span<const int> orde
   ApplyWork(samples, costs.model().work(), std::span<MicroBatch>(simple));
   double mx = 0, sum = 0;
   for (const MicroBatch& mb : simple) {
-    auto c = costs.Get(mb.shape, r);
-    if (!c.ok() || !costs.Fits(**c, /*preferred=*/false)) return std::numeric_limits<double>::infinity();
-    mx = std::max(mx, (*c)->time_ms);
-    sum += (*c)->time_ms;
+    auto c = costs.Time(mb.shape, r);
+    if (!c.ok() || !c->fits[0]) return std::numeric_limits<double>::infinity();
+    mx = std::max(mx, c->time_ms);
+    sum += c->time_ms;
   }
   if (dp.stages <= 1) return std::numeric_limits<double>::infinity();
   return PipelineObjective(mx, sum, dp) * dp.chunks_per_device / (dp.stages - 1);

@@ -181,7 +181,8 @@ TEST_CASE("Caps SolveDp skips could not have changed the splits it keeps") {
 }
 
 // An 8-layer GPT on 4 stages under the analytic model, 9 GB per device.
-std::shared_ptr<const PipelineModel> SmallPipeline() {
+// 8 layers on 4 devices, two per device, or as `layer_to_device` says.
+std::shared_ptr<const PipelineModel> SmallPipeline(std::vector<int> layer_to_device = {}) {
   proto::ModelSpec model;
   model.set_kind(proto::ModelKind::gpt);
   model.set_num_layers(8);
@@ -194,7 +195,7 @@ std::shared_ptr<const PipelineModel> SmallPipeline() {
   dev.set_memory_bandwidth_gbps(2000);
   auto cost = AnalyticCostModel::Create(model, dev, {});
   REQUIRE(cost.ok());
-  auto pm = PipelineModel::Create(model, 4, {}, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
+  auto pm = PipelineModel::Create(model, 4, layer_to_device, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
                                   {.limit_mb = 9000});
   REQUIRE(pm.ok());
   return std::make_shared<PipelineModel>(std::move(*pm));
@@ -265,14 +266,20 @@ TEST_CASE("ShapeCosts::Time answers as Get, cached or not, varlen or padded") {
 }
 
 TEST_CASE("A padded shape scoring fewer rows costs as computed whole, from its cached grid and one head query") {
-  std::shared_ptr<const PipelineModel> pm = SmallPipeline();
+  // One chunk per device, and interleaved (the head's device has another chunk).
+  const bool interleaved = GENERATE(false, true);
+  std::shared_ptr<const PipelineModel> pm =
+      SmallPipeline(interleaved ? std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3} : std::vector<int>{});
+  INFO("interleaved " << interleaved);
   ShapeCosts costs(pm);
   std::mt19937 rng(6);
-  int cheaper = 0;
+  int cheaper = 0, others = 0, fits = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const int mbs = 1 + static_cast<int>(rng() % 32), seq = 8 * (1 + static_cast<int>(rng() % 256));
     Shape shape{mbs, seq, 0};
-    shape.scored = 1 + static_cast<int64_t>(rng() % (static_cast<int64_t>(mbs) * seq));
+    // One trial in four scores a handful of rows, so that the head's device
+    // is not always the slowest.
+    shape.scored = 1 + static_cast<int64_t>(rng() % (trial % 4 == 0 ? 4 : static_cast<int64_t>(mbs) * seq));
     for (const Recompute r : {Recompute::kNone, Recompute::kSelective}) {
       INFO("mbs " << mbs << " seq " << seq << " scored " << shape.scored);
       auto got = costs.Get(shape, r);  // the grid's cost, rescored
@@ -286,16 +293,36 @@ TEST_CASE("A padded shape scoring fewer rows costs as computed whole, from its c
         CHECK((*got)->chunks[c].stored_mb == Approx(chunks[c].stored_mb).epsilon(1e-12));
         CHECK((*got)->chunks[c].peak_mb == Approx(chunks[c].peak_mb).epsilon(1e-12));
       }
+      // Time summarizes from the grid's figures without its last chunk
+      // (ShapeCost::Rest), to the bits of a whole summary.
       auto t = costs.Time(shape, r);
       REQUIRE(t.ok());
       CHECK(t->time_ms == (*got)->time_ms);
+      CHECK(t->fits[0] == costs.Fits(**got, false));
       CHECK(t->fits[1] == costs.Fits(**got, true));
+      fits += t->fits[1];
+      // Chunks writes the same per-chunk costs without a ShapeCost.
+      std::vector<ChunkCost> flat(pm->num_chunks());
+      REQUIRE(costs.Chunks(shape, r, flat).ok());
+      for (int c = 0; c < pm->num_chunks(); ++c) {
+        CHECK(flat[c].fw_ms == (*got)->chunks[c].fw_ms);
+        CHECK(flat[c].bw_ms == (*got)->chunks[c].bw_ms);
+        CHECK(flat[c].stored_mb == (*got)->chunks[c].stored_mb);
+        CHECK(flat[c].peak_mb == (*got)->chunks[c].peak_mb);
+      }
       Shape grid = shape;
       grid.scored = 0;
-      cheaper += (*got)->time_ms < (*costs.Get(grid, r))->time_ms;
+      const std::shared_ptr<const ShapeCost> whole = *costs.Get(grid, r);
+      cheaper += (*got)->time_ms < whole->time_ms;
+      // Another device than the head's sets the time (the head's rows are few).
+      others += t->time_ms == whole->rest.others_ms;
     }
   }
   CHECK(cheaper > 300);  // fewer scored rows, a cheaper head
+  CHECK(others > 0);
+  // Both answers occur.
+  CHECK(fits > 0);
+  CHECK(fits < 400);
 }
 
 TEST_CASE("A relative tolerance trades a bounded loss for fewer caps") {

@@ -8,15 +8,20 @@
 namespace dynapipe::planner {
 
 void ShapeCosts::Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
-                           double* time_ms, bool fits[2]) const {
+                           double* time_ms, bool fits[2], ShapeCost::Rest* rest) const {
   const PipelineModel& pm = *model_;
-  const int D = pm.num_devices();
+  const int D = pm.num_devices(), C = pm.num_chunks();
   absl::InlinedVector<double, 16> time(D, 0);
   std::fill(stored_mb.begin(), stored_mb.end(), 0.0);
   std::fill(peak_mb.begin(), peak_mb.end(), 0.0);
-  for (int c = 0; c < pm.num_chunks(); ++c) {
+  for (int c = 0; c < C; ++c) {
     const int d = pm.chunks()[c].device;
     const ChunkCost& cc = chunks[c];
+    if (rest != nullptr && c == C - 1) {
+      rest->ms = time[d];
+      rest->stored_mb = stored_mb[d];
+      rest->peak_mb = peak_mb[d];
+    }
     time[d] += cc.fw_ms + cc.bw_ms;
     stored_mb[d] += cc.stored_mb;
     peak_mb[d] = std::max(peak_mb[d], cc.peak_mb);
@@ -24,12 +29,21 @@ void ShapeCosts::Summarize(std::span<const ChunkCost> chunks, std::span<double> 
   *time_ms = *std::max_element(time.begin(), time.end());
   for (const bool preferred : {false, true}) {
     bool fit = true;
-    for (int d = 0; d < D && fit; ++d) {
-      // 1F1B keeps D - d micro-batches in flight on pipeline device d.
-      const int in_flight = preferred ? D - d : 1;
-      fit = !(pm.StaticMb(d) + in_flight * stored_mb[d] + peak_mb[d] > pm.memory().limit_mb);
-    }
+    for (int d = 0; d < D && fit; ++d) fit = FitsOn(d, preferred, stored_mb[d], peak_mb[d]);
     fits[preferred ? 1 : 0] = fit;
+  }
+  if (rest == nullptr) return;
+  const int last = pm.chunks()[C - 1].device;
+  rest->others_ms = 0;
+  for (const bool preferred : {false, true}) {
+    bool fit = true;
+    for (int d = 0; d < D; ++d) {
+      if (d != last) fit = fit && FitsOn(d, preferred, stored_mb[d], peak_mb[d]);
+    }
+    rest->others_fit[preferred ? 1 : 0] = fit;
+  }
+  for (int d = 0; d < D; ++d) {
+    if (d != last) rest->others_ms = std::max(rest->others_ms, time[d]);
   }
 }
 
@@ -45,7 +59,7 @@ absl::StatusOr<std::unique_ptr<ShapeCost>> ShapeCosts::Compute(const Shape& shap
 void ShapeCosts::SummarizeInto(ShapeCost& cost) const {
   cost.stored_mb.assign(model_->num_devices(), 0);
   cost.peak_mb.assign(model_->num_devices(), 0);
-  Summarize(cost.chunks, cost.stored_mb, cost.peak_mb, &cost.time_ms, cost.fits);
+  Summarize(cost.chunks, cost.stored_mb, cost.peak_mb, &cost.time_ms, cost.fits, &cost.rest);
 }
 
 absl::Status ShapeCosts::Rescore(const ShapeCost& grid, const Shape& shape, Recompute r, std::span<ChunkCost> chunks,
@@ -66,13 +80,22 @@ absl::Status ShapeCosts::Rescore(const ShapeCost& grid, const Shape& shape, Reco
 absl::StatusOr<ShapeTime> ShapeCosts::RescoredTime(const Shape& shape, Recompute r) {
   ASSIGN_OR_RETURN(std::shared_ptr<const ShapeCost> grid, Grid(shape, r));
   const PipelineModel& pm = *model_;
-  absl::InlinedVector<ChunkCost, 16> chunks(pm.num_chunks());
-  absl::InlinedVector<double, 16> stored(pm.num_devices()), peak(pm.num_devices());
-  LayerCost head;
-  RETURN_IF_ERROR(Rescore(*grid, shape, r, std::span<ChunkCost>(chunks.data(), chunks.size()), &head));
+  ASSIGN_OR_RETURN(const LayerCost head, pm.cost_model().Cost(LayerKind::kPostprocess, shape, r));
+  if (!pm.chunks().back().postprocess) return ShapeTime{grid->time_ms, {grid->fits[0], grid->fits[1]}};
+  // The last chunk as Rescore prices it, then Summarize's sums from there.
+  const ChunkCost& was = grid->chunks.back();
+  const ShapeCost::Rest& rest = grid->rest;
+  const double fw = was.fw_ms + (head.fw_ms - grid->head.fw_ms);
+  const double bw = was.bw_ms + (head.bw_ms - grid->head.bw_ms);
+  const double stored = was.stored_mb + (head.stored_mb - grid->head.stored_mb);
+  const double peak = std::max(grid->head_rest_peak, head.peak_mb);
   ShapeTime t;
-  Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), std::span<double>(stored.data(), stored.size()),
-            std::span<double>(peak.data(), peak.size()), &t.time_ms, t.fits);
+  t.time_ms = std::max(rest.others_ms, rest.ms + (fw + bw));
+  const int last = pm.chunks().back().device;
+  for (const bool preferred : {false, true}) {
+    t.fits[preferred ? 1 : 0] = rest.others_fit[preferred ? 1 : 0] &&
+                                FitsOn(last, preferred, rest.stored_mb + stored, std::max(rest.peak_mb, peak));
+  }
   return t;
 }
 
@@ -93,6 +116,20 @@ absl::StatusOr<ShapeTime> ShapeCosts::Uncached(const Shape& shape, Recompute r) 
   Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), std::span<double>(stored.data(), stored.size()),
             std::span<double>(peak.data(), peak.size()), &t.time_ms, t.fits);
   return t;
+}
+
+absl::Status ShapeCosts::Chunks(const Shape& shape, Recompute r, std::span<ChunkCost> out) {
+  if (Rescorable(shape)) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const ShapeCost> grid, Grid(shape, r));
+    LayerCost head;
+    return Rescore(*grid, shape, r, out, &head);
+  }
+  if (Cacheable(shape)) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const ShapeCost> c, Get(shape, r));
+    std::copy(c->chunks.begin(), c->chunks.end(), out.begin());
+    return absl::OkStatus();
+  }
+  return model_->ChunkCosts(shape, r, out);
 }
 
 absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& shape, Recompute r) {

@@ -30,6 +30,16 @@ struct ShapeCost {
   // rows (ShapeCosts::Rescore).
   LayerCost head;
   double head_rest_peak = 0;
+  // Summarize's figures without the last chunk, so that the same grid with
+  // its head on fewer rows is summarized from that chunk alone
+  // (ShapeCosts::RescoredTime), to the same bits: the slowest other
+  // device's time, the last chunk's device's time, stored and peak over its
+  // other chunks, and whether every other device fits ([0] one in flight,
+  // [1] the preferred budget).
+  struct Rest {
+    double others_ms = 0, ms = 0, stored_mb = 0, peak_mb = 0;
+    bool others_fit[2] = {true, true};
+  } rest;
 };
 
 // What the partitioner's table needs of a shape: ShapeCost's time and fits.
@@ -61,6 +71,11 @@ class ShapeCosts {
     return Uncached(shape, r);
   }
 
+  // Get's per-chunk costs into `out` (num_chunks() entries) without
+  // allocating: a cached grid's copied (its head priced again when the shape
+  // scores fewer rows), any other shape's computed.
+  absl::Status Chunks(const Shape& shape, Recompute r, std::span<ChunkCost> out);
+
   // Whether the cost of `shape` is kept once computed (padded shapes; one
   // that scores fewer rows is its grid's cost with the head priced again).
   static bool Cacheable(const Shape& s) { return s.padded() && s.scored == 0; }
@@ -89,8 +104,17 @@ class ShapeCosts {
   }
   // Per device from per-chunk costs: time (slowest device's forward +
   // backward), stored and peak megabytes, and the fits.
+  // With `rest`, also the figures without the last chunk (ShapeCost::Rest).
   void Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
-                 double* time_ms, bool fits[2]) const;
+                 double* time_ms, bool fits[2], ShapeCost::Rest* rest = nullptr) const;
+  // Whether device d fits model state + in-flight micro-batches of
+  // `stored_mb` each + the transient `peak_mb` of one: one in flight, or the
+  // preferred budget (1F1B keeps D - d micro-batches in flight on device d).
+  bool FitsOn(int d, bool preferred, double stored_mb, double peak_mb) const {
+    const PipelineModel& pm = *model_;
+    const int in_flight = preferred ? pm.num_devices() - d : 1;
+    return !(pm.StaticMb(d) + in_flight * stored_mb + peak_mb > pm.memory().limit_mb);
+  }
   // Summarize over cost.chunks into the rest of `cost`.
   void SummarizeInto(ShapeCost& cost) const;
   absl::StatusOr<std::unique_ptr<ShapeCost>> Compute(const Shape& shape, Recompute r) const;
