@@ -30,6 +30,9 @@ class AnalyticCostModel : public LayerCostModel {
   absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const override;
   double ParamsMillions(LayerKind kind) const override;
   std::string Describe() const override;
+  // Attention's flops and score bytes are linear in the pairs; nothing else
+  // depends on them.
+  bool AffineInCells() const override { return true; }
 
  private:
   AnalyticCostModel() = default;

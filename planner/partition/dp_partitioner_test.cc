@@ -181,8 +181,7 @@ TEST_CASE("Caps SolveDp skips could not have changed the splits it keeps") {
 }
 
 // An 8-layer GPT on 4 stages under the analytic model, 9 GB per device.
-// 8 layers on 4 devices, two per device, or as `layer_to_device` says.
-std::shared_ptr<const PipelineModel> SmallPipeline(std::vector<int> layer_to_device = {}) {
+proto::ModelSpec SmallModel() {
   proto::ModelSpec model;
   model.set_kind(proto::ModelKind::gpt);
   model.set_num_layers(8);
@@ -190,15 +189,30 @@ std::shared_ptr<const PipelineModel> SmallPipeline(std::vector<int> layer_to_dev
   model.set_heads(16);
   model.set_vocab(32000);
   model.set_max_positions(8192);
+  return model;
+}
+
+// The analytic model of SmallModel on a 300 TFLOPS, 2 TB/s device.
+std::shared_ptr<const LayerCostModel> SmallCost(const proto::AnalyticCostOptions& options = {}) {
   proto::DeviceSpec dev;
   dev.set_peak_tflops(300);
   dev.set_memory_bandwidth_gbps(2000);
-  auto cost = AnalyticCostModel::Create(model, dev, {});
+  auto cost = AnalyticCostModel::Create(SmallModel(), dev, options);
   REQUIRE(cost.ok());
-  auto pm = PipelineModel::Create(model, 4, layer_to_device, std::shared_ptr<const LayerCostModel>(std::move(*cost)),
-                                  {.limit_mb = 9000});
+  return std::shared_ptr<const LayerCostModel>(std::move(*cost));
+}
+
+// SmallModel's 8 layers on 4 devices of `limit_mb`, two per device, or as
+// `layer_to_device` says.
+std::shared_ptr<const PipelineModel> PipelineOf(std::shared_ptr<const LayerCostModel> cost, double limit_mb,
+                                                std::vector<int> layer_to_device = {}) {
+  auto pm = PipelineModel::Create(SmallModel(), 4, layer_to_device, std::move(cost), {.limit_mb = limit_mb});
   REQUIRE(pm.ok());
   return std::make_shared<PipelineModel>(std::move(*pm));
+}
+
+std::shared_ptr<const PipelineModel> SmallPipeline(std::vector<int> layer_to_device = {}) {
+  return PipelineOf(SmallCost(), 9000, std::move(layer_to_device));
 }
 
 TEST_CASE("DP equals brute force under the analytic cost model with memory limits") {
@@ -253,7 +267,13 @@ TEST_CASE("ShapeCosts::Time answers as Get, cached or not, varlen or padded") {
           ++misses;
           continue;
         }
-        CHECK(t->time_ms == (*c)->time_ms);
+        // A varlen shape is read off its grid's line (CellsLine): the same
+        // time but for rounding, the same fits.
+        if (shape.padded()) {
+          CHECK(t->time_ms == (*c)->time_ms);
+        } else {
+          CHECK(t->time_ms == Approx((*c)->time_ms).epsilon(1e-12));
+        }
         CHECK(t->fits[0] == costs.Fits(**c, false));
         CHECK(t->fits[1] == costs.Fits(**c, true));
         fits += t->fits[1];
@@ -354,6 +374,95 @@ TEST_CASE("A sample that fits in no micro-batch is an error") {
   table.FinishRow(3);
   auto r = SolveDp(table, DpOptions{});
   CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+
+// Delegates to the analytic model, with attention's pairs priced squared
+// (not affine) and its claim of affinity set by the test.
+class SquaredCells : public LayerCostModel {
+ public:
+  SquaredCells(std::shared_ptr<const LayerCostModel> base, bool claims_affine)
+      : base_(std::move(base)), claims_affine_(claims_affine) {}
+  absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const override {
+    absl::StatusOr<LayerCost> c = base_->Cost(kind, shape, r);
+    if (c.ok() && kind == LayerKind::kEncoder) c->fw_ms += 1e-12 * shape.work_cells() * shape.work_cells();
+    return c;
+  }
+  double ParamsMillions(LayerKind kind) const override { return base_->ParamsMillions(kind); }
+  std::string Describe() const override { return "squared cells"; }
+  bool AffineInCells() const override { return claims_affine_; }
+
+ private:
+  std::shared_ptr<const LayerCostModel> base_;
+  bool claims_affine_;
+};
+
+// Time against a ShapeCost computed for the shape itself (Get).
+void CheckTimeAsComputed(ShapeCosts& costs, const Shape& shape, Recompute r, double epsilon, int* fits,
+                         int* fits_preferred) {
+  INFO("mbs " << shape.mbs << " seq " << shape.seq << " cells " << shape.cells);
+  auto t = costs.Time(shape, r);
+  auto c = costs.Get(shape, r);
+  REQUIRE(t.ok() == c.ok());
+  if (!c.ok()) return;
+  if (epsilon == 0) {
+    CHECK(t->time_ms == (*c)->time_ms);
+  } else {
+    CHECK(t->time_ms == Approx((*c)->time_ms).epsilon(epsilon));
+  }
+  CHECK(t->fits[0] == costs.Fits(**c, false));
+  CHECK(t->fits[1] == costs.Fits(**c, true));
+  *fits += t->fits[0];
+  *fits_preferred += t->fits[1];
+}
+
+TEST_CASE("A varlen shape read off its grid's line fits exactly where computed, memory moving with the pairs or not") {
+  // Materialized scores grow with the pairs, a fused kernel keeps none; the
+  // limit puts each grid's fitting threshold inside its range of pairs.
+  const auto attention = GENERATE(proto::AnalyticCostOptions::materialized, proto::AnalyticCostOptions::fused);
+  const double limit_mb = attention == proto::AnalyticCostOptions::fused ? 3500 : 9000;
+  INFO("attention " << attention);
+  proto::AnalyticCostOptions options;
+  options.set_attention(attention);
+  ShapeCosts costs(PipelineOf(SmallCost(options), limit_mb));
+  std::mt19937 rng(7);
+  int fits = 0, fits_preferred = 0, shapes = 0, split_grids = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int mbs = 1 + static_cast<int>(rng() % 24), seq = 8 * (16 + static_cast<int>(rng() % 496));
+    const int64_t grid = static_cast<int64_t>(mbs) * seq * seq;
+    const int before = fits;
+    for (int k = 0; k < 40; ++k) {
+      // Uniform pairs, and pairs at each end of the range.
+      const int64_t cells = k < 30 ? 1 + static_cast<int64_t>(rng() % grid) : k < 35 ? 1 + k % 5 : grid - k % 5;
+      CheckTimeAsComputed(costs, Shape{mbs, seq, 0, cells}, Recompute::kNone, 1e-12, &fits, &fits_preferred);
+      ++shapes;
+    }
+    split_grids += fits - before > 0 && fits - before < 40;  // the grid's threshold lies inside
+  }
+  // Each answer occurs; with materialized scores some grids fit only their
+  // smaller runs of pairs, and the preferred budget is the tighter one.
+  CHECK(fits_preferred > 0);
+  CHECK(fits < shapes);
+  if (attention == proto::AnalyticCostOptions::materialized) {
+    CHECK(split_grids > 0);
+    CHECK(fits_preferred < fits);
+  }
+}
+
+TEST_CASE("A cost model not affine in the pairs is asked for every varlen shape, whatever it claims") {
+  // Not claimed: no line. Claimed falsely: the grid's midpoint is off the
+  // line, so none either. Both give the computed cost to the bit.
+  const bool claims_affine = GENERATE(false, true);
+  INFO("claims affine " << claims_affine);
+  ShapeCosts costs(PipelineOf(std::make_shared<SquaredCells>(SmallCost(), claims_affine), 9000));
+  std::mt19937 rng(8);
+  int fits = 0, fits_preferred = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int mbs = 1 + static_cast<int>(rng() % 24), seq = 8 * (16 + static_cast<int>(rng() % 496));
+    const int64_t cells = 1 + static_cast<int64_t>(rng() % (static_cast<int64_t>(mbs) * seq * seq));
+    CheckTimeAsComputed(costs, Shape{mbs, seq, 0, cells}, Recompute::kNone, 0, &fits, &fits_preferred);
+  }
+  CHECK(fits > 0);
 }
 
 }  // namespace

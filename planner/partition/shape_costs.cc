@@ -1,6 +1,8 @@
 #include "planner/partition/shape_costs.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "absl/container/inlined_vector.h"
 #include "src/common/status_macros.h"
@@ -8,7 +10,8 @@
 namespace dynapipe::planner {
 
 void ShapeCosts::Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
-                           double* time_ms, bool fits[2], ShapeCost::Rest* rest) const {
+                           double* time_ms, bool fits[2], ShapeCost::Rest* rest,
+                           std::span<double> device_ms) const {
   const PipelineModel& pm = *model_;
   const int D = pm.num_devices(), C = pm.num_chunks();
   absl::InlinedVector<double, 16> time(D, 0);
@@ -27,6 +30,7 @@ void ShapeCosts::Summarize(std::span<const ChunkCost> chunks, std::span<double> 
     peak_mb[d] = std::max(peak_mb[d], cc.peak_mb);
   }
   *time_ms = *std::max_element(time.begin(), time.end());
+  std::copy_n(time.begin(), std::min(device_ms.size(), time.size()), device_ms.begin());
   for (const bool preferred : {false, true}) {
     bool fit = true;
     for (int d = 0; d < D && fit; ++d) fit = FitsOn(d, preferred, stored_mb[d], peak_mb[d]);
@@ -146,7 +150,7 @@ absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& sh
     ASSIGN_OR_RETURN(std::unique_ptr<ShapeCost> cost, Compute(shape, r));
     return std::shared_ptr<const ShapeCost>(std::move(cost));
   }
-  if (const ShapeCost* c = Dense(shape, r)) return Borrowed(c);
+  if (const ShapeCost* c = dense_.Find(DenseRowIndex(shape, r), shape.mbs)) return Borrowed(c);
   const int row = DenseRowIndex(shape, r);
   const uint64_t key = Key(shape, r);
   {
@@ -162,17 +166,78 @@ absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& sh
   }
   auto [it, inserted] = cache_.emplace(key, std::move(*cost));
   const ShapeCost* result = it->second.get();
-  if (row >= 0) {
-    DenseRow* dense = dense_[row].load(std::memory_order_relaxed);
-    if (dense == nullptr) {
-      dense_rows_.push_back(std::make_unique<DenseRow>());
-      dense = dense_rows_.back().get();
-      for (auto& slot : dense->slot) slot.store(nullptr, std::memory_order_relaxed);
-      dense_[row].store(dense, std::memory_order_release);
-    }
-    dense->slot[shape.mbs].store(result, std::memory_order_release);
-  }
+  if (row >= 0) dense_.Put(row, shape.mbs, result);
   return Borrowed(result);
+}
+
+std::unique_ptr<ShapeCosts::CellsLine> ShapeCosts::MakeLine(const Shape& shape, Recompute r) const {
+  auto line = std::make_unique<CellsLine>();
+  const PipelineModel& pm = *model_;
+  const int64_t grid = static_cast<int64_t>(shape.mbs) * shape.seq * shape.seq;
+  if (!pm.cost_model().AffineInCells() || grid < 3) return line;
+  const int D = pm.num_devices();
+  // Each device's time, stored and peak megabytes at `cells` pairs.
+  struct Point {
+    absl::InlinedVector<double, 16> time, stored, peak;
+    bool fits[2] = {false, false};
+  };
+  const auto at = [&](int64_t cells) -> std::optional<Point> {
+    Shape s = shape;
+    s.cells = cells;
+    absl::InlinedVector<ChunkCost, 16> chunks(pm.num_chunks());
+    if (!pm.ChunkCosts(s, r, std::span<ChunkCost>(chunks.data(), chunks.size())).ok()) return std::nullopt;
+    Point p;
+    p.time.resize(D);
+    p.stored.resize(D);
+    p.peak.resize(D);
+    double slowest = 0;
+    Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), std::span<double>(p.stored.data(), D),
+              std::span<double>(p.peak.data(), D), &slowest, p.fits, nullptr, std::span<double>(p.time.data(), D));
+    return p;
+  };
+  const int64_t half = grid / 2;
+  const std::optional<Point> one = at(1), mid = at(half), whole = at(grid);
+  if (!one || !mid || !whole) return line;
+  line->at_one = one->time;
+  line->per_cell.resize(D);
+  for (int d = 0; d < D; ++d) {
+    line->per_cell[d] = (whole->time[d] - one->time[d]) / static_cast<double>(grid - 1);
+    const double on_line = one->time[d] + static_cast<double>(half - 1) * line->per_cell[d];
+    if (std::abs(on_line - mid->time[d]) > 1e-9 * std::max(1.0, std::abs(mid->time[d]))) return line;
+    if (one->stored[d] > mid->stored[d] || mid->stored[d] > whole->stored[d] || one->peak[d] > mid->peak[d] ||
+        mid->peak[d] > whole->peak[d]) {
+      return line;
+    }
+  }
+  // Memory only grows with the pairs: the fitting ones are those up to a
+  // threshold, found by bisection where the grid's ends disagree.
+  for (const int p : {0, 1}) {
+    if (whole->fits[p] || !one->fits[p]) {
+      line->most_fitting[p] = whole->fits[p] ? grid : 0;
+      continue;
+    }
+    int64_t fits = 1, fails = grid;
+    while (fails - fits > 1) {
+      const int64_t m = fits + (fails - fits) / 2;
+      const std::optional<Point> at_m = at(m);
+      if (!at_m) return line;
+      (at_m->fits[p] ? fits : fails) = m;
+    }
+    line->most_fitting[p] = fits;
+  }
+  line->usable = true;
+  return line;
+}
+
+const ShapeCosts::CellsLine* ShapeCosts::AddLine(const Shape& shape, Recompute r) {
+  const int row = DenseRowIndex(shape, r);
+  if (row < 0) return nullptr;
+  std::unique_ptr<CellsLine> line = MakeLine(shape, r);
+  MutexLock lock(&mu_);
+  if (const CellsLine* other = lines_.Find(row, shape.mbs)) return other;  // another thread's
+  line_store_.push_back(std::move(line));
+  lines_.Put(row, shape.mbs, line_store_.back().get());
+  return line_store_.back().get();
 }
 
 }  // namespace dynapipe::planner

@@ -4,6 +4,7 @@
 // partitioner, baselines and schedule search ask for the same shapes many
 // times, within an iteration and across iterations of a job. Thread-safe.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "planner/cost_model/pipeline_model.h"
 #include "src/common/mutex.h"
@@ -64,9 +66,16 @@ class ShapeCosts {
   // Get's time_ms and fits without keeping the cost: for shapes that compute
   // less than their grid (nearly every varlen run of samples), this
   // allocates nothing, where Get builds and hands over a ShapeCost.
+  // A varlen run of samples whose cost model is affine in the pairs is read
+  // off its grid's line (CellsLine), two points computed once per grid.
   absl::StatusOr<ShapeTime> Time(const Shape& shape, Recompute r) {
-    if (const ShapeCost* c = Cacheable(shape) ? Dense(shape, r) : nullptr) {
+    if (const ShapeCost* c = Cacheable(shape) ? dense_.Find(DenseRowIndex(shape, r), shape.mbs) : nullptr) {
       return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
+    }
+    if (OnLine(shape)) {
+      const CellsLine* line = lines_.Find(DenseRowIndex(shape, r), shape.mbs);
+      if (line == nullptr) line = AddLine(shape, r);
+      if (line != nullptr && line->usable) return line->At(shape.cells);
     }
     return Uncached(shape, r);
   }
@@ -104,9 +113,11 @@ class ShapeCosts {
   }
   // Per device from per-chunk costs: time (slowest device's forward +
   // backward), stored and peak megabytes, and the fits.
-  // With `rest`, also the figures without the last chunk (ShapeCost::Rest).
+  // With `rest`, also the figures without the last chunk (ShapeCost::Rest);
+  // with `device_ms` (num_devices() entries), each device's time.
   void Summarize(std::span<const ChunkCost> chunks, std::span<double> stored_mb, std::span<double> peak_mb,
-                 double* time_ms, bool fits[2], ShapeCost::Rest* rest = nullptr) const;
+                 double* time_ms, bool fits[2], ShapeCost::Rest* rest = nullptr,
+                 std::span<double> device_ms = {}) const;
   // Whether device d fits model state + in-flight micro-batches of
   // `stored_mb` each + the transient `peak_mb` of one: one in flight, or the
   // preferred budget (1F1B keeps D - d micro-batches in flight on device d).
@@ -122,26 +133,69 @@ class ShapeCosts {
   absl::StatusOr<ShapeTime> Uncached(const Shape& shape, Recompute r);
   // A pointer to a cached entry that does not own it.
   static std::shared_ptr<const ShapeCost> Borrowed(const ShapeCost* c) { return {std::shared_ptr<void>(), c}; }
-  // Lock-free fast path for decoder-only shapes: rows per (recompute,
-  // seq / 8), each holding kDenseMbs atomic pointers, allocated on first use.
+  // Lock-free lookups for decoder-only grids: rows per (recompute, seq / 8),
+  // each holding kDenseMbs atomic pointers, allocated on first use; the
+  // entries are owned elsewhere and live as long as this object.
   static constexpr int kDenseSeqRows = 2048;  // seq up to 16384
   static constexpr int kDenseMbs = 1024;
-  struct DenseRow {
-    std::atomic<const ShapeCost*> slot[kDenseMbs];
-  };
   static int DenseRowIndex(const Shape& s, Recompute r) {
     if (s.dec_seq != 0 || s.seq % 8 != 0 || s.seq / 8 >= kDenseSeqRows || s.mbs >= kDenseMbs) return -1;
     return static_cast<int>(r) * kDenseSeqRows + s.seq / 8;
   }
+  template <typename T>
+  class DenseTable {
+   public:
+    // The entry, or null (none yet, or row < 0: not such a grid).
+    const T* Find(int row, int mbs) const {
+      if (row < 0) return nullptr;
+      const Row* dense = rows_[row].load(std::memory_order_acquire);
+      return dense == nullptr ? nullptr : dense->slot[mbs].load(std::memory_order_acquire);
+    }
+    // Under the owner's lock; row >= 0.
+    void Put(int row, int mbs, const T* entry) {
+      Row* dense = rows_[row].load(std::memory_order_relaxed);
+      if (dense == nullptr) {
+        owned_.push_back(std::make_unique<Row>());
+        dense = owned_.back().get();
+        for (auto& slot : dense->slot) slot.store(nullptr, std::memory_order_relaxed);
+        rows_[row].store(dense, std::memory_order_release);
+      }
+      dense->slot[mbs].store(entry, std::memory_order_release);
+    }
 
-  // The cached cost of a padded decoder-only shape from the lock-free rows,
-  // or null (not computed yet, or not such a shape).
-  const ShapeCost* Dense(const Shape& s, Recompute r) const {
-    const int row = DenseRowIndex(s, r);
-    if (row < 0) return nullptr;
-    const DenseRow* dense = dense_[row].load(std::memory_order_acquire);
-    return dense == nullptr ? nullptr : dense->slot[s.mbs].load(std::memory_order_acquire);
-  }
+   private:
+    struct Row {
+      std::atomic<const T*> slot[kDenseMbs];
+    };
+    std::unique_ptr<std::atomic<Row*>[]> rows_ =
+        std::make_unique<std::atomic<Row*>[]>(static_cast<size_t>(kNumRecompute) * kDenseSeqRows);
+    std::vector<std::unique_ptr<Row>> owned_;
+  };
+
+  // A decoder-only grid's costs as a function of the pairs attention
+  // computes, for varlen runs of samples (cells > 0, the head on every row):
+  // per device, the time at one cell and per further cell; and, memory
+  // growing with the pairs, the most pairs that fit ([0] one in flight, [1]
+  // the preferred budget; 0: none). Not usable when the cost model is not
+  // affine in cells, the grid's midpoint is off the line, a memory figure
+  // fell as pairs grew, or a point had no cost (such shapes are computed).
+  struct CellsLine {
+    bool usable = false;
+    absl::InlinedVector<double, 16> at_one, per_cell;
+    int64_t most_fitting[2] = {0, 0};
+    ShapeTime At(int64_t cells) const {
+      ShapeTime t{0, {cells <= most_fitting[0], cells <= most_fitting[1]}};
+      for (size_t d = 0; d < at_one.size(); ++d) {
+        t.time_ms = std::max(t.time_ms, at_one[d] + static_cast<double>(cells - 1) * per_cell[d]);
+      }
+      return t;
+    }
+  };
+  static bool OnLine(const Shape& s) { return s.cells > 0 && s.scored == 0 && s.dec_seq == 0; }
+  // Computes `shape`'s grid's line and keeps it; null when the grid has no
+  // dense slot.
+  const CellsLine* AddLine(const Shape& shape, Recompute r);
+  std::unique_ptr<CellsLine> MakeLine(const Shape& shape, Recompute r) const;
 
   static uint64_t Key(const Shape& s, Recompute r) {
     return (static_cast<uint64_t>(s.mbs) << 40) ^ (static_cast<uint64_t>(s.seq) << 20) ^
@@ -152,9 +206,9 @@ class ShapeCosts {
   Mutex mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<ShapeCost>> cache_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> errors_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<std::atomic<DenseRow*>[]> dense_ = std::make_unique<std::atomic<DenseRow*>[]>(
-      static_cast<size_t>(kNumRecompute) * kDenseSeqRows);
-  std::vector<std::unique_ptr<DenseRow>> dense_rows_ ABSL_GUARDED_BY(mu_);
+  DenseTable<ShapeCost> dense_;  // cache_'s grids, written under mu_
+  std::vector<std::unique_ptr<CellsLine>> line_store_ ABSL_GUARDED_BY(mu_);
+  DenseTable<CellsLine> lines_;  // line_store_'s lines, written under mu_
 };
 
 }  // namespace dynapipe::planner
