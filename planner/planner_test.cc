@@ -364,6 +364,11 @@ TEST_CASE_METHOD(TamperFixture, "The validator rejects corrupted plans") {
   SECTION("checksum mismatch is DATA_LOSS") {
     plans_[1].set_predicted_iteration_ms(plans_[1].predicted_iteration_ms() + 1);
     CHECK(ValidatePlans(plans_).code() == absl::StatusCode::kDataLoss);
+    // Unchecked only on request (the planner's plans, sealed by itself);
+    // everything else is still checked.
+    CHECK(ValidatePlans(plans_, ids_, {.checksums = false}).ok());
+    plans_[1].mutable_instructions(0)->set_micro_batch(999);
+    CHECK(ValidatePlans(plans_, ids_, {.checksums = false}).code() == absl::StatusCode::kInvalidArgument);
   }
   SECTION("a missing sample") {
     std::vector<int64_t> more = ids_;

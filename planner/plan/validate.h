@@ -26,7 +26,14 @@
 
 namespace dynapipe::planner {
 
+struct ValidateOptions {
+  // Off only for plans this process sealed a moment ago (the planner's own
+  // check of what it generated): their checksums were computed from the
+  // same bytes.
+  bool checksums = true;
+};
+
 absl::Status ValidatePlans(std::span<const proto::ExecutionPlan> plans,
-                           std::span<const int64_t> expected_sample_ids = {});
+                           std::span<const int64_t> expected_sample_ids = {}, const ValidateOptions& options = {});
 
 }  // namespace dynapipe::planner
