@@ -21,12 +21,4 @@ const char* RecomputeName(Recompute r) {
   return "?";
 }
 
-Shape WorkShape(Shape padded, int64_t sum_sq, const WorkModel& work) {
-  padded.cells = 0;
-  if (padded.dec_seq > 0 || !work.varlen_attention) return padded;
-  const int64_t grid_cells = static_cast<int64_t>(padded.mbs) * padded.seq * padded.seq;
-  if (sum_sq != grid_cells) padded.cells = sum_sq;
-  return padded;
-}
-
 }  // namespace dynapipe::planner

@@ -73,7 +73,14 @@ struct WorkModel {
 
 // The grid `padded` holding samples whose squared lengths sum to `sum_sq`,
 // as `work` computes it. Encoder-decoder shapes (dec_seq > 0) stay the grid.
-Shape WorkShape(Shape padded, int64_t sum_sq, const WorkModel& work);
+// Inline: the partitioner's table asks it for every run of samples.
+inline Shape WorkShape(Shape padded, int64_t sum_sq, const WorkModel& work) {
+  padded.cells = 0;
+  if (padded.dec_seq > 0 || !work.varlen_attention) return padded;
+  const int64_t grid_cells = static_cast<int64_t>(padded.mbs) * padded.seq * padded.seq;
+  if (sum_sq != grid_cells) padded.cells = sum_sq;
+  return padded;
+}
 
 struct LayerCost {
   double fw_ms = 0;
