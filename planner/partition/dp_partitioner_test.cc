@@ -397,6 +397,43 @@ class SquaredCells : public LayerCostModel {
   bool claims_affine_;
 };
 
+// Delegates to the analytic model (affine in the pairs), counting its calls.
+class Counted : public LayerCostModel {
+ public:
+  explicit Counted(std::shared_ptr<const LayerCostModel> base) : base_(std::move(base)) {}
+  absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const override {
+    ++calls;
+    return base_->Cost(kind, shape, r);
+  }
+  double ParamsMillions(LayerKind kind) const override { return base_->ParamsMillions(kind); }
+  std::string Describe() const override { return "counted"; }
+  bool AffineInCells() const override { return base_->AffineInCells(); }
+  mutable int calls = 0;
+
+ private:
+  std::shared_ptr<const LayerCostModel> base_;
+};
+
+TEST_CASE("A grid's varlen runs are asked of the cost model twice, then read off its line") {
+  auto counted = std::make_shared<Counted>(SmallCost());
+  ShapeCosts costs(PipelineOf(counted, 9000));
+  std::mt19937 rng(9);
+  const int mbs = 6, seq = 1024;
+  const auto ask = [&] {
+    const int before = counted->calls;
+    REQUIRE(costs.Time(Shape{mbs, seq, 0, 1 + static_cast<int64_t>(rng() % (mbs * seq * seq))}, Recompute::kNone).ok());
+    return counted->calls - before;
+  };
+  CHECK(ask() > 0);  // first: computed directly
+  CHECK(ask() > 0);  // second: the line is computed
+  for (int i = 0; i < 20; ++i) CHECK(ask() == 0);
+  // Another grid starts over: its second query computes its own line.
+  CHECK(costs.Time(Shape{mbs + 1, seq, 0, 5}, Recompute::kNone).ok());
+  const int before = counted->calls;
+  CHECK(costs.Time(Shape{mbs + 1, seq, 0, 7}, Recompute::kNone).ok());
+  CHECK(counted->calls > before);
+}
+
 // Time against a ShapeCost computed for the shape itself (Get).
 void CheckTimeAsComputed(ShapeCosts& costs, const Shape& shape, Recompute r, double epsilon, int* fits,
                          int* fits_preferred) {

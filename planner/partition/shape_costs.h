@@ -67,14 +67,16 @@ class ShapeCosts {
   // less than their grid (nearly every varlen run of samples), this
   // allocates nothing, where Get builds and hands over a ShapeCost.
   // A varlen run of samples whose cost model is affine in the pairs is read
-  // off its grid's line (CellsLine), two points computed once per grid.
+  // off its grid's line (CellsLine), computed when the grid is asked for
+  // the second time (a line costs about three direct answers, and most
+  // grids of a job recur).
   absl::StatusOr<ShapeTime> Time(const Shape& shape, Recompute r) {
     if (const ShapeCost* c = Cacheable(shape) ? dense_.Find(DenseRowIndex(shape, r), shape.mbs) : nullptr) {
       return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
     }
     if (OnLine(shape)) {
       const CellsLine* line = lines_.Find(DenseRowIndex(shape, r), shape.mbs);
-      if (line == nullptr) line = AddLine(shape, r);
+      if (line == nullptr || line == &kSeenOnce) line = AddLine(shape, r, line == &kSeenOnce);
       if (line != nullptr && line->usable) return line->At(shape.cells);
     }
     return Uncached(shape, r);
@@ -149,27 +151,44 @@ class ShapeCosts {
     const T* Find(int row, int mbs) const {
       if (row < 0) return nullptr;
       const Row* dense = rows_[row].load(std::memory_order_acquire);
-      return dense == nullptr ? nullptr : dense->slot[mbs].load(std::memory_order_acquire);
+      const Block* block = dense == nullptr ? nullptr : dense->block[mbs / kBlock].load(std::memory_order_acquire);
+      return block == nullptr ? nullptr : block->slot[mbs % kBlock].load(std::memory_order_acquire);
     }
     // Under the owner's lock; row >= 0.
     void Put(int row, int mbs, const T* entry) {
       Row* dense = rows_[row].load(std::memory_order_relaxed);
       if (dense == nullptr) {
-        owned_.push_back(std::make_unique<Row>());
-        dense = owned_.back().get();
-        for (auto& slot : dense->slot) slot.store(nullptr, std::memory_order_relaxed);
+        dense = Own(owned_rows_);
         rows_[row].store(dense, std::memory_order_release);
       }
-      dense->slot[mbs].store(entry, std::memory_order_release);
+      Block* block = dense->block[mbs / kBlock].load(std::memory_order_relaxed);
+      if (block == nullptr) {
+        block = Own(owned_blocks_);
+        dense->block[mbs / kBlock].store(block, std::memory_order_release);
+      }
+      block->slot[mbs % kBlock].store(entry, std::memory_order_release);
     }
 
    private:
-    struct Row {
-      std::atomic<const T*> slot[kDenseMbs];
+    // Slots come in blocks of kBlock row counts, allocated as used: a
+    // planner touches few row counts per length, and every page a fresh
+    // table touches costs a fault (tens of microseconds on some VMs).
+    static constexpr int kBlock = 32;
+    struct Block {
+      std::atomic<const T*> slot[kBlock];
     };
+    struct Row {
+      std::atomic<Block*> block[kDenseMbs / kBlock];
+    };
+    template <typename U>
+    static U* Own(std::vector<std::unique_ptr<U>>& owned) {
+      owned.push_back(std::make_unique<U>());  // atomics value-initialized: null
+      return owned.back().get();
+    }
     std::unique_ptr<std::atomic<Row*>[]> rows_ =
         std::make_unique<std::atomic<Row*>[]>(static_cast<size_t>(kNumRecompute) * kDenseSeqRows);
-    std::vector<std::unique_ptr<Row>> owned_;
+    std::vector<std::unique_ptr<Row>> owned_rows_;
+    std::vector<std::unique_ptr<Block>> owned_blocks_;
   };
 
   // A decoder-only grid's costs as a function of the pairs attention
@@ -192,9 +211,11 @@ class ShapeCosts {
     }
   };
   static bool OnLine(const Shape& s) { return s.cells > 0 && s.scored == 0 && s.dec_seq == 0; }
-  // Computes `shape`'s grid's line and keeps it; null when the grid has no
+  // The first time a grid is asked: marks it seen (kSeenOnce, not usable);
+  // the second: computes its line and keeps it. Null when the grid has no
   // dense slot.
-  const CellsLine* AddLine(const Shape& shape, Recompute r);
+  const CellsLine* AddLine(const Shape& shape, Recompute r, bool seen);
+  static const CellsLine kSeenOnce;
   std::unique_ptr<CellsLine> MakeLine(const Shape& shape, Recompute r) const;
 
   static uint64_t Key(const Shape& s, Recompute r) {
