@@ -116,9 +116,10 @@ class LayerCostModel {
   // Short description for reports ("profile h100 (gpt)", "analytic h100-sxm").
   virtual std::string Describe() const = 0;
   // Whether, at a fixed grid (mbs, seq, dec_seq, scored), every figure Cost
-  // returns is affine and nondecreasing in Shape::cells (cells > 0): the
-  // planner may then price a varlen micro-batch from its grid's line
-  // (ShapeCosts) instead of asking per run of samples.
+  // returns is affine and nondecreasing in Shape::cells (cells > 0), and
+  // whether it answers does not depend on the cells: the planner may then
+  // price a varlen micro-batch from its grid's line (ShapeCosts) instead of
+  // asking per run of samples.
   virtual bool AffineInCells() const { return false; }
 };
 

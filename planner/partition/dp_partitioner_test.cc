@@ -377,62 +377,28 @@ TEST_CASE("A sample that fits in no micro-batch is an error") {
 }
 
 
-// Delegates to the analytic model, with attention's pairs priced squared
-// (not affine) and its claim of affinity set by the test.
-class SquaredCells : public LayerCostModel {
+// Delegates to the analytic model (affine in the pairs), counting its
+// calls; `squared` adds a term in the pairs squared (no longer affine), and
+// it claims affinity as told.
+class Wrapped : public LayerCostModel {
  public:
-  SquaredCells(std::shared_ptr<const LayerCostModel> base, bool claims_affine)
-      : base_(std::move(base)), claims_affine_(claims_affine) {}
+  Wrapped(std::shared_ptr<const LayerCostModel> base, bool squared, bool claims_affine)
+      : base_(std::move(base)), squared_(squared), claims_affine_(claims_affine) {}
   absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const override {
+    ++calls;
     absl::StatusOr<LayerCost> c = base_->Cost(kind, shape, r);
-    if (c.ok() && kind == LayerKind::kEncoder) c->fw_ms += 1e-12 * shape.work_cells() * shape.work_cells();
+    if (squared_ && c.ok() && kind == LayerKind::kEncoder) c->fw_ms += 1e-12 * shape.work_cells() * shape.work_cells();
     return c;
   }
   double ParamsMillions(LayerKind kind) const override { return base_->ParamsMillions(kind); }
-  std::string Describe() const override { return "squared cells"; }
+  std::string Describe() const override { return "wrapped"; }
   bool AffineInCells() const override { return claims_affine_; }
-
- private:
-  std::shared_ptr<const LayerCostModel> base_;
-  bool claims_affine_;
-};
-
-// Delegates to the analytic model (affine in the pairs), counting its calls.
-class Counted : public LayerCostModel {
- public:
-  explicit Counted(std::shared_ptr<const LayerCostModel> base) : base_(std::move(base)) {}
-  absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const override {
-    ++calls;
-    return base_->Cost(kind, shape, r);
-  }
-  double ParamsMillions(LayerKind kind) const override { return base_->ParamsMillions(kind); }
-  std::string Describe() const override { return "counted"; }
-  bool AffineInCells() const override { return base_->AffineInCells(); }
   mutable int calls = 0;
 
  private:
   std::shared_ptr<const LayerCostModel> base_;
+  bool squared_, claims_affine_;
 };
-
-TEST_CASE("A grid's varlen runs are asked of the cost model twice, then read off its line") {
-  auto counted = std::make_shared<Counted>(SmallCost());
-  ShapeCosts costs(PipelineOf(counted, 9000));
-  std::mt19937 rng(9);
-  const int mbs = 6, seq = 1024;
-  const auto ask = [&] {
-    const int before = counted->calls;
-    REQUIRE(costs.Time(Shape{mbs, seq, 0, 1 + static_cast<int64_t>(rng() % (mbs * seq * seq))}, Recompute::kNone).ok());
-    return counted->calls - before;
-  };
-  CHECK(ask() > 0);  // first: computed directly
-  CHECK(ask() > 0);  // second: the line is computed
-  for (int i = 0; i < 20; ++i) CHECK(ask() == 0);
-  // Another grid starts over: its second query computes its own line.
-  CHECK(costs.Time(Shape{mbs + 1, seq, 0, 5}, Recompute::kNone).ok());
-  const int before = counted->calls;
-  CHECK(costs.Time(Shape{mbs + 1, seq, 0, 7}, Recompute::kNone).ok());
-  CHECK(counted->calls > before);
-}
 
 // Time against a ShapeCost computed for the shape itself (Get).
 void CheckTimeAsComputed(ShapeCosts& costs, const Shape& shape, Recompute r, double epsilon, int* fits,
@@ -453,6 +419,39 @@ void CheckTimeAsComputed(ShapeCosts& costs, const Shape& shape, Recompute r, dou
   *fits_preferred += t->fits[1];
 }
 
+TEST_CASE("A grid's varlen runs are read off its line from the first, the same bits whatever was asked before") {
+  auto wrapped = std::make_shared<Wrapped>(SmallCost(), /*squared=*/false, /*claims_affine=*/true);
+  ShapeCosts costs(PipelineOf(wrapped, 9000));
+  const int mbs = 6, seq = 1024;
+  const int64_t grid = int64_t{mbs} * seq * seq;
+  const auto calls_for = [&](int m, int64_t cells) {
+    const int before = wrapped->calls;
+    REQUIRE(costs.Time(Shape{m, seq, 0, cells}, Recompute::kNone).ok());
+    return wrapped->calls - before;
+  };
+  CHECK(calls_for(mbs, 12345) > 0);  // the grid's line is computed
+  for (int64_t cells = 1; cells < grid; cells += grid / 20) CHECK(calls_for(mbs, cells) == 0);
+  CHECK(calls_for(mbs + 1, 777) > 0);  // another grid has its own
+  CHECK(calls_for(mbs + 1, 778) == 0);
+  // A planner's answer must not depend on what its cache has seen (a
+  // restarted planner plans a resumed job alike): a fresh ShapeCosts and one
+  // that answered the grid before give the same bits.
+  ShapeCosts fresh(PipelineOf(SmallCost(), 9000)), warm(PipelineOf(SmallCost(), 9000));
+  std::mt19937 rng(10);
+  for (int i = 0; i < 50; ++i) {
+    REQUIRE(warm.Time(Shape{mbs, seq, 0, 1 + static_cast<int64_t>(rng() % grid)}, Recompute::kNone).ok());
+  }
+  for (int i = 0; i < 50; ++i) {
+    const Shape shape{mbs, seq, 0, 1 + static_cast<int64_t>(rng() % grid)};
+    ShapeCosts cold(PipelineOf(SmallCost(), 9000));
+    const auto a = cold.Time(shape, Recompute::kNone), b = warm.Time(shape, Recompute::kNone),
+               c = fresh.Time(shape, Recompute::kNone);
+    REQUIRE((a.ok() && b.ok() && c.ok()));
+    CHECK(a->time_ms == b->time_ms);
+    CHECK(a->time_ms == c->time_ms);
+  }
+}
+
 TEST_CASE("A varlen shape read off its grid's line fits exactly where computed, memory moving with the pairs or not") {
   // Materialized scores grow with the pairs, a fused kernel keeps none; the
   // limit puts each grid's fitting threshold inside its range of pairs.
@@ -463,41 +462,62 @@ TEST_CASE("A varlen shape read off its grid's line fits exactly where computed, 
   options.set_attention(attention);
   ShapeCosts costs(PipelineOf(SmallCost(options), limit_mb));
   std::mt19937 rng(7);
-  int fits = 0, fits_preferred = 0, shapes = 0, split_grids = 0;
+  int fits = 0, fits_preferred = 0, shapes = 0, thresholds = 0;
   for (int trial = 0; trial < 60; ++trial) {
     const int mbs = 1 + static_cast<int>(rng() % 24), seq = 8 * (16 + static_cast<int>(rng() % 496));
     const int64_t grid = static_cast<int64_t>(mbs) * seq * seq;
-    const int before = fits;
     for (int k = 0; k < 40; ++k) {
       // Uniform pairs, and pairs at each end of the range.
       const int64_t cells = k < 30 ? 1 + static_cast<int64_t>(rng() % grid) : k < 35 ? 1 + k % 5 : grid - k % 5;
       CheckTimeAsComputed(costs, Shape{mbs, seq, 0, cells}, Recompute::kNone, 1e-12, &fits, &fits_preferred);
       ++shapes;
     }
-    split_grids += fits - before > 0 && fits - before < 40;  // the grid's threshold lies inside
+    // Where one pair fits and the whole grid does not, the most pairs that
+    // fit (found here from the computed costs) and one more, for both budgets.
+    for (const bool preferred : {false, true}) {
+      const auto computed_fits = [&](int64_t cells) {
+        return costs.Fits(**costs.Get(Shape{mbs, seq, 0, cells}, Recompute::kNone), preferred);
+      };
+      if (!computed_fits(1) || computed_fits(grid)) continue;
+      int64_t lo = 1, hi = grid;
+      while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        (computed_fits(mid) ? lo : hi) = mid;
+      }
+      CheckTimeAsComputed(costs, Shape{mbs, seq, 0, lo}, Recompute::kNone, 1e-12, &fits, &fits_preferred);
+      CheckTimeAsComputed(costs, Shape{mbs, seq, 0, lo + 1}, Recompute::kNone, 1e-12, &fits, &fits_preferred);
+      ++thresholds;
+    }
   }
   // Each answer occurs; with materialized scores some grids fit only their
   // smaller runs of pairs, and the preferred budget is the tighter one.
   CHECK(fits_preferred > 0);
   CHECK(fits < shapes);
   if (attention == proto::AnalyticCostOptions::materialized) {
-    CHECK(split_grids > 0);
+    CHECK(thresholds > 10);
     CHECK(fits_preferred < fits);
   }
 }
 
-TEST_CASE("A cost model not affine in the pairs is asked for every varlen shape, whatever it claims") {
-  // Not claimed: no line. Claimed falsely: the grid's midpoint is off the
-  // line, so none either. Both give the computed cost to the bit.
-  const bool claims_affine = GENERATE(false, true);
-  INFO("claims affine " << claims_affine);
-  ShapeCosts costs(PipelineOf(std::make_shared<SquaredCells>(SmallCost(), claims_affine), 9000));
+TEST_CASE("A cost model that does not claim affinity, or claims it falsely, is asked for every varlen shape") {
+  // Not claimed: no line, affine or not. Claimed falsely: the grid's
+  // midpoint is off the line, so none either. Each gives the computed cost
+  // to the bit, asking the model each time, a grid's later queries too.
+  const auto [squared, claims_affine] = GENERATE(std::pair{false, false}, std::pair{true, false}, std::pair{true, true});
+  INFO("squared " << squared << ", claims affine " << claims_affine);
+  auto wrapped = std::make_shared<Wrapped>(SmallCost(), squared, claims_affine);
+  ShapeCosts costs(PipelineOf(wrapped, 9000));
   std::mt19937 rng(8);
   int fits = 0, fits_preferred = 0;
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < 20; ++trial) {
     const int mbs = 1 + static_cast<int>(rng() % 24), seq = 8 * (16 + static_cast<int>(rng() % 496));
-    const int64_t cells = 1 + static_cast<int64_t>(rng() % (static_cast<int64_t>(mbs) * seq * seq));
-    CheckTimeAsComputed(costs, Shape{mbs, seq, 0, cells}, Recompute::kNone, 0, &fits, &fits_preferred);
+    for (int k = 0; k < 10; ++k) {
+      const int64_t cells = 1 + static_cast<int64_t>(rng() % (static_cast<int64_t>(mbs) * seq * seq));
+      const int before = wrapped->calls;
+      REQUIRE(costs.Time(Shape{mbs, seq, 0, cells}, Recompute::kNone).ok());
+      CHECK(wrapped->calls > before);
+      CheckTimeAsComputed(costs, Shape{mbs, seq, 0, cells}, Recompute::kNone, 0, &fits, &fits_preferred);
+    }
   }
   CHECK(fits > 0);
 }

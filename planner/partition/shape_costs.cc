@@ -229,20 +229,12 @@ std::unique_ptr<ShapeCosts::CellsLine> ShapeCosts::MakeLine(const Shape& shape, 
   return line;
 }
 
-const ShapeCosts::CellsLine ShapeCosts::kSeenOnce;
-
-const ShapeCosts::CellsLine* ShapeCosts::AddLine(const Shape& shape, Recompute r, bool seen) {
+const ShapeCosts::CellsLine* ShapeCosts::AddLine(const Shape& shape, Recompute r) {
   const int row = DenseRowIndex(shape, r);
   if (row < 0) return nullptr;
-  if (!seen) {
-    MutexLock lock(&mu_);
-    if (const CellsLine* other = lines_.Find(row, shape.mbs)) return other;  // another thread's
-    lines_.Put(row, shape.mbs, &kSeenOnce);
-    return &kSeenOnce;
-  }
   std::unique_ptr<CellsLine> line = MakeLine(shape, r);
   MutexLock lock(&mu_);
-  if (const CellsLine* other = lines_.Find(row, shape.mbs); other != &kSeenOnce) return other;  // another thread's
+  if (const CellsLine* other = lines_.Find(row, shape.mbs)) return other;  // another thread's
   line_store_.push_back(std::move(line));
   lines_.Put(row, shape.mbs, line_store_.back().get());
   return line_store_.back().get();

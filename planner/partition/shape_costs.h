@@ -67,16 +67,18 @@ class ShapeCosts {
   // less than their grid (nearly every varlen run of samples), this
   // allocates nothing, where Get builds and hands over a ShapeCost.
   // A varlen run of samples whose cost model is affine in the pairs is read
-  // off its grid's line (CellsLine), computed when the grid is asked for
-  // the second time (a line costs about three direct answers, and most
-  // grids of a job recur).
+  // off its grid's line (CellsLine), computed on the grid's first query.
+  // Always the line, never the direct answer, for a grid that has one: the
+  // two differ in the last bits, and a plan must not depend on what the
+  // cache has seen (a restarted planner plans a resumed job's batches
+  // alike).
   absl::StatusOr<ShapeTime> Time(const Shape& shape, Recompute r) {
     if (const ShapeCost* c = Cacheable(shape) ? dense_.Find(DenseRowIndex(shape, r), shape.mbs) : nullptr) {
       return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
     }
     if (OnLine(shape)) {
       const CellsLine* line = lines_.Find(DenseRowIndex(shape, r), shape.mbs);
-      if (line == nullptr || line == &kSeenOnce) line = AddLine(shape, r, line == &kSeenOnce);
+      if (line == nullptr) line = AddLine(shape, r);
       if (line != nullptr && line->usable) return line->At(shape.cells);
     }
     return Uncached(shape, r);
@@ -211,11 +213,9 @@ class ShapeCosts {
     }
   };
   static bool OnLine(const Shape& s) { return s.cells > 0 && s.scored == 0 && s.dec_seq == 0; }
-  // The first time a grid is asked: marks it seen (kSeenOnce, not usable);
-  // the second: computes its line and keeps it. Null when the grid has no
-  // dense slot.
-  const CellsLine* AddLine(const Shape& shape, Recompute r, bool seen);
-  static const CellsLine kSeenOnce;
+  // Computes `shape`'s grid's line and keeps it (a racing thread's, the
+  // same, if it came first); null when the grid has no dense slot.
+  const CellsLine* AddLine(const Shape& shape, Recompute r);
   std::unique_ptr<CellsLine> MakeLine(const Shape& shape, Recompute r) const;
 
   static uint64_t Key(const Shape& s, Recompute r) {

@@ -2,7 +2,8 @@
 
 // Checks a set of execution plans (all ranks of one iteration), whether just
 // generated or read from disk or Redis:
-//  - ranks, job, iteration and sizes agree; checksums match (DATA_LOSS if not);
+//  - ranks, job, iteration and sizes agree; checksums match (DATA_LOSS if
+//    not; skipped only on request, ValidateOptions::checksums);
 //  - on every rank, each micro-batch's forward precedes its backward for
 //    every local chunk, each exactly once;
 //  - buffers: written before read, a receive finished before use, a send
