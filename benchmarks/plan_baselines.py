@@ -27,7 +27,7 @@ SETUPS = [
     ("T5-3B-like, 4 x 1, 4,096", "t5-3b", 4, 1, 4096, "materialized"),
     ("T5-3B-like, 4 x 1, 8,192", "t5-3b", 4, 1, 8192, "materialized"),
 ]
-PARTS = ["baselines", "balanced", "group_balance"]
+PARTS = ["baselines", "balanced", "group_balance", "rebalance"]
 
 
 def plan(binary, lengths, iters, setup, extra):

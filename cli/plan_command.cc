@@ -59,6 +59,12 @@ std::string IterationJson(const IterationPlan& p, size_t samples) {
   w.Str("recompute", planner::RecomputeName(p.recompute)).Int("simulations", p.simulations);
   w.Int("candidates", p.candidates).Int("candidates_pruned", p.candidates_pruned);
   w.Fixed("dp_imbalance", p.dp_imbalance, kRatioDecimals);
+  // Trades kept between data-parallel groups, and the slowest group's
+  // pipeline before them.
+  if (!p.rebalanced_ms.empty()) {
+    w.Int("rebalance_trades", static_cast<int64_t>(p.rebalanced_ms.size()) - 1);
+    w.Fixed("unbalanced_ms", p.rebalanced_ms.front(), kMsDecimals);
+  }
   w.Key("plan_ms").BeginObject().Fixed("partition", p.timings.partition_ms, kMsDecimals);
   w.Fixed("schedule", p.timings.schedule_ms, kMsDecimals).Fixed("instructions", p.timings.instructions_ms, kMsDecimals);
   w.Fixed("validate", p.timings.validate_ms, kMsDecimals).Fixed("total", p.timings.total_ms, kMsDecimals);
@@ -331,7 +337,8 @@ std::string PlanUsage() {
                             linear-plus-quadratic cost, as WLB-LLM)
   --ablate PARTS            switch parts of dynamic off, comma list: baselines (the other methods'
                             splits among its candidates), balanced (the varlen cost-balanced
-                            partitioner), group_balance (partitioners' data-parallel groups)
+                            partitioner), group_balance (partitioners' data-parallel groups),
+                            rebalance (micro-batches traded between the slowest and fastest groups)
   --micro-batch-size N      padding / fixed_mbs size (default: best power of two)
   --micro-batch-tokens N    token_based budget (default: best power of two x 1024)
   --schedule S              auto|1f1b|interleaved_1f1b|wait_free_cyclic (default auto)

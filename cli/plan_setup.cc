@@ -206,9 +206,11 @@ absl::Status MethodsFromArgs(const Args& args, planner::PlannerConfig& c) {
       c.parts.balanced = false;
     } else if (part == "group_balance") {
       c.parts.group_balance = false;
+    } else if (part == "rebalance") {
+      c.parts.rebalance = false;
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--ablate: unknown part \"", part, "\" (baselines, balanced, group_balance)"));
+          absl::StrCat("--ablate: unknown part \"", part, "\" (baselines, balanced, group_balance, rebalance)"));
     }
   }
   const std::string schedule = args.Str("schedule", "auto");

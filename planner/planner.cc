@@ -174,6 +174,10 @@ struct Planner::Search {
   IterationPlan best;
   std::vector<GroupSchedule> best_groups;
   std::vector<PipelineTimes> best_times;
+  // The best split's micro-batches, costs and simulator inputs per group, in
+  // the partitioner's order (kept only for Rebalance).
+  bool keep_split = false;
+  Candidate best_split;
   absl::Status last_error = absl::OkStatus();
   double partition_ms = 0, schedule_ms = 0;
   int simulations = 0, candidates = 0, pruned = 0;
@@ -291,7 +295,104 @@ bool Planner::SearchCandidate(Candidate& c, Recompute r, double allreduce, Searc
     }
     s.best_groups = std::move(found);
     s.best_times = c.times;
+    if (s.keep_split) s.best_split = c;
   }
+  return true;
+}
+
+void Planner::Rebalance(Search& s) const {
+  const int D = config_.dp, C = model_->num_chunks();
+  constexpr int kRounds = 8, kTradesPerRound = 48;
+  for (int round = 0; round < kRounds; ++round) {
+    int a = 0, b = 0;  // slowest, fastest
+    for (int g = 1; g < D; ++g) {
+      if (s.best_groups[g].makespan_ms > s.best_groups[a].makespan_ms) a = g;
+      if (s.best_groups[g].makespan_ms < s.best_groups[b].makespan_ms) b = g;
+    }
+    if (round == 0) s.best.rebalanced_ms.push_back(s.best_groups[a].makespan_ms);
+    const double gap = s.best_groups[a].makespan_ms - s.best_groups[b].makespan_ms;
+    if (gap <= 1e-3 * s.best_groups[a].makespan_ms) return;
+    // A micro-batch's work per device; a trade moving about half the gap
+    // evens the two groups best.
+    auto work = [&](int g, int m) {
+      if (m < 0) return 0.0;
+      double w = 0;
+      for (int c = 0; c < C; ++c) w += s.best_split.costs[g].At(m, c).fw_ms + s.best_split.costs[g].At(m, c).bw_ms;
+      return w / model_->num_devices();
+    };
+    struct Trade {
+      double miss;
+      int i, j;
+    };
+    std::vector<Trade> trades;
+    const int na = static_cast<int>(s.best_split.group_mbs[a].size());
+    const int nb = static_cast<int>(s.best_split.group_mbs[b].size());
+    for (int i = 0; i < na && na > 1; ++i) {
+      for (int j = -1; j < nb; ++j) {
+        const double moved = work(a, i) - work(b, j);
+        if (moved > 0 && moved < gap) trades.push_back({std::abs(moved - gap / 2), i, j});
+      }
+    }
+    const size_t n = std::min<size_t>(kTradesPerRound, trades.size());
+    std::partial_sort(trades.begin(), trades.begin() + n, trades.end(), [](const Trade& x, const Trade& y) {
+      return x.miss != y.miss ? x.miss < y.miss : (x.i != y.i ? x.i < y.i : x.j < y.j);
+    });
+    bool kept = false;
+    for (size_t k = 0; k < n && !kept; ++k) kept = TryTrade(s, a, b, trades[k].i, trades[k].j);
+    if (!kept) return;
+  }
+}
+
+bool Planner::TryTrade(Search& s, int a, int b, int i, int j) const {
+  const Candidate& c = s.best_split;
+  const int C = c.costs[a].chunks;
+  // Both groups' micro-batches and costs after the trade, in partition order.
+  std::vector<MicroBatch> mbs[2];
+  GroupCosts costs[2];
+  auto append = [&](int side, int g, int m) {
+    mbs[side].push_back(c.group_mbs[g][m]);
+    mbs[side].back().group = mbs[side].back().group >= 0 ? (side == 0 ? a : b) : -1;
+    costs[side].chunks = C;
+    const auto row = c.costs[g].table.begin() + static_cast<ptrdiff_t>(m) * C;
+    costs[side].table.insert(costs[side].table.end(), row, row + C);
+  };
+  const int na = static_cast<int>(c.group_mbs[a].size()), nb = static_cast<int>(c.group_mbs[b].size());
+  for (int m = 0; m < na; ++m) {
+    if (m != i) append(0, a, m);
+    else if (j >= 0) append(0, b, j);
+  }
+  // A moved micro-batch keeps its relative place in the other group's order.
+  const int at = j >= 0 ? j : static_cast<int>((static_cast<int64_t>(i) * (nb + 1) + na / 2) / na);
+  for (int m = 0; m <= nb; ++m) {
+    if (m == at) append(1, a, i);
+    if (m < nb && m != j) append(1, b, m);
+  }
+  const double slowest = s.best_groups[a].makespan_ms;
+  PipelineTimes times[2];
+  for (int side = 0; side < 2; ++side) {
+    times[side] = GroupTimes(mbs[side], costs[side], *model_, comm_, side == 0 ? a : b);
+    if (SearchLowerBound(times[side], s.options) >= slowest) return false;
+  }
+  GroupSchedule found[2];
+  for (int side = 0; side < 2; ++side) {
+    found[side] = SearchSchedule(times[side], config_.memory_limit_mb, s.options);
+    s.simulations += found[side].simulations;
+    if (!found[side].found || found[side].makespan_ms >= slowest * (1 - 1e-9)) return false;
+  }
+  double now = 0;
+  for (int side = 0; side < 2; ++side) {
+    const int g = side == 0 ? a : b;
+    s.best.groups[g].clear();
+    for (int m : found[side].order) s.best.groups[g].push_back(mbs[side][m]);
+    s.best_groups[g] = std::move(found[side]);
+    s.best_times[g] = times[side];
+    s.best_split.group_mbs[g] = std::move(mbs[side]);
+    s.best_split.costs[g] = std::move(costs[side]);
+    s.best_split.times[g] = std::move(times[side]);
+  }
+  for (const GroupSchedule& f : s.best_groups) now = std::max(now, f.makespan_ms);
+  s.best.predicted_ms = now + s.best.allreduce_ms;
+  s.best.rebalanced_ms.push_back(now);
   return true;
 }
 
@@ -367,6 +468,7 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
   s.batching = batching;
   s.options = SearchOptionsOf(config_, seed);
   s.best.predicted_ms = std::numeric_limits<double>::infinity();
+  s.keep_split = batching == Batching::kDynamic && config_.parts.rebalance && D > 1;
   for (Recompute r : LevelsOf(config_.recompute)) {
     // Dominance prune: more recomputation only adds backward work and saves
     // memory. Once a level's split was not limited by memory and none of its
@@ -380,6 +482,11 @@ absl::StatusOr<IterationPlan> Planner::Plan(std::span<const Sample> samples, int
   }
   if (s.best_groups.empty()) {
     return s.last_error.ok() ? absl::FailedPreconditionError("no feasible plan") : s.last_error;
+  }
+  if (s.keep_split) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Rebalance(s);
+    s.schedule_ms += MsSince(t0);
   }
   IterationPlan& best = s.best;
   best.iteration = iteration;

@@ -36,6 +36,9 @@ struct DynamicParts {
   // Data-parallel groups as the balancing partitioners chose them, rather
   // than split by the planner's longest-first rule.
   bool group_balance = true;
+  // The chosen split's slowest and fastest data-parallel groups trade
+  // micro-batches while the slowest gets faster (simulated).
+  bool rebalance = true;
 };
 
 struct PlannerConfig {
@@ -85,6 +88,9 @@ struct IterationPlan {
   double allreduce_ms = 0;
   // Slowest data-parallel group's simulated pipeline over the mean (1: even).
   double dp_imbalance = 1;
+  // The slowest group's simulated pipeline before Rebalance and after each
+  // trade it kept (empty when it did not run).
+  std::vector<double> rebalanced_ms;
   std::vector<double> peak_mb;                  // per pipeline stage, max over groups
   double padding_efficiency = 0;
   int64_t tokens = 0;                           // real tokens in the iteration
@@ -150,6 +156,14 @@ class Planner {
   // Schedules a candidate on every group and keeps it if fastest so far;
   // false when a group has no schedule that fits.
   bool SearchCandidate(Candidate& c, Recompute r, double allreduce, Search& s, int* memory_rejections) const;
+  // Dynamic with several groups: moves or swaps micro-batches between the
+  // chosen split's slowest and fastest groups, each trade searched and kept
+  // only when both groups then finish before the slowest did.
+  void Rebalance(Search& s) const;
+  // The trade Rebalance tries: micro-batch `i` of group `a` to group `b`, and
+  // `j` of `b` to `a` in its place (j < 0: a move, `i` placed at its relative
+  // position). True (and `s` updated) when it was kept.
+  bool TryTrade(Search& s, int a, int b, int i, int j) const;
   // The per-iteration gradient all-reduce (or measured iteration overhead).
   double AllReduceMs() const;
   // Re-simulates the chosen schedules into `best` (sims, schedules, peak memory).
