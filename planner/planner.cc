@@ -345,16 +345,11 @@ void Planner::Rebalance(Search& s) const {
 
 bool Planner::TryTrade(Search& s, int a, int b, int i, int j) const {
   const Candidate& c = s.best_split;
-  const int C = c.costs[a].chunks;
-  // Both groups' micro-batches and costs after the trade, in partition order.
+  // Both groups' micro-batches after the trade, in partition order.
   std::vector<MicroBatch> mbs[2];
-  GroupCosts costs[2];
   auto append = [&](int side, int g, int m) {
     mbs[side].push_back(c.group_mbs[g][m]);
     mbs[side].back().group = mbs[side].back().group >= 0 ? (side == 0 ? a : b) : -1;
-    costs[side].chunks = C;
-    const auto row = c.costs[g].table.begin() + static_cast<ptrdiff_t>(m) * C;
-    costs[side].table.insert(costs[side].table.end(), row, row + C);
   };
   const int na = static_cast<int>(c.group_mbs[a].size()), nb = static_cast<int>(c.group_mbs[b].size());
   for (int m = 0; m < na; ++m) {
@@ -368,8 +363,12 @@ bool Planner::TryTrade(Search& s, int a, int b, int i, int j) const {
     if (m < nb && m != j) append(1, b, m);
   }
   const double slowest = s.best_groups[a].makespan_ms;
+  GroupCosts costs[2];
   PipelineTimes times[2];
   for (int side = 0; side < 2; ++side) {
+    auto cost = CostsOf(mbs[side], *costs_, s.best.recompute);  // every shape was priced for the split
+    if (!cost.ok()) return false;
+    costs[side] = std::move(*cost);
     times[side] = GroupTimes(mbs[side], costs[side], *model_, comm_, side == 0 ? a : b);
     if (SearchLowerBound(times[side], s.options) >= slowest) return false;
   }
