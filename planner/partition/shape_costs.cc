@@ -113,13 +113,21 @@ absl::StatusOr<ShapeTime> ShapeCosts::Uncached(const Shape& shape, Recompute r) 
     t.fits[1] = c->fits[1];
     return t;
   }
+  absl::InlinedVector<double, 16> stored(model_->num_devices()), peak(model_->num_devices());
+  RETURN_IF_ERROR(Direct(shape, r, std::span<double>(stored.data(), stored.size()),
+                         std::span<double>(peak.data(), peak.size()), &t.time_ms, t.fits));
+  return t;
+}
+
+absl::Status ShapeCosts::Direct(const Shape& shape, Recompute r, std::span<double> stored_mb,
+                                std::span<double> peak_mb, double* time_ms, bool fits[2],
+                                std::span<double> device_ms) const {
   const PipelineModel& pm = *model_;
   absl::InlinedVector<ChunkCost, 16> chunks(pm.num_chunks());
-  absl::InlinedVector<double, 16> stored(pm.num_devices()), peak(pm.num_devices());
   RETURN_IF_ERROR(pm.ChunkCosts(shape, r, std::span<ChunkCost>(chunks.data(), chunks.size())));
-  Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), std::span<double>(stored.data(), stored.size()),
-            std::span<double>(peak.data(), peak.size()), &t.time_ms, t.fits);
-  return t;
+  Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), stored_mb, peak_mb, time_ms, fits, nullptr,
+            device_ms);
+  return absl::OkStatus();
 }
 
 absl::Status ShapeCosts::Chunks(const Shape& shape, Recompute r, std::span<ChunkCost> out) {
@@ -150,8 +158,8 @@ absl::StatusOr<std::shared_ptr<const ShapeCost>> ShapeCosts::Get(const Shape& sh
     ASSIGN_OR_RETURN(std::unique_ptr<ShapeCost> cost, Compute(shape, r));
     return std::shared_ptr<const ShapeCost>(std::move(cost));
   }
-  if (const ShapeCost* c = dense_.Find(DenseRowIndex(shape, r), shape.mbs)) return Borrowed(c);
   const int row = DenseRowIndex(shape, r);
+  if (const ShapeCost* c = dense_.Find(row, shape.mbs)) return Borrowed(c);
   const uint64_t key = Key(shape, r);
   {
     MutexLock lock(&mu_);
@@ -184,15 +192,16 @@ std::unique_ptr<ShapeCosts::CellsLine> ShapeCosts::MakeLine(const Shape& shape, 
   const auto at = [&](int64_t cells) -> std::optional<Point> {
     Shape s = shape;
     s.cells = cells;
-    absl::InlinedVector<ChunkCost, 16> chunks(pm.num_chunks());
-    if (!pm.ChunkCosts(s, r, std::span<ChunkCost>(chunks.data(), chunks.size())).ok()) return std::nullopt;
     Point p;
     p.time.resize(D);
     p.stored.resize(D);
     p.peak.resize(D);
     double slowest = 0;
-    Summarize(std::span<const ChunkCost>(chunks.data(), chunks.size()), std::span<double>(p.stored.data(), D),
-              std::span<double>(p.peak.data(), D), &slowest, p.fits, nullptr, std::span<double>(p.time.data(), D));
+    if (!Direct(s, r, std::span<double>(p.stored.data(), D), std::span<double>(p.peak.data(), D), &slowest, p.fits,
+                std::span<double>(p.time.data(), D))
+             .ok()) {
+      return std::nullopt;
+    }
     return p;
   };
   const int64_t half = grid / 2;
@@ -229,8 +238,7 @@ std::unique_ptr<ShapeCosts::CellsLine> ShapeCosts::MakeLine(const Shape& shape, 
   return line;
 }
 
-const ShapeCosts::CellsLine* ShapeCosts::AddLine(const Shape& shape, Recompute r) {
-  const int row = DenseRowIndex(shape, r);
+const ShapeCosts::CellsLine* ShapeCosts::AddLine(const Shape& shape, Recompute r, int row) {
   if (row < 0) return nullptr;
   std::unique_ptr<CellsLine> line = MakeLine(shape, r);
   MutexLock lock(&mu_);

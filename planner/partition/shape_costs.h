@@ -74,12 +74,13 @@ class ShapeCosts {
   // cache has seen (a restarted planner plans a resumed job's batches
   // alike).
   absl::StatusOr<ShapeTime> Time(const Shape& shape, Recompute r) {
-    if (const ShapeCost* c = Cacheable(shape) ? dense_.Find(DenseRowIndex(shape, r), shape.mbs) : nullptr) {
+    const int row = DenseRowIndex(shape, r);
+    if (const ShapeCost* c = Cacheable(shape) ? dense_.Find(row, shape.mbs) : nullptr) {
       return ShapeTime{c->time_ms, {c->fits[0], c->fits[1]}};
     }
     if (OnLine(shape)) {
-      const CellsLine* line = lines_.Find(DenseRowIndex(shape, r), shape.mbs);
-      if (line == nullptr) line = AddLine(shape, r);
+      const CellsLine* line = lines_.Find(row, shape.mbs);
+      if (line == nullptr) line = AddLine(shape, r, row);
       if (line != nullptr && line->usable) return line->At(shape.cells);
     }
     return Uncached(shape, r);
@@ -136,6 +137,10 @@ class ShapeCosts {
   absl::StatusOr<std::unique_ptr<ShapeCost>> Compute(const Shape& shape, Recompute r) const;
   // Time() past the lock-free rows.
   absl::StatusOr<ShapeTime> Uncached(const Shape& shape, Recompute r);
+  // `shape`'s figures computed now from its per-chunk costs (Summarize's
+  // outputs; nothing cached).
+  absl::Status Direct(const Shape& shape, Recompute r, std::span<double> stored_mb, std::span<double> peak_mb,
+                      double* time_ms, bool fits[2], std::span<double> device_ms = {}) const;
   // A pointer to a cached entry that does not own it.
   static std::shared_ptr<const ShapeCost> Borrowed(const ShapeCost* c) { return {std::shared_ptr<void>(), c}; }
   // Lock-free lookups for decoder-only grids: rows per (recompute, seq / 8),
@@ -214,9 +219,10 @@ class ShapeCosts {
     }
   };
   static bool OnLine(const Shape& s) { return s.cells > 0 && s.scored == 0 && s.dec_seq == 0; }
-  // Computes `shape`'s grid's line and keeps it (a racing thread's, the
-  // same, if it came first); null when the grid has no dense slot.
-  const CellsLine* AddLine(const Shape& shape, Recompute r);
+  // Computes `shape`'s grid's line and keeps it at dense row `row` (a
+  // racing thread's, the same, if it came first); null when the grid has no
+  // dense slot (row < 0).
+  const CellsLine* AddLine(const Shape& shape, Recompute r, int row);
   std::unique_ptr<CellsLine> MakeLine(const Shape& shape, Recompute r) const;
 
   static uint64_t Key(const Shape& s, Recompute r) {
