@@ -3,7 +3,8 @@
 
 Prints failing targets, then one line "tests: N passed, M failed[, K skipped]".
 A test target that failed to build, crashed or timed out without a Catch2
-summary counts as one failed case. With --fuzz FILE (deploy/fuzz.sh
+summary counts as one failed case. A target tagged flaky counts by its last
+attempt, and one that passed only on a retry is named on a RETRIED line. With --fuzz FILE (deploy/fuzz.sh
 --results), each fuzz harness counts as one case too, and with --checks FILE
 each structure check of deploy/test.sh (layering, code size). Exit status 1 if
 anything failed.
@@ -62,7 +63,7 @@ def count_results(path, kind):
 
 
 def main(path, fuzz_path=None, checks_path=None):
-    results = {}  # label -> (status, log path)
+    results = {}  # label -> (status, log path, attempt): the last attempt of a target tagged flaky
     build_failed = set()
     tests_seen = set()
     with open(path) as f:
@@ -76,7 +77,9 @@ def main(path, fuzz_path=None, checks_path=None):
                 for out in tr.get("testActionOutput", []):
                     if out.get("name") == "test.log":
                         log = unquote(urlparse(out["uri"]).path)
-                results[label] = (tr.get("status", "NO_STATUS"), log)
+                attempt = eid["testResult"].get("attempt", 1)
+                if label not in results or attempt >= results[label][2]:
+                    results[label] = (tr.get("status", "NO_STATUS"), log, attempt)
             elif "targetCompleted" in eid:
                 label = eid["targetCompleted"]["label"]
                 completed = ev.get("completed", {})
@@ -95,7 +98,10 @@ def main(path, fuzz_path=None, checks_path=None):
         if label.endswith("_test") or label in tests_seen:
             failed += 1
             failures.append(f"{label}: failed to build")
-    for label, (status, log) in sorted(results.items()):
+    retried = []
+    for label, (status, log, attempt) in sorted(results.items()):
+        if attempt > 1 and status == "PASSED":
+            retried.append(f"{label} (passed on attempt {attempt})")
         text = ""
         if log:
             try:
@@ -125,6 +131,8 @@ def main(path, fuzz_path=None, checks_path=None):
             failed += fl
             failures.extend(lines)
 
+    for line in retried:
+        print("RETRIED " + line)
     for line in failures:
         print("FAILED " + line)
     tail = f", {skipped} skipped" if skipped else ""

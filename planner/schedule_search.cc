@@ -141,13 +141,43 @@ double OrderLowerBound(const PipelineTimes& t, std::span<const int> order) {
 
 namespace {
 
-std::vector<std::vector<int>> Orders(int n, const SearchOptions& o) {
+// The tent: micro-batches by their work, the cheapest at both ends and the
+// dearest a quarter of the way in, the fill ramp a third as long as the
+// drain (every third of the cheapest goes to the fill). Small micro-batches
+// fill and drain the pipeline while the big ones run with every stage busy;
+// a partition's own order (the identity) may lack it, as token-based and
+// fixed-size splits do.
+std::vector<int> TentOrder(const PipelineTimes& t) {
+  const int n = t.num_mb;
+  std::vector<double> work(n, 0);
+  for (int m = 0; m < n; ++m) {
+    for (int c = 0; c < t.num_chunks; ++c) work[m] += t.fw_ms[t.At(m, c)] + t.bw_ms[t.At(m, c)];
+  }
+  std::vector<int> by_work(n);
+  std::iota(by_work.begin(), by_work.end(), 0);
+  std::stable_sort(by_work.begin(), by_work.end(), [&](int a, int b) { return work[a] < work[b]; });
+  const int fill = (n + 2) / 4;  // n / 4, rounded
+  std::vector<int> up, down;
+  for (int r = 0; r < n; ++r) {
+    const bool to_fill = static_cast<int>(up.size()) < fill && (r % 3 == 0 || static_cast<int>(down.size()) >= n - fill);
+    (to_fill ? up : down).push_back(by_work[r]);
+  }
+  up.insert(up.end(), down.rbegin(), down.rend());
+  return up;
+}
+
+std::vector<std::vector<int>> Orders(const PipelineTimes& t, const SearchOptions& o) {
+  const int n = t.num_mb;
   std::vector<std::vector<int>> out;
   std::vector<int> id(n);
   std::iota(id.begin(), id.end(), 0);
   out.push_back(id);
-  if (o.permutations >= 2 && n > 1) out.emplace_back(id.rbegin(), id.rend());
-  if (o.permutations >= 3 && n > 2) {
+  if (o.permutations >= 2 && n > 2) {
+    std::vector<int> tent = TentOrder(t);
+    if (tent != id) out.push_back(std::move(tent));
+  }
+  if (static_cast<int>(out.size()) < o.permutations && n > 1) out.emplace_back(id.rbegin(), id.rend());
+  if (static_cast<int>(out.size()) < o.permutations && n > 2) {
     std::vector<int> zz;  // longest, shortest, second longest, ...
     for (int lo = 0, hi = n - 1; lo <= hi; --hi, ++lo) {
       zz.push_back(hi);
@@ -196,14 +226,14 @@ bool TrySchedule(const PipelineTimes& t, std::span<const int> order, ScheduleKin
 
 double SearchLowerBound(const PipelineTimes& base, const SearchOptions& options) {
   double bound = std::numeric_limits<double>::infinity();  // Orders always has the identity
-  for (const std::vector<int>& order : Orders(base.num_mb, options)) bound = std::min(bound, OrderLowerBound(base, order));
+  for (const std::vector<int>& order : Orders(base, options)) bound = std::min(bound, OrderLowerBound(base, order));
   return bound;
 }
 
 GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
   GroupSchedule best;
   best.makespan_ms = std::numeric_limits<double>::infinity();
-  for (const std::vector<int>& order : Orders(base.num_mb, options)) {
+  for (const std::vector<int>& order : Orders(base, options)) {
     // The margin keeps rounding from skipping an equal schedule.
     if (OrderLowerBound(base, order) * (1 - 1e-9) >= best.makespan_ms) continue;
     const PipelineTimes t = Permute(base, order);

@@ -19,7 +19,7 @@ namespace dynapipe::planner {
 
 struct SearchOptions {
   bool try_kind[kNumScheduleKinds] = {true, true, true};
-  int permutations = 4;  // identity, reversed, zig-zag, then seeded shuffles
+  int permutations = 4;  // identity, tent (by work), reversed, zig-zag, then seeded shuffles
   uint64_t seed = 0;
 };
 
