@@ -16,7 +16,11 @@
 // run the methods in reverse order, so no method always runs first.
 // "cpu s" is the process's CPU time (user + system, every rank and the
 // planner) over the run: where ranks share cores it, not the pipeline,
-// sets the pace.
+// sets the pace. With the refit on and several methods, each round ends with
+// a cross-pricing: every method's final refit prices the same iterations'
+// batches as every method would split them, so one sees whether a method's
+// refit would have chosen another's split (each refit learns only from the
+// plans its own method ran).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +29,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "cli/local_run.h"
+#include "planner/cost_model/refit_cost_model.h"
+#include "planner/service/job_runtime.h"
 #include "src/common/clock.h"
 #include "src/common/proto_io.h"
 #include "src/common/stats.h"
@@ -107,6 +113,7 @@ struct Bench {
   std::vector<proto::AttentionKernel::Value> kernels;
   std::vector<proto::BatchingSpec::Method> methods;
   std::map<std::pair<int, int>, std::vector<Row>> rows;  // [kernel][method] -> one Row per round
+  std::map<int, planner::RefitTerms> terms;  // this round's fitted refit terms, by method
 };
 
 // The job with the flags' overrides; returns the exit status.
@@ -191,12 +198,53 @@ int RunOne(Bench& b, int round, proto::AttentionKernel::Value kernel, proto::Bat
   Row row = Summarize(*run, b.pp, b.n, b.warmup);
   row.cpu_s = cpu_s;
   b.rows[{kernel, method}].push_back(row);
+  if (run->refit_fitted) b.terms[method] = run->refit_terms;
   PrintIterations(b, *run, m);
   std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%% %7.2f\n", round,
               KernelName(kernel), m.c_str(), row.tokens_per_s, row.run_tokens_per_s, row.measured_ms, row.predicted_ms,
               row.micro_batches, 100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss,
               100 * row.error, row.cpu_s);
   std::fflush(stdout);
+  return 0;
+}
+
+// Each method's final refit terms pricing the post-warm-up iterations'
+// batches as each method splits them (mean predicted ms); returns the exit
+// status.
+int CrossPrice(const Bench& b, int round, proto::AttentionKernel::Value kernel) {
+  if (b.terms.size() < 2) return 0;
+  proto::JobSpec spec = b.spec;
+  spec.mutable_model()->set_attention(kernel);
+  auto normalized = spec::NormalizedJobSpec::Normalize(spec);
+  if (!normalized.ok()) return 1;
+  auto rt = planner::service::BuildJobRuntime(*normalized, "cross-price", absl::GetFlag(FLAGS_data_root));
+  if (!rt.ok()) {
+    std::fprintf(stderr, "cpu_throughput: cross-pricing: %s\n", std::string(rt.status().message()).c_str());
+    return 1;
+  }
+  const planner::Planner& base = *(*rt)->planner;
+  for (const auto& [priced_by, terms] : b.terms) {
+    auto p = planner::Planner::Create(
+        base.config(), std::make_shared<planner::RefitCostModel>(base.model().shared_cost_model(), terms));
+    if (!p.ok()) return 1;
+    std::printf("%-5d %-12s cross-pricing by %s's refit:", round, KernelName(kernel),
+                proto::BatchingSpec::Method_Name(static_cast<proto::BatchingSpec::Method>(priced_by)).c_str());
+    for (const auto method : b.methods) {
+      double ms = 0;
+      planner::PlanRequest request;
+      request.build_plans = false;
+      request.record = false;
+      const auto batching = planner::BatchingOf(method);
+      if (!batching.ok()) return 1;
+      for (int i = b.warmup; i < b.n; ++i) {
+        auto plan = (*p)->Plan((*rt)->batch(i), i, *batching, request);
+        if (!plan.ok()) return 1;
+        ms += plan->predicted_ms / (b.n - b.warmup);
+      }
+      std::printf(" %s %.1f ms", proto::BatchingSpec::Method_Name(method).c_str(), ms);
+    }
+    std::printf("\n");
+  }
   return 0;
 }
 
@@ -209,9 +257,11 @@ int RunRounds(Bench& b) {
     for (const auto kernel : b.kernels) {
       std::vector<proto::BatchingSpec::Method> order = b.methods;
       if (round % 2 == 1) std::reverse(order.begin(), order.end());
+      b.terms.clear();
       for (const auto method : order) {
         if (const int code = RunOne(b, round, kernel, method); code != 0) return code;
       }
+      if (const int code = CrossPrice(b, round, kernel); code != 0) return code;
     }
   }
   return 0;

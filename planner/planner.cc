@@ -20,20 +20,6 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m) {
-  switch (m) {
-    case proto::BatchingSpec::dynamic: return Batching::kDynamic;
-    case proto::BatchingSpec::packing: return Batching::kPacking;
-    case proto::BatchingSpec::padding: return Batching::kPadding;
-    case proto::BatchingSpec::token_based: return Batching::kTokenBased;
-    case proto::BatchingSpec::fixed_mbs: return Batching::kFixedMbs;
-    case proto::BatchingSpec::packing_balanced: return Batching::kPackingBalanced;
-    case proto::BatchingSpec::wlb: return Batching::kWlb;
-    default: break;
-  }
-  return absl::InvalidArgumentError("batching.method: unknown value");
-}
-
 // Recomputation levels to try, least recomputation first.
 std::vector<Recompute> LevelsOf(proto::RecomputeLevel::Value recompute) {
   switch (recompute) {
@@ -70,6 +56,20 @@ absl::Status ValidateGenerated(std::span<const Sample> samples, IterationPlan& b
 
 
 }  // namespace
+
+absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m) {
+  switch (m) {
+    case proto::BatchingSpec::dynamic: return Batching::kDynamic;
+    case proto::BatchingSpec::packing: return Batching::kPacking;
+    case proto::BatchingSpec::padding: return Batching::kPadding;
+    case proto::BatchingSpec::token_based: return Batching::kTokenBased;
+    case proto::BatchingSpec::fixed_mbs: return Batching::kFixedMbs;
+    case proto::BatchingSpec::packing_balanced: return Batching::kPackingBalanced;
+    case proto::BatchingSpec::wlb: return Batching::kWlb;
+    default: break;
+  }
+  return absl::InvalidArgumentError("batching.method: unknown value");
+}
 
 absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const spec::NormalizedJobSpec& spec) {
   const proto::JobSpec& job = spec.proto();

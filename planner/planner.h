@@ -69,6 +69,10 @@ struct PlannerConfig {
   DynamicParts parts;
 };
 
+// The planner's batching for a JobSpec's method; INVALID_ARGUMENT for an
+// unknown one.
+absl::StatusOr<Batching> BatchingOf(proto::BatchingSpec::Method m);
+
 // The planning part of a JobSpec, after spec::NormalizeJobSpec (defaults and
 // checks live there). INVALID_ARGUMENT names the offending field.
 absl::StatusOr<PlannerConfig> PlannerConfigFromJob(const spec::NormalizedJobSpec& job);
