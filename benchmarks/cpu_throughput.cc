@@ -113,7 +113,7 @@ struct Bench {
   std::vector<proto::AttentionKernel::Value> kernels;
   std::vector<proto::BatchingSpec::Method> methods;
   std::map<std::pair<int, int>, std::vector<Row>> rows;  // [kernel][method] -> one Row per round
-  std::map<int, planner::RefitTerms> terms;  // this round's fitted refit terms, by method
+  std::map<proto::BatchingSpec::Method, planner::RefitTerms> terms;  // this round's fitted refit terms
 };
 
 // The job with the flags' overrides; returns the exit status.
@@ -213,32 +213,33 @@ int RunOne(Bench& b, int round, proto::AttentionKernel::Value kernel, proto::Bat
 // status.
 int CrossPrice(const Bench& b, int round, proto::AttentionKernel::Value kernel) {
   if (b.terms.size() < 2) return 0;
+  const auto failed = [](const absl::Status& s) {
+    std::fprintf(stderr, "cpu_throughput: cross-pricing: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
   proto::JobSpec spec = b.spec;
   spec.mutable_model()->set_attention(kernel);
   auto normalized = spec::NormalizedJobSpec::Normalize(spec);
-  if (!normalized.ok()) return 1;
+  if (!normalized.ok()) return failed(normalized.status());
   auto rt = planner::service::BuildJobRuntime(*normalized, "cross-price", absl::GetFlag(FLAGS_data_root));
-  if (!rt.ok()) {
-    std::fprintf(stderr, "cpu_throughput: cross-pricing: %s\n", std::string(rt.status().message()).c_str());
-    return 1;
-  }
+  if (!rt.ok()) return failed(rt.status());
   const planner::Planner& base = *(*rt)->planner;
+  planner::PlanRequest request;
+  request.build_plans = false;
+  request.record = false;
   for (const auto& [priced_by, terms] : b.terms) {
     auto p = planner::Planner::Create(
         base.config(), std::make_shared<planner::RefitCostModel>(base.model().shared_cost_model(), terms));
-    if (!p.ok()) return 1;
+    if (!p.ok()) return failed(p.status());
     std::printf("%-5d %-12s cross-pricing by %s's refit:", round, KernelName(kernel),
-                proto::BatchingSpec::Method_Name(static_cast<proto::BatchingSpec::Method>(priced_by)).c_str());
+                proto::BatchingSpec::Method_Name(priced_by).c_str());
     for (const auto method : b.methods) {
-      double ms = 0;
-      planner::PlanRequest request;
-      request.build_plans = false;
-      request.record = false;
       const auto batching = planner::BatchingOf(method);
-      if (!batching.ok()) return 1;
+      if (!batching.ok()) return failed(batching.status());
+      double ms = 0;
       for (int i = b.warmup; i < b.n; ++i) {
         auto plan = (*p)->Plan((*rt)->batch(i), i, *batching, request);
-        if (!plan.ok()) return 1;
+        if (!plan.ok()) return failed(plan.status());
         ms += plan->predicted_ms / (b.n - b.warmup);
       }
       std::printf(" %s %.1f ms", proto::BatchingSpec::Method_Name(method).c_str(), ms);

@@ -4,10 +4,10 @@
 Prints failing targets, then one line "tests: N passed, M failed[, K skipped]".
 A test target that failed to build, crashed or timed out without a Catch2
 summary counts as one failed case. A target tagged flaky counts by its last
-attempt, and one that passed only on a retry is named on a RETRIED line. With --fuzz FILE (deploy/fuzz.sh
---results), each fuzz harness counts as one case too, and with --checks FILE
-each structure check of deploy/test.sh (layering, code size). Exit status 1 if
-anything failed.
+attempt, and one that passed only on a retry is named on a RETRIED line.
+With --fuzz FILE (deploy/fuzz.sh --results), each fuzz harness counts as
+one case too, and with --checks FILE each structure check of deploy/test.sh
+(layering, code size). Exit status 1 if anything failed.
 
     test_summary.py EVENTS.json [--fuzz RESULTS.txt]
 """

@@ -156,12 +156,10 @@ std::vector<int> TentOrder(const PipelineTimes& t) {
   std::vector<int> by_work(n);
   std::iota(by_work.begin(), by_work.end(), 0);
   std::stable_sort(by_work.begin(), by_work.end(), [&](int a, int b) { return work[a] < work[b]; });
-  const int fill = (n + 2) / 4;  // n / 4, rounded
+  // n / 4, rounded: the fill's every third reaches it by rank 3 (fill - 1) < n.
+  const int fill = (n + 2) / 4;
   std::vector<int> up, down;
-  for (int r = 0; r < n; ++r) {
-    const bool to_fill = static_cast<int>(up.size()) < fill && (r % 3 == 0 || static_cast<int>(down.size()) >= n - fill);
-    (to_fill ? up : down).push_back(by_work[r]);
-  }
+  for (int r = 0; r < n; ++r) (static_cast<int>(up.size()) < fill && r % 3 == 0 ? up : down).push_back(by_work[r]);
   up.insert(up.end(), down.rbegin(), down.rend());
   return up;
 }
