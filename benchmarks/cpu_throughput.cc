@@ -21,12 +21,20 @@
 // batches as every method would split them, so one sees whether a method's
 // refit would have chosen another's split (each refit learns only from the
 // plans its own method ran).
+// With --turns N the methods instead take turns in one run on one set of
+// ranks: N iterations each over the same N batches, the order reversed every
+// block, each method planning with its own refit (cli::RunLocalTurns), and
+// "vs packing" is the median over blocks of packing's time for the block's
+// batches over the method's. Drift between runs on a shared machine can
+// exceed the gap between methods; neighbouring blocks share its load.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/local_run.h"
 #include "planner/cost_model/refit_cost_model.h"
@@ -51,6 +59,9 @@ ABSL_FLAG(bool, refit, true,
           "learn the cost model from measured iterations (cost_refit.mode on); plans then depend on timings");
 ABSL_FLAG(int, warmup, 20, "iterations before predicted vs measured is reported (the refit's warm-up)");
 ABSL_FLAG(bool, per_iteration, true, "print predicted vs measured ms of every iteration after the warm-up");
+ABSL_FLAG(int, turns, 0,
+          "0: each method a run of its own; N: the methods take turns in one run, N iterations each over the same "
+          "batches (--iterations a multiple of N)");
 ABSL_FLAG(std::string, cost_profile, "",
           "override cost_profile_path: a `dynapipe profile` output, relative paths under --data_root");
 
@@ -73,34 +84,51 @@ double MeasuredMs(const cli::LocalRunResult& run, int i) {
   return slowest;
 }
 
-Row Summarize(const cli::LocalRunResult& run, int pp, int n, int warmup) {
-  // Tokens of an iteration: the first pipeline stage of every group.
-  const int first = std::clamp(warmup, 0, n - 1);
-  int64_t tokens = 0, steady_tokens = 0;
-  for (size_t r = 0; r < run.per_rank.size(); r += pp) {
-    for (int i = 0; i < n; ++i) {
-      tokens += run.per_rank[r][i].tokens;
-      if (i >= first) steady_tokens += run.per_rank[r][i].tokens;
+// Iterations [begin, end) of a run.
+struct Span {
+  int begin = 0, end = 0;
+};
+
+// The fields but run_tokens_per_s over `spans` (disjoint, in order):
+// tokens over the time from the end of the iteration before each span to
+// the end of its last.
+Row SummarizeSpans(const cli::LocalRunResult& run, int pp, const std::vector<Span>& spans) {
+  Row row;
+  int64_t tokens = 0;
+  double seconds = 0, k = 0, efficiency = 0;
+  std::vector<double> errors;
+  for (const Span& span : spans) {
+    for (size_t r = 0; r < run.per_rank.size(); r += pp) {  // the first pipeline stage of every group
+      for (int i = span.begin; i < span.end; ++i) tokens += run.per_rank[r][i].tokens;
+    }
+    seconds += run.done_s[span.end - 1] - (span.begin > 0 ? run.done_s[span.begin - 1] : 0.0);
+    for (int i = span.begin; i < span.end; ++i) {
+      const double slowest = MeasuredMs(run, i);
+      // An exploring plan's prediction is off by design (see JobRefit).
+      if (!run.explore_plan[i]) errors.push_back(std::abs(run.predicted_ms[i] - slowest) / slowest);
+      row.measured_ms += slowest;
+      row.predicted_ms += run.predicted_ms[i];
+      row.micro_batches += run.micro_batches[i];
+      efficiency += run.padding_efficiency[i];
+      ++k;
     }
   }
-  Row row;
-  row.run_tokens_per_s = tokens / run.wall_s;
-  row.tokens_per_s = steady_tokens / (run.done_s[n - 1] - (first > 0 ? run.done_s[first - 1] : 0.0));
-  // Means and the error over the same iterations as tokens/s.
-  const double k = n - first;
-  double efficiency = 0;
-  std::vector<double> errors;
-  for (int i = first; i < n; ++i) {
-    const double slowest = MeasuredMs(run, i);
-    // An exploring plan's prediction is off by design (see JobRefit).
-    if (!run.explore_plan[i]) errors.push_back(std::abs(run.predicted_ms[i] - slowest) / slowest);
-    row.measured_ms += slowest / k;
-    row.predicted_ms += run.predicted_ms[i] / k;
-    row.micro_batches += static_cast<double>(run.micro_batches[i]) / k;
-    efficiency += run.padding_efficiency[i] / k;
-  }
-  row.padding = 1 - efficiency;
+  row.tokens_per_s = tokens / seconds;
+  row.measured_ms /= k;
+  row.predicted_ms /= k;
+  row.micro_batches /= k;
+  row.padding = 1 - efficiency / k;
   row.error = Median(errors);
+  return row;
+}
+
+Row Summarize(const cli::LocalRunResult& run, int pp, int n, int warmup) {
+  Row row = SummarizeSpans(run, pp, {{std::clamp(warmup, 0, n - 1), n}});
+  int64_t tokens = 0;
+  for (size_t r = 0; r < run.per_rank.size(); r += pp) {
+    for (int i = 0; i < n; ++i) tokens += run.per_rank[r][i].tokens;
+  }
+  row.run_tokens_per_s = tokens / run.wall_s;
   return row;
 }
 
@@ -111,9 +139,14 @@ struct Bench {
   proto::JobSpec spec;
   int warmup = 0, n = 0, rounds = 1, pp = 1;
   std::vector<proto::AttentionKernel::Value> kernels;
-  std::vector<proto::BatchingSpec::Method> methods;
-  std::map<std::pair<int, int>, std::vector<Row>> rows;  // [kernel][method] -> one Row per round
+  std::vector<proto::BatchingSpec::Method> methods;  // one may come twice (an A/A check)
+  std::vector<std::string> names;                    // [method index]: its name, "#2" on a second one
+  int reference = -1;  // the method index of the first packing: ratios are to it (-1: none)
+  std::map<std::pair<int, int>, std::vector<Row>> rows;  // [kernel][method index] -> one Row per round
   std::map<proto::BatchingSpec::Method, planner::RefitTerms> terms;  // this round's fitted refit terms
+  int turns = 0;  // --turns
+  // With --turns: [kernel][method index] -> packing's time over the method's, one per block after the warm-up.
+  std::map<std::pair<int, int>, std::vector<double>> block_ratios;
 };
 
 // The job with the flags' overrides; returns the exit status.
@@ -131,6 +164,12 @@ int LoadJob(Bench& b) {
   b.warmup = absl::GetFlag(FLAGS_warmup);
   b.n = absl::GetFlag(FLAGS_iterations);
   b.rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  b.turns = absl::GetFlag(FLAGS_turns);
+  if (b.turns < 0 || (b.turns > 0 && (b.n < b.turns || b.n % b.turns != 0))) {
+    std::fprintf(stderr, "cpu_throughput: --turns %d: --iterations (%d) must be a positive multiple of it\n", b.turns,
+                 b.n);
+    return 2;
+  }
   spec.set_iterations(std::max<int64_t>(spec.iterations(), b.n));
   b.pp = std::max(1, spec.parallelism().pp());
   return 0;
@@ -157,37 +196,58 @@ int ParseKernelsAndMethods(Bench& b) {
       std::fprintf(stderr, "cpu_throughput: --methods: unknown method \"%s\"\n", std::string(m).c_str());
       return 2;
     }
+    const auto before = std::count(b.methods.begin(), b.methods.end(), method);
+    if (method == proto::BatchingSpec::packing && b.reference < 0) b.reference = static_cast<int>(b.methods.size());
     b.methods.push_back(method);
+    b.names.push_back(proto::BatchingSpec::Method_Name(method) + (before > 0 ? absl::StrCat("#", before + 1) : ""));
   }
   return 0;
 }
 
 // --curve and --per_iteration: the loss every N iterations, predicted vs
-// measured after the warm-up, the cost model and the planning time.
-void PrintIterations(const Bench& b, const cli::LocalRunResult& run, const std::string& m) {
-  const int n = b.n;
+// measured after the warm-up (iteration t's method names[t]), and each job's
+// cost model (its method jobs[j]) and the planning time.
+void PrintIterations(const cli::LocalRunResult& run, const std::vector<std::string>& names,
+                     const std::vector<std::string>& jobs, int first) {
+  const int n = static_cast<int>(names.size());
   if (const int every = absl::GetFlag(FLAGS_curve); every > 0) {
     for (int i = 0; i < n; i += every) {
-      std::printf("  %s iteration %d loss %.4f\n", m.c_str(), i, run.per_rank[0][i].loss);
+      std::printf("  %s iteration %d loss %.4f\n", names[i].c_str(), i, run.per_rank[0][i].loss);
     }
   }
   if (!absl::GetFlag(FLAGS_per_iteration)) return;
-  for (int i = std::min(b.warmup, n - 1); i < n; ++i) {
+  for (int i = std::min(first, n - 1); i < n; ++i) {
     const double measured = MeasuredMs(run, i);
-    std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", m.c_str(), i,
+    std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", names[i].c_str(), i,
                 run.predicted_ms[i], measured, 100 * (run.predicted_ms[i] / measured - 1),
                 run.explore_plan[i] ? " explore" : run.refit_plan[i] ? " refit" : "", run.micro_batches[i]);
   }
-  double plan_ms = 0;
-  for (double ms : run.plan_ms) plan_ms += ms / n;
-  std::printf("  %s cost model: %s; planning %.1f ms per iteration\n", m.c_str(), run.cost_model.c_str(), plan_ms);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    double plan_ms = 0, k = 0;
+    for (int i = 0; i < n; ++i) {
+      if (names[i] != jobs[j]) continue;
+      plan_ms += run.plan_ms[i];
+      ++k;
+    }
+    std::printf("  %s cost model: %s; planning %.1f ms per iteration\n", jobs[j].c_str(),
+                run.models[j].description.c_str(), k > 0 ? plan_ms / k : 0.0);
+  }
+}
+
+// A row as RunOne and RunTurns print it.
+void PrintRow(int round, proto::AttentionKernel::Value kernel, const std::string& m, const Row& row, double first_loss,
+              double last_loss) {
+  std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%% %7.2f\n", round,
+              KernelName(kernel), m.c_str(), row.tokens_per_s, row.run_tokens_per_s, row.measured_ms, row.predicted_ms,
+              row.micro_batches, 100 * row.padding, first_loss, last_loss, 100 * row.error, row.cpu_s);
 }
 
 // One (kernel, method) run of a round, its row printed and kept; returns the exit status.
-int RunOne(Bench& b, int round, proto::AttentionKernel::Value kernel, proto::BatchingSpec::Method method) {
+int RunOne(Bench& b, int round, proto::AttentionKernel::Value kernel, int index) {
+  const proto::BatchingSpec::Method method = b.methods[index];
   b.spec.mutable_model()->set_attention(kernel);
   b.spec.mutable_batching()->set_method(method);
-  const std::string& m = proto::BatchingSpec::Method_Name(method);
+  const std::string& m = b.names[index];
   const double cpu_before = ProcessCpuSeconds();
   auto run = cli::RunLocal(b.spec, absl::GetFlag(FLAGS_data_root), b.n);
   const double cpu_s = ProcessCpuSeconds() - cpu_before;
@@ -197,13 +257,69 @@ int RunOne(Bench& b, int round, proto::AttentionKernel::Value kernel, proto::Bat
   }
   Row row = Summarize(*run, b.pp, b.n, b.warmup);
   row.cpu_s = cpu_s;
-  b.rows[{kernel, method}].push_back(row);
-  if (run->refit_fitted) b.terms[method] = run->refit_terms;
-  PrintIterations(b, *run, m);
-  std::printf("%-5d %-12s %-8s %12.0f %12.0f %12.1f %12.1f %8.1f %7.0f%% %9.4f %9.4f %8.1f%% %7.2f\n", round,
-              KernelName(kernel), m.c_str(), row.tokens_per_s, row.run_tokens_per_s, row.measured_ms, row.predicted_ms,
-              row.micro_batches, 100 * row.padding, run->per_rank[0].front().loss, run->per_rank[0].back().loss,
-              100 * row.error, row.cpu_s);
+  b.rows[{kernel, index}].push_back(row);
+  if (run->models[0].refit_fitted) b.terms[method] = run->models[0].refit_terms;
+  PrintIterations(*run, std::vector<std::string>(b.n, m), {m}, b.warmup);
+  PrintRow(round, kernel, m, row, run->per_rank[0].front().loss, run->per_rank[0].back().loss);
+  std::fflush(stdout);
+  return 0;
+}
+
+// One run of a round in which the methods take turns (--turns): a row per
+// method over the blocks after the warm-up (its cpu s the whole run's), and
+// each block's ratio to packing kept. Returns the exit status.
+int RunTurns(Bench& b, int round, proto::AttentionKernel::Value kernel) {
+  const int methods = static_cast<int>(b.methods.size()), blocks = b.n / b.turns;
+  std::vector<proto::JobSpec> specs;
+  for (const auto method : b.methods) {
+    proto::JobSpec& spec = specs.emplace_back(b.spec);
+    spec.mutable_model()->set_attention(kernel);
+    spec.mutable_batching()->set_method(method);
+    spec.set_iterations(std::max<int64_t>(spec.iterations(), static_cast<int64_t>(b.n) * methods));
+  }
+  const std::vector<std::string>& jobs = b.names;
+  std::vector<cli::LocalTurn> turns;
+  std::vector<std::string> names;
+  std::vector<std::vector<Span>> spans(methods);  // [job]: its blocks after the warm-up
+  std::vector<std::vector<double>> block_s(methods);  // [job][block after the warm-up]
+  for (int block = 0; block < blocks; ++block) {
+    for (int k = 0; k < methods; ++k) {
+      const int job = block % 2 == 0 ? k : methods - 1 - k;
+      const int begin = static_cast<int>(turns.size());
+      for (int i = 0; i < b.turns; ++i) {
+        turns.push_back({.job = job, .batch = static_cast<int64_t>(block) * b.turns + i});
+        names.push_back(jobs[job]);
+      }
+      if (block * b.turns >= b.warmup) spans[job].push_back({begin, begin + b.turns});
+    }
+  }
+  const double cpu_before = ProcessCpuSeconds();
+  auto run = cli::RunLocalTurns(specs, absl::GetFlag(FLAGS_data_root), turns);
+  const double cpu_s = ProcessCpuSeconds() - cpu_before;
+  if (!run.ok()) {
+    std::fprintf(stderr, "cpu_throughput: --turns: %s\n", std::string(run.status().message()).c_str());
+    return 1;
+  }
+  if (spans[0].empty()) {
+    std::fprintf(stderr, "cpu_throughput: --turns: no block after the %d warm-up iterations\n", b.warmup);
+    return 2;
+  }
+  PrintIterations(*run, names, jobs, spans[0].front().begin);
+  for (int job = 0; job < methods; ++job) {
+    Row row = SummarizeSpans(*run, b.pp, spans[job]);
+    row.run_tokens_per_s = 0;  // one run for every method
+    row.cpu_s = cpu_s;
+    b.rows[{kernel, job}].push_back(row);
+    for (size_t block = 0; b.reference >= 0 && job != b.reference && block < spans[job].size(); ++block) {
+      const auto seconds = [&](const Span& s) { return run->done_s[s.end - 1] - run->done_s[s.begin - 1]; };
+      const Span& theirs = spans[b.reference][block];
+      if (theirs.begin == 0 || spans[job][block].begin == 0) continue;  // no end before it to time from
+      b.block_ratios[{kernel, job}].push_back(seconds(theirs) / seconds(spans[job][block]));
+    }
+    const auto first = std::find(names.begin(), names.end(), jobs[job]) - names.begin();
+    const auto last = names.rend() - std::find(names.rbegin(), names.rend(), jobs[job]) - 1;
+    PrintRow(round, kernel, jobs[job], row, run->per_rank[0][first].loss, run->per_rank[0][last].loss);
+  }
   std::fflush(stdout);
   return 0;
 }
@@ -256,11 +372,16 @@ int RunRounds(Bench& b) {
               "run tok/s", "measured ms", "predicted ms", "mb/iter", "padding", "loss[0]", "loss[-1]", "pred err", "cpu s");
   for (int round = 0; round < b.rounds; ++round) {
     for (const auto kernel : b.kernels) {
-      std::vector<proto::BatchingSpec::Method> order = b.methods;
+      if (b.turns > 0) {
+        if (const int code = RunTurns(b, round, kernel); code != 0) return code;
+        continue;
+      }
+      std::vector<int> order(b.methods.size());
+      std::iota(order.begin(), order.end(), 0);
       if (round % 2 == 1) std::reverse(order.begin(), order.end());
       b.terms.clear();
-      for (const auto method : order) {
-        if (const int code = RunOne(b, round, kernel, method); code != 0) return code;
+      for (const int index : order) {
+        if (const int code = RunOne(b, round, kernel, index); code != 0) return code;
       }
       if (const int code = CrossPrice(b, round, kernel); code != 0) return code;
     }
@@ -268,15 +389,17 @@ int RunRounds(Bench& b) {
   return 0;
 }
 
-// Medians over the rounds, and the median of the per-round ratios to packing.
+// Medians over the rounds, and the median of the per-round ratios to packing
+// (with --turns, of the per-block ratios, and their middle half).
 void PrintMedians(Bench& b) {
-  std::printf("\nmedians over %d round(s); vs packing = median of the per-round ratios\n", b.rounds);
+  std::printf("\nmedians over %d round(s); vs packing = median of the per-%s ratios\n", b.rounds,
+              b.turns > 0 ? "block" : "round");
   std::printf("%-12s %-8s %12s %12s %12s %9s %7s %12s\n", "attention", "method", "tokens/s", "measured ms", "predicted ms",
               "pred err", "cpu s", "vs packing");
   for (const auto kernel : b.kernels) {
-    const auto packing = b.rows.find({kernel, proto::BatchingSpec::packing});
-    for (const auto method : b.methods) {
-      const std::vector<Row>& r = b.rows[{kernel, method}];
+    const auto packing = b.rows.find({kernel, b.reference});
+    for (int index = 0; index < static_cast<int>(b.methods.size()); ++index) {
+      const std::vector<Row>& r = b.rows[{kernel, index}];
       std::vector<double> tps, measured, predicted, error, cpu, ratio;
       for (size_t i = 0; i < r.size(); ++i) {
         tps.push_back(r[i].tokens_per_s);
@@ -286,11 +409,16 @@ void PrintMedians(Bench& b) {
         cpu.push_back(r[i].cpu_s);
         if (packing != b.rows.end()) ratio.push_back(r[i].tokens_per_s / packing->second[i].tokens_per_s);
       }
-      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%% %7.2f", KernelName(kernel),
-                  proto::BatchingSpec::Method_Name(method).c_str(), Median(tps), Median(measured), Median(predicted),
+      const bool blocks = b.turns > 0 && index != b.reference;
+      if (blocks) ratio = b.block_ratios[{kernel, index}];
+      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%% %7.2f", KernelName(kernel), b.names[index].c_str(), Median(tps), Median(measured), Median(predicted),
                   100 * Median(error), Median(cpu));
       if (ratio.empty()) {
         std::printf(" %12s\n", "-");
+      } else if (blocks) {
+        std::sort(ratio.begin(), ratio.end());
+        std::printf(" %11.3fx (middle half %.3f-%.3f of %zu blocks)\n", Median(ratio), ratio[(ratio.size() - 1) / 4],
+                    ratio[3 * (ratio.size() - 1) / 4], ratio.size());
       } else {
         std::printf(" %11.2fx\n", Median(ratio));
       }

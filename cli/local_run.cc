@@ -83,11 +83,22 @@ void SizePerIteration(int64_t count, LocalRunResult* out) {
   out->padding_efficiency.resize(count);
 }
 
+// The jobs of a run and whose turn each iteration is.
+struct Jobs {
+  std::vector<std::shared_ptr<const JobRuntime>> rts;  // [job]
+  std::vector<LocalTurn> turns;                        // [iteration]
+  const JobRuntime& Of(int64_t i) const { return *rts[turns[i].job]; }
+  bool AnyRefit() const {
+    return std::any_of(rts.begin(), rts.end(), [](const auto& rt) { return rt->refit != nullptr; });
+  }
+};
+
 // Plans iteration i, notes it in `out` and hands the plans to the ranks.
 // Planning thread only.
-absl::Status PlanIteration(const JobRuntime& rt, int64_t i, PlanExchange& exchange, LocalRunResult& out) {
+absl::Status PlanIteration(const Jobs& jobs, int64_t i, PlanExchange& exchange, LocalRunResult& out) {
+  const JobRuntime& rt = jobs.Of(i);
   const std::shared_ptr<const planner::Planner> planner = rt.PlannerFor(i);
-  ASSIGN_OR_RETURN(planner::IterationPlan p, planner->Plan(rt.batch(i), i));
+  ASSIGN_OR_RETURN(planner::IterationPlan p, planner->Plan(rt.batch(jobs.turns[i].batch), i));
   out.predicted_ms[i] = p.predicted_ms;
   out.plan_ms[i] = p.timings.total_ms;
   out.refit_plan[i] = planner != rt.planner;
@@ -158,36 +169,99 @@ absl::Status RunRank(Ranks& ranks, int r) {
 }
 
 // With the refit on, while the ranks run: iteration i + ahead is planned once
-// every rank has reported iteration i and the refit has seen it.
-absl::Status PlanAsReported(const JobRuntime& rt, int64_t count, int64_t ahead, PlanExchange& exchange,
-                            LocalRunResult& out) {
+// every rank has reported iteration i and the refit of i's job has seen it.
+absl::Status PlanAsReported(const Jobs& jobs, int64_t ahead, PlanExchange& exchange, LocalRunResult& out) {
   absl::Status planning = absl::OkStatus();
-  for (int64_t i = 0; rt.refit && i < count && planning.ok(); ++i) {
+  const auto count = static_cast<int64_t>(jobs.turns.size());
+  for (int64_t i = 0; jobs.AnyRefit() && i < count && planning.ok(); ++i) {
     const std::vector<proto::IterationReport> reports = exchange.AwaitReports(i);
     if (reports.empty()) break;  // a rank failed: its status says why
-    for (const auto& r : reports) {
-      if (const absl::Status s = rt.refit->Report(r); !s.ok()) spdlog::warn("cost refit: {}", s.message());
+    if (const auto& refit = jobs.Of(i).refit) {
+      for (const auto& r : reports) {
+        if (const absl::Status s = refit->Report(r); !s.ok()) spdlog::warn("cost refit: {}", s.message());
+      }
     }
-    if (i + ahead < count) planning = PlanIteration(rt, i + ahead, exchange, out);
+    if (i + ahead < count) planning = PlanIteration(jobs, i + ahead, exchange, out);
     if (!planning.ok()) exchange.Fail();
   }
   return planning;
 }
 
-// The run's times (the slowest rank's) and the cost model it ended with.
-void NoteTimesAndModel(const JobRuntime& rt, const Ranks& ranks, LocalRunResult* out) {
+// The run's times (the slowest rank's) and the cost models its jobs ended with.
+void NoteTimesAndModels(const Jobs& jobs, const Ranks& ranks, LocalRunResult* out) {
   out->wall_s = *std::max_element(ranks.wall.begin(), ranks.wall.end());
   out->done_s.assign(ranks.count, 0);
   for (const auto& rank_done : ranks.done) {
     for (int64_t i = 0; i < ranks.count; ++i) out->done_s[i] = std::max(out->done_s[i], rank_done[i]);
   }
-  // The model later iterations would be planned with (PlannerFor would also note an iteration that never runs).
-  out->cost_model = rt.refit ? rt.refit->Status().model : rt.planner->model().cost_model().Describe();
-  if (rt.refit) {
-    const planner::service::RefitStatus refit = rt.refit->Status();
-    out->refit_fitted = refit.refits > 0;
-    out->refit_terms = refit.terms;
+  for (const auto& rt : jobs.rts) {
+    LocalJobModel& m = out->models.emplace_back();
+    // The model later iterations would be planned with (PlannerFor would also note an iteration that never runs).
+    m.description = rt->refit ? rt->refit->Status().model : rt->planner->model().cost_model().Describe();
+    if (rt->refit) {
+      const planner::service::RefitStatus refit = rt->refit->Status();
+      m.refit_fitted = refit.refits > 0;
+      m.refit_terms = refit.terms;
+      m.refit_observed = refit.observed;
+    }
   }
+}
+
+// The specs with what the jobs of a run in turns may differ in cleared:
+// INVALID_ARGUMENT unless they are all alike.
+absl::Status CheckTurnsAlike(const std::vector<proto::JobSpec>& specs) {
+  const auto shared = [](proto::JobSpec s) {
+    s.clear_batching();
+    s.clear_cost_refit();
+    return s.SerializeAsString();
+  };
+  for (size_t j = 1; j < specs.size(); ++j) {
+    if (shared(specs[j]) != shared(specs[0])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("jobs taking turns differ in more than batching and cost_refit: job ", j, " and job 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs the jobs' turns on ranks made from the first job's spec (exporting as
+// it asks when `export_at_end`).
+absl::StatusOr<LocalRunResult> Run(Jobs jobs, const std::string& data_root, bool export_at_end,
+                                   runtime::executor::WorkerOptions options,
+                                   const runtime::BackendOptions& backend_options) {
+  const JobRuntime& rt = *jobs.rts[0];
+  ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(rt.spec, data_root));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(paths.dataset));
+  if (options.init_from.empty()) options.init_from = paths.init_from;
+  const int world = rt.world();
+  const auto count = static_cast<int64_t>(jobs.turns.size());
+  LocalRunResult out;
+  SizePerIteration(count, &out);
+  PlanExchange exchange(count, world);
+  const int64_t ahead = jobs.AnyRefit() ? std::min<int64_t>(count, rt.spec->planner_lookahead()) : count;
+  for (int64_t i = 0; i < ahead; ++i) RETURN_IF_ERROR(PlanIteration(jobs, i, exchange, out));
+  if (count == 0) return out;
+
+  runtime::comm::MemoryKeyValueStore kv;
+  out.per_rank.resize(world);
+  out.final_params.resize(world);
+  std::vector<absl::Status> status(world);
+  std::vector<std::thread> threads;
+  Ranks ranks{rt, dataset.get(), &kv, &exchange, options, backend_options, count,
+              export_at_end ? paths.export_dir : "", &out,
+              std::vector<double>(world, 0), std::vector<std::vector<double>>(world, std::vector<double>(count, 0))};
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = RunRank(ranks, r);
+      if (!status[r].ok()) exchange.Fail();
+    });
+  }
+  const absl::Status planning = PlanAsReported(jobs, ahead, exchange, out);
+  for (auto& t : threads) t.join();
+  RETURN_IF_ERROR(planning);
+  for (int r = 0; r < world; ++r) RETURN_IF_ERROR(status[r]);
+  NoteTimesAndModels(jobs, ranks, &out);
+  return out;
 }
 
 }  // namespace
@@ -201,37 +275,34 @@ absl::StatusOr<LocalRunResult> RunLocal(const proto::JobSpec& spec, const std::s
 absl::StatusOr<LocalRunResult> RunLocal(const spec::NormalizedJobSpec& spec, const std::string& data_root,
                                         int64_t count, runtime::executor::WorkerOptions options,
                                         runtime::BackendOptions backend_options) {
+  Jobs jobs;
   ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(spec, "local", data_root));
-  ASSIGN_OR_RETURN(const spec::JobPaths paths, spec::ConfineJobPaths(spec, data_root));
-  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> dataset, data::Dataset::Open(paths.dataset));
-  if (options.init_from.empty()) options.init_from = paths.init_from;
-  const int world = rt->world();
-  LocalRunResult out;
-  SizePerIteration(count, &out);
-  PlanExchange exchange(count, world);
-  const int64_t ahead = rt->refit ? std::min<int64_t>(count, rt->spec->planner_lookahead()) : count;
-  for (int64_t i = 0; i < ahead; ++i) RETURN_IF_ERROR(PlanIteration(*rt, i, exchange, out));
-  if (count == 0) return out;
+  jobs.rts.push_back(std::move(rt));
+  for (int64_t i = 0; i < count; ++i) jobs.turns.push_back({.job = 0, .batch = i});
+  return Run(std::move(jobs), data_root, /*export_at_end=*/true, std::move(options), backend_options);
+}
 
-  runtime::comm::MemoryKeyValueStore kv;
-  out.per_rank.resize(world);
-  out.final_params.resize(world);
-  std::vector<absl::Status> status(world);
-  std::vector<std::thread> threads;
-  Ranks ranks{*rt, dataset.get(), &kv, &exchange, options, backend_options, count, paths.export_dir, &out,
-              std::vector<double>(world, 0), std::vector<std::vector<double>>(world, std::vector<double>(count, 0))};
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      status[r] = RunRank(ranks, r);
-      if (!status[r].ok()) exchange.Fail();
-    });
+absl::StatusOr<LocalRunResult> RunLocalTurns(const std::vector<proto::JobSpec>& specs, const std::string& data_root,
+                                             const std::vector<LocalTurn>& turns,
+                                             runtime::executor::WorkerOptions options,
+                                             runtime::BackendOptions backend_options) {
+  if (specs.empty()) return absl::InvalidArgumentError("a run in turns needs at least one job");
+  RETURN_IF_ERROR(CheckTurnsAlike(specs));
+  Jobs jobs;
+  for (const proto::JobSpec& s : specs) {
+    ASSIGN_OR_RETURN(const spec::NormalizedJobSpec normalized, spec::NormalizedJobSpec::Normalize(s));
+    ASSIGN_OR_RETURN(auto rt, planner::service::BuildJobRuntime(normalized, absl::StrCat("local-", jobs.rts.size()),
+                                                                 data_root));
+    jobs.rts.push_back(std::move(rt));
   }
-  const absl::Status planning = PlanAsReported(*rt, count, ahead, exchange, out);
-  for (auto& t : threads) t.join();
-  RETURN_IF_ERROR(planning);
-  for (int r = 0; r < world; ++r) RETURN_IF_ERROR(status[r]);
-  NoteTimesAndModel(*rt, ranks, &out);
-  return out;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    if (turns[i].job < 0 || turns[i].job >= static_cast<int>(specs.size()) || turns[i].batch < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("turn ", i, ": job ", turns[i].job, " batch ", turns[i].batch,
+                                                     " (", specs.size(), " jobs)"));
+    }
+  }
+  jobs.turns = turns;
+  return Run(std::move(jobs), data_root, /*export_at_end=*/false, std::move(options), backend_options);
 }
 
 }  // namespace dynapipe::cli

@@ -62,8 +62,8 @@ absl::StatusOr<proto::MeasuredTerms> MeasureTerms(proto::JobSpec spec, const std
   refit->set_window(iterations);
   refit->set_min_iterations(std::min(spec::kDefaultRefitMinIterations, iterations));
   ASSIGN_OR_RETURN(const cli::LocalRunResult run, cli::RunLocal(spec, data_root, iterations));
-  if (!run.refit_fitted) return absl::FailedPreconditionError("the refit saw too few iterations");
-  proto::MeasuredTerms terms = planner::ToProto(run.refit_terms);
+  if (!run.models[0].refit_fitted) return absl::FailedPreconditionError("the refit saw too few iterations");
+  proto::MeasuredTerms terms = planner::ToProto(run.models[0].refit_terms);
   terms.set_pp(spec.parallelism().pp());
   terms.set_dp(spec.parallelism().dp());
   terms.set_iterations(iterations);

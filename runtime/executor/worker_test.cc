@@ -157,19 +157,86 @@ TEST_CASE("a local run refits its cost model and plans ahead with it", "[executo
   auto base = cli::RunLocal(base_spec, "/", 8);
   REQUIRE(refit.ok());
   REQUIRE(base.ok());
-  CHECK(refit->refit_fitted);
+  CHECK(refit->models[0].refit_fitted);
   // Iteration i + 2 is planned once iteration i is in: the first refit
   // (after iterations 0..2) plans iteration 4 on.
   for (int i = 0; i < 8; ++i) CHECK(refit->refit_plan[i] == (i >= 4));
   // Every other iteration after the first refit explores.
   for (int i = 0; i < 8; ++i) CHECK(refit->explore_plan[i] == (i == 5 || i == 7));
-  CHECK(refit->cost_model.find("refit") != std::string::npos);
-  CHECK(refit->refit_terms.iteration_ms > 0);
+  CHECK(refit->models[0].description.find("refit") != std::string::npos);
+  CHECK(refit->models[0].refit_terms.iteration_ms > 0);
   // Other splits of the same global batches: the same training within
   // floating-point tolerance.
   for (int i = 0; i < 8; ++i) {
     INFO("iteration " << i);
     CHECK(std::abs(Losses(*refit)[i] - Losses(*base)[i]) <= 1e-4 * Losses(*base)[i]);
+  }
+}
+
+TEST_CASE("jobs taking turns: each iteration planned by its job from its batch, one model trained",
+          "[executor]") {
+  const std::string ds = MakeDataset();
+  const proto::JobSpec dynamic = Spec(ds, 2, 1, "dynamic"), packing = Spec(ds, 2, 1, "packing");
+  auto alone_dynamic = cli::RunLocal(dynamic, "/", 3);
+  auto alone_packing = cli::RunLocal(packing, "/", 3);
+  REQUIRE(alone_dynamic.ok());
+  REQUIRE(alone_packing.ok());
+  const std::vector<cli::LocalTurn> turns = {{0, 0}, {1, 0}, {1, 1}, {0, 2}, {0, 1}, {1, 2}};
+  auto mixed = cli::RunLocalTurns({dynamic, packing}, "/", turns);
+  REQUIRE(mixed.ok());
+  REQUIRE(mixed->models.size() == 2);
+  // Iteration t is what its job plans for its batch alone (the refit off, so
+  // plans depend on the batch only), and the methods plan some batch apart.
+  bool apart = false;
+  for (size_t t = 0; t < turns.size(); ++t) {
+    INFO("iteration " << t);
+    const cli::LocalRunResult& alone = turns[t].job == 0 ? *alone_dynamic : *alone_packing;
+    const auto b = static_cast<size_t>(turns[t].batch);
+    CHECK(mixed->micro_batches[t] == alone.micro_batches[b]);
+    CHECK(mixed->predicted_ms[t] == alone.predicted_ms[b]);
+    CHECK(mixed->per_rank[0][t].tokens == alone.per_rank[0][b].tokens);
+    apart = apart || alone_dynamic->predicted_ms[b] != alone_packing->predicted_ms[b];
+  }
+  CHECK(apart);
+  // Two jobs alike taking turns over batches 0..3 train exactly as one job
+  // over them: the ranks keep one model whoever plans.
+  auto one = cli::RunLocal(dynamic, "/", 4);
+  auto two = cli::RunLocalTurns({dynamic, dynamic}, "/", {{0, 0}, {1, 1}, {0, 2}, {1, 3}});
+  REQUIRE(one.ok());
+  REQUIRE(two.ok());
+  CHECK(two->final_params == one->final_params);
+  // Jobs differing in more than batching are refused, naming which.
+  proto::JobSpec other = dynamic;
+  other.mutable_optimizer()->set_lr(1e-3);
+  auto refused = cli::RunLocalTurns({dynamic, other}, "/", {{0, 0}});
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().message() == "jobs taking turns differ in more than batching and cost_refit: job 1 and job 0");
+  CHECK(!cli::RunLocalTurns({dynamic}, "/", {{1, 0}}).ok());
+}
+
+TEST_CASE("jobs taking turns: each job's cost refit sees only its own iterations", "[executor]") {
+  const std::string ds = MakeDataset();
+  std::vector<proto::JobSpec> specs = {Spec(ds, 2, 1, "dynamic"), Spec(ds, 2, 1, "packing")};
+  for (proto::JobSpec& s : specs) {
+    s.set_iterations(8);
+    s.set_planner_lookahead(1);
+    s.mutable_cost_refit()->set_mode(proto::CostRefitSpec::on);
+    s.mutable_cost_refit()->set_min_iterations(2);
+  }
+  const std::vector<cli::LocalTurn> turns = {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {0, 2}, {1, 2}, {0, 3}, {1, 3}};
+  auto run = cli::RunLocalTurns(specs, "/", turns);
+  REQUIRE(run.ok());
+  REQUIRE(run->models.size() == 2);
+  for (const cli::LocalJobModel& m : run->models) {
+    CHECK(m.refit_observed == 4);
+    CHECK(m.refit_fitted);
+  }
+  // Iteration t + 1 is planned once t is in. Job 0's refit has its two
+  // iterations after t = 1, job 1's after t = 3: each plans with its own
+  // refit from its next turn after that (t = 4 and t = 5), not before.
+  for (size_t t = 0; t < turns.size(); ++t) {
+    INFO("iteration " << t);
+    CHECK(run->refit_plan[t] == (t >= 4));
   }
 }
 
