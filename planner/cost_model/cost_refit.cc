@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -14,10 +15,8 @@ namespace {
 // The pipeline factor corrects what per-instruction times miss; more than
 // this either way means the fit itself is wrong.
 constexpr double kMinPipelineFactor = 0.5, kMaxPipelineFactor = 2.0;
-// The per-micro-batch pipeline term is fitted only from this many
-// iterations whose micro-batch counts span at least this ratio.
-constexpr int kPipelineMbRows = 6;
-constexpr double kPipelineMbSpread = 1.3;
+// Bisection steps for the per-pass hand-off cost (to 2^-30 of a pipeline).
+constexpr int kHandoffSteps = 30;
 // Exploration's cost per micro-batch, at least this share of a chunk pass.
 constexpr double kExploreMbShare = 0.3;
 // Exploration toward smaller micro-batches: the size term's share of a
@@ -265,28 +264,69 @@ void BoundStep(std::span<const IterationSamples* const> kept, const RefitTerms& 
   }
 }
 
-// The per-micro-batch pipeline term b fitted over `history` under `fit`, or
-// `prior_mb_ms` where the micro-batch counts vary too little to tell it.
-double FitPipelineMbMs(const std::deque<IterationSamples>& history, const IterationSamples& latest,
-                       const RefitTerms& fit, double prior_mb_ms, double ridge) {
-  NnlsProblem pipeline;
-  pipeline.num_features = 2;
-  double lo = 0, hi = 0;
-  for (const IterationSamples& s : history) {
-    double simulated = 0, measured = 0, mbs = 0;
-    for (const ReplayGroup& g : s.groups) mbs = std::max<double>(mbs, g.num_mb);
-    if (!PipelineSpans(fit, s, &simulated, &measured) || mbs <= 0) continue;
-    const double row[2] = {simulated, mbs};
-    pipeline.AddRow(row, measured);
-    lo = pipeline.rows() == 1 ? mbs : std::min(lo, mbs);
-    hi = std::max(hi, mbs);
+// The slowest group's pipeline of `s` replayed: each pass `pass_ms(pass)`
+// (a ComputeSample of the group's fw or bw), transfers under `terms`. -1 if
+// it cannot be simulated (no replay).
+double ReplayMs(const RefitTerms& terms, const IterationSamples& s,
+                const std::function<double(const ComputeSample&)>& pass_ms) {
+  if (s.groups.empty()) return -1;
+  const int C = static_cast<int>(s.chunk_device.size());
+  const bool transfers = terms.transfer_latency_ms >= 0 && terms.transfer_ms_per_mb >= 0;
+  double slowest = 0;
+  for (const ReplayGroup& g : s.groups) {
+    PipelineTimes t;
+    t.Resize(s.num_devices, C, g.num_mb);
+    t.chunk_device = s.chunk_device;
+    for (size_t i = 0; i < g.fw.size(); ++i) {
+      t.fw_ms[i] = pass_ms(g.fw[i]);
+      t.bw_ms[i] = pass_ms(g.bw[i]);
+      if (transfers) {
+        t.comm_fw_ms[i] = t.comm_bw_ms[i] = terms.transfer_latency_ms + g.boundary_mb[i] * terms.transfer_ms_per_mb;
+      }
+    }
+    absl::StatusOr<SimResult> sim = Simulate(t, g.orders, /*record=*/false);
+    if (!sim.ok()) return -1;
+    slowest = std::max(slowest, sim->makespan_ms);
   }
-  if (!(pipeline.rows() >= kPipelineMbRows && hi >= lo * kPipelineMbSpread)) return prior_mb_ms;
-  const double prior_w[2] = {1, 0};
-  const std::vector<double> w = SolveNnls(pipeline, prior_w, ridge);
-  int per_device = 0;
-  for (int c : latest.chunk_device) per_device += c == 0;
-  return w[1] / (2.0 * std::max(1, per_device));
+  return slowest;
+}
+
+// The pipeline replayed with every pass and the dispatch as measured and
+// `extra_ms` added to each forward and backward.
+double MeasuredReplayMs(const RefitTerms& terms, const IterationSamples& s, double extra_ms) {
+  const double dispatch_fw = s.units > 0 ? s.dispatch_fw_ms / s.units : 0;
+  const double dispatch_bw = s.units > 0 ? s.dispatch_bw_ms / s.units : 0;
+  return ReplayMs(terms, s, [&](const ComputeSample& c) {
+    return c.measured_ms + (c.backward ? dispatch_bw : dispatch_fw) + extra_ms;
+  });
+}
+
+// What each micro-batch costs `s` beyond its instructions (hand-offs between
+// ranks that wait on each other, threads that share cores), as a cost per
+// forward and backward: the one that, added to every pass of a replay with
+// the passes and dispatch as measured (MeasuredReplayMs), makes the replay
+// last as long as the iteration's measured pipeline. Measured passes leave
+// only what no instruction shows to this term, so one iteration tells it,
+// whatever its micro-batch count. 0 where the replay alone lasts as long;
+// -1 where the iteration has no replay or a pass was not timed.
+double HandoffPerPassMs(const RefitTerms& terms, const IterationSamples& s) {
+  for (const ReplayGroup& g : s.groups) {
+    for (size_t i = 0; i < g.fw.size(); ++i) {
+      if (g.fw[i].measured_ms <= 0 || g.bw[i].measured_ms <= 0) return -1;
+    }
+  }
+  const double span = s.measured_ms - s.iteration_ms;
+  const double bare = MeasuredReplayMs(terms, s, 0);
+  if (bare < 0 || span <= 0) return -1;
+  if (bare >= span) return 0;
+  // With `span` added to every pass the replay, a pass at least, lasts
+  // longer than the pipeline did.
+  double lo = 0, hi = span;
+  for (int i = 0; i < kHandoffSteps; ++i) {
+    const double mid = (lo + hi) / 2;
+    (MeasuredReplayMs(terms, s, mid) < span ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
 }
 
 // The pipeline factor k: the median of measured over simulated, bounded by
@@ -392,6 +432,8 @@ absl::Status ReportReader::AddCompute(const proto::InstructionTiming& t, const p
   const bool backward = ins.op_case() == proto::Instruction::kBackward;
   const ChunkSample& cs = it->second;
   out_.compute.push_back({backward, backward ? cs.base_bw : cs.base_fw, cs.tokens, cs.attention, cs.size, ms});
+  ReplayGroup& g = out_.groups[plan_.dp_rank()];  // AddReplay made it, its micro-batches this plan's
+  (backward ? g.bw : g.fw)[static_cast<size_t>(ins.micro_batch()) * layout_.num_chunks() + chunk].measured_ms += ms;
   if (!backward) ++out_.units;
   return absl::OkStatus();
 }
@@ -408,6 +450,7 @@ absl::StatusOr<IterationSamples> SamplesOf(const PipelineModel& layout, const La
   IterationSamples out;
   out.iteration = plans[0].iteration();
   out.predicted_ms = plans[0].predicted_iteration_ms();
+  RETURN_IF_ERROR(AddReplay(layout, base, plans, &out));  // the groups the reports' passes are timed into
   std::vector<std::vector<int>> chunk_of(layout.num_devices());  // [device][local chunk] -> chunk
   for (int c = 0; c < layout.num_chunks(); ++c) chunk_of[layout.chunks()[c].device].push_back(c);
   bool first_report = true;
@@ -429,7 +472,6 @@ absl::StatusOr<IterationSamples> SamplesOf(const PipelineModel& layout, const La
     out.iteration_ms = first_report ? after_pipeline : std::min(out.iteration_ms, after_pipeline);
     first_report = false;
   }
-  RETURN_IF_ERROR(AddReplay(layout, base, plans, &out));
   return out;
 }
 
@@ -454,8 +496,6 @@ RefitTerms CostRefit::ExplorationTerms(bool smaller) const {
 }
 
 void CostRefit::Add(IterationSamples samples) {
-  history_.push_back(samples);
-  while (static_cast<int>(history_.size()) > kPipelineHistory) history_.pop_front();
   window_.push_back(std::move(samples));
   while (static_cast<int>(window_.size()) > options_.window) window_.pop_front();
   if (static_cast<int>(window_.size()) >= options_.min_iterations) Refit();
@@ -468,25 +508,12 @@ double CostRefit::PredictCompute(const RefitTerms& terms, const IterationSamples
 }
 
 double CostRefit::PredictIteration(const RefitTerms& terms, const IterationSamples& s) {
-  if (s.groups.empty()) return -1;
-  const int C = static_cast<int>(s.chunk_device.size());
-  const bool transfers = terms.transfer_latency_ms >= 0 && terms.transfer_ms_per_mb >= 0;
   const double k = terms.pipeline_factor;
-  double slowest = 0;
-  for (const ReplayGroup& g : s.groups) {
-    PipelineTimes t;
-    t.Resize(s.num_devices, C, g.num_mb);
-    t.chunk_device = s.chunk_device;
-    for (size_t i = 0; i < g.fw.size(); ++i) {
-      t.fw_ms[i] = k * (PassTime(terms.fw, g.fw[i]) + terms.dispatch_fw_ms + terms.pipeline_mb_ms);
-      t.bw_ms[i] = k * (PassTime(terms.bw, g.bw[i]) + terms.dispatch_bw_ms + terms.pipeline_mb_ms);
-      if (transfers) t.comm_fw_ms[i] = t.comm_bw_ms[i] = terms.transfer_latency_ms + g.boundary_mb[i] * terms.transfer_ms_per_mb;
-    }
-    absl::StatusOr<SimResult> sim = Simulate(t, g.orders, /*record=*/false);
-    if (!sim.ok()) return -1;
-    slowest = std::max(slowest, sim->makespan_ms);
-  }
-  return slowest + std::max(0.0, terms.iteration_ms);
+  const double pipeline = ReplayMs(terms, s, [&](const ComputeSample& c) {
+    const double dispatch = c.backward ? terms.dispatch_bw_ms : terms.dispatch_fw_ms;
+    return k * (PassTime(c.backward ? terms.bw : terms.fw, c) + dispatch + terms.pipeline_mb_ms);
+  });
+  return pipeline < 0 ? -1 : pipeline + std::max(0.0, terms.iteration_ms);
 }
 
 void CostRefit::Refit() {
@@ -501,15 +528,12 @@ void CostRefit::Refit() {
   FitScalarTerms(kept, prior, options_.ridge, fit);
   BoundStep(kept, prior, fitted_, options_.max_step, fit);
 
-  // Pipeline terms: each iteration's pipeline replayed under the new costs
-  // (simulated s), then measured ~ k * s + b * micro-batches by least
-  // squares over the longer history. b, what each micro-batch costs an
-  // iteration beyond its instructions (hand-offs between ranks that wait on
-  // each other), becomes a per-micro-batch term on every forward and
-  // backward of a device's chunks (b / (2 * chunks per device)); k is then
-  // the median of measured over simulated over the window. Where the
-  // history's micro-batch counts barely vary, the data cannot tell b from
-  // k and the previous b stays (JobRefit explores to make them vary).
+  // Pipeline terms. b, what each micro-batch costs an iteration beyond its
+  // instructions (hand-offs between ranks that wait on each other), is a
+  // cost on every forward and backward: the median over the window of what
+  // each iteration's replay with its passes as measured leaves unexplained
+  // (HandoffPerPassMs). k is then the median of measured over simulated
+  // (each pipeline replayed under the new costs, b included) over the window.
   std::vector<double> passes, per_size;
   for (const IterationSamples* s : kept) {
     for (const ComputeSample& c : s->compute) {
@@ -520,8 +544,11 @@ void CostRefit::Refit() {
   chunk_ms_ = Median(passes);
   pass_per_size_ = Median(per_size);
   fit.pipeline_factor = 1;
-  fit.pipeline_mb_ms = 0;  // the history is replayed without the term being fitted
-  fit.pipeline_mb_ms = FitPipelineMbMs(history_, window_.back(), fit, prior.pipeline_mb_ms, options_.ridge);
+  std::vector<double> handoffs;
+  for (const IterationSamples* s : kept) {
+    if (const double h = HandoffPerPassMs(fit, *s); h >= 0) handoffs.push_back(h);
+  }
+  fit.pipeline_mb_ms = handoffs.empty() ? prior.pipeline_mb_ms : Median(handoffs);
   FitPipelineFactor(kept, prior, fitted_, options_.max_step, fit);
   terms_ = fit;
   fitted_ = true;

@@ -9,10 +9,13 @@
 // RefitTerms (refit_cost_model.h) over a sliding window of iterations:
 // non-negative least squares per pass, iterations whose speed is far from
 // the window's median left out, medians for the scalar terms, and a bounded
-// change per refit, so one noisy iteration cannot derail it. Last, the
-// window's pipelines are simulated again under the fitted costs and a
-// pipeline factor (the median of measured over simulated) takes in what
-// per-instruction times do not show: waits, hand-offs, ranks sharing cores. Until
+// change per refit, so one noisy iteration cannot derail it. Last, what
+// per-instruction times do not show (hand-offs between ranks that wait on
+// each other, threads sharing cores) becomes a cost per pass: the one that
+// makes each pipeline, replayed with its passes as measured, last as long as
+// it did (the median over the window); and a pipeline factor (the median of
+// measured over simulated under the fitted costs) takes in what the fitted
+// passes miss. Until
 // `min_iterations` iterations are in, the base model answers. Pure and
 // single-threaded (callers lock).
 
@@ -49,7 +52,7 @@ struct TransferSample {
 // base costs and features, and each device's order of forwards and backwards.
 struct ReplayGroup {
   int num_mb = 0;
-  std::vector<ComputeSample> fw, bw;  // measured_ms unused
+  std::vector<ComputeSample> fw, bw;  // measured_ms: the pass as timed (0: not timed)
   std::vector<double> boundary_mb;    // activations sent from chunk c to c + 1
   DeviceOrders orders;
 };
@@ -100,8 +103,8 @@ class CostRefit {
   // Iterations the last refit left out as outliers.
   int outliers() const { return outliers_; }
   // The current terms with a larger cost per micro-batch, to plan a few
-  // iterations with (fewer, larger micro-batches) so that the pipeline's
-  // cost per micro-batch can be told from its cost per unit of work; with
+  // iterations with (fewer, larger micro-batches) so that the fit sees
+  // larger micro-batches than the plans settle on; with
   // `smaller`, a larger size term instead (more, smaller micro-batches), so
   // that what a token costs in a small micro-batch is seen as well.
   RefitTerms ExplorationTerms(bool smaller = false) const;
@@ -119,9 +122,6 @@ class CostRefit {
   std::shared_ptr<const LayerCostModel> base_;
   RefitOptions options_;
   std::deque<IterationSamples> window_;
-  // The longer history the pipeline's per-micro-batch term is fitted over.
-  static constexpr int kPipelineHistory = 32;
-  std::deque<IterationSamples> history_;
   double chunk_ms_ = 0;  // median chunk pass under the last fit
   double pass_per_size_ = 0;  // median of a chunk pass over its size feature
   RefitTerms terms_;

@@ -45,7 +45,8 @@ struct RefitTerms {
   double pipeline_factor = 1;
   // Per micro-batch per chunk and pass, added like dispatch: what each
   // micro-batch costs an iteration beyond its instructions (hand-offs
-  // between ranks that wait on each other), fitted to whole iterations.
+  // between ranks that wait on each other): what each iteration's pipeline,
+  // replayed with its passes as measured, leaves unexplained.
   double pipeline_mb_ms = 0;
 };
 
