@@ -281,7 +281,6 @@ int RunTurns(Bench& b, int round, proto::AttentionKernel::Value kernel) {
   std::vector<cli::LocalTurn> turns;
   std::vector<std::string> names;
   std::vector<std::vector<Span>> spans(methods);  // [job]: its blocks after the warm-up
-  std::vector<std::vector<double>> block_s(methods);  // [job][block after the warm-up]
   for (int block = 0; block < blocks; ++block) {
     for (int k = 0; k < methods; ++k) {
       const int job = block % 2 == 0 ? k : methods - 1 - k;
@@ -411,7 +410,8 @@ void PrintMedians(Bench& b) {
       }
       const bool blocks = b.turns > 0 && index != b.reference;
       if (blocks) ratio = b.block_ratios[{kernel, index}];
-      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%% %7.2f", KernelName(kernel), b.names[index].c_str(), Median(tps), Median(measured), Median(predicted),
+      std::printf("%-12s %-8s %12.0f %12.1f %12.1f %8.1f%% %7.2f", KernelName(kernel), b.names[index].c_str(),
+                  Median(tps), Median(measured), Median(predicted),
                   100 * Median(error), Median(cpu));
       if (ratio.empty()) {
         std::printf(" %12s\n", "-");
