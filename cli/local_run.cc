@@ -173,8 +173,8 @@ absl::Status RunRank(Ranks& ranks, int r) {
 absl::Status PlanAsReported(const Jobs& jobs, int64_t ahead, PlanExchange& exchange, LocalRunResult& out) {
   absl::Status planning = absl::OkStatus();
   const auto count = static_cast<int64_t>(jobs.turns.size());
-  const bool refit = jobs.AnyRefit();
-  for (int64_t i = 0; refit && i < count && planning.ok(); ++i) {
+  const bool any_refit = jobs.AnyRefit();
+  for (int64_t i = 0; any_refit && i < count && planning.ok(); ++i) {
     const std::vector<proto::IterationReport> reports = exchange.AwaitReports(i);
     if (reports.empty()) break;  // a rank failed: its status says why
     if (const auto& refit = jobs.Of(i).refit) {
