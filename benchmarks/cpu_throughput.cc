@@ -26,7 +26,10 @@
 // block, each method planning with its own refit (cli::RunLocalTurns), and
 // "vs packing" is the median over blocks of packing's time for the block's
 // batches over the method's. Drift between runs on a shared machine can
-// exceed the gap between methods; neighbouring blocks share its load.
+// exceed the gap between methods; neighbouring blocks share its load. The
+// median leaves out the blocks a method loses badly as readily as another
+// tenant's stalls, so beside it stands the ratio of the blocks' summed
+// times (what the run's throughput compares).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -147,6 +150,9 @@ struct Bench {
   int turns = 0;  // --turns
   // With --turns: [kernel][method index] -> packing's time over the method's, one per block after the warm-up.
   std::map<std::pair<int, int>, std::vector<double>> block_ratios;
+  // Per (kernel, method) with --turns: packing's seconds and the method's,
+  // summed over the blocks whose ratio is kept.
+  std::map<std::pair<int, int>, std::pair<double, double>> block_seconds;
 };
 
 // The job with the flags' overrides; returns the exit status.
@@ -314,6 +320,9 @@ int RunTurns(Bench& b, int round, proto::AttentionKernel::Value kernel) {
       const Span& theirs = spans[b.reference][block];
       if (theirs.begin == 0 || spans[job][block].begin == 0) continue;  // no end before it to time from
       b.block_ratios[{kernel, job}].push_back(seconds(theirs) / seconds(spans[job][block]));
+      auto& [reference_s, method_s] = b.block_seconds[{kernel, job}];
+      reference_s += seconds(theirs);
+      method_s += seconds(spans[job][block]);
     }
     const auto first = std::find(names.begin(), names.end(), jobs[job]) - names.begin();
     const auto last = names.rend() - std::find(names.rbegin(), names.rend(), jobs[job]) - 1;
@@ -417,8 +426,10 @@ void PrintMedians(Bench& b) {
         std::printf(" %12s\n", "-");
       } else if (blocks) {
         std::sort(ratio.begin(), ratio.end());
-        std::printf(" %11.3fx (middle half %.3f-%.3f of %zu blocks)\n", Median(ratio), ratio[(ratio.size() - 1) / 4],
-                    ratio[3 * (ratio.size() - 1) / 4], ratio.size());
+        const auto& [reference_s, method_s] = b.block_seconds[{kernel, index}];
+        std::printf(" %11.3fx (middle half %.3f-%.3f of %zu blocks; their summed time %.3fx)\n", Median(ratio),
+                    ratio[(ratio.size() - 1) / 4], ratio[3 * (ratio.size() - 1) / 4], ratio.size(),
+                    reference_s / method_s);
       } else {
         std::printf(" %11.2fx\n", Median(ratio));
       }
