@@ -41,14 +41,9 @@ class HostTimer final : public InstructionTimer {
   std::vector<proto::InstructionTiming> marks_;
 };
 
-// Host memory is plentiful and fresh pages are dear (each first touch a
-// page fault): a cached block up to 4x a request's size class serves it
-// (BufferPool). 4 and 16 read alike; 1 faulted twice as often.
-constexpr size_t kReuseUpTo = 4;
-
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : budget_(CpuAllocator()), pool_(&budget_, nullptr, BufferPool::kFenceTimeout, kReuseUpTo) {}
+  CpuBackend() : budget_(CpuAllocator()), pool_(&budget_) {}
   proto::Backend::Value kind() const override { return proto::Backend::cpu; }
   std::string Describe() const override { return "cpu (fp32, Gloo)"; }
   absl::Status BindThread() override { return absl::OkStatus(); }

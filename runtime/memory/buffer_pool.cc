@@ -112,25 +112,17 @@ BufferPool::~BufferPool() {
 absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
   Buffer b;
   if (bytes == 0) return b;
-  size_t block = SizeClass(bytes);
+  const size_t block = SizeClass(bytes);
   void* data = nullptr;
   {
     MutexLock l(&mu_);
     if (!pending_.empty()) CollectPassed();
-    // The smallest cached block of this class or a larger one, up to
-    // reuse_up_to_ times the class: memory already touched serves a request
-    // before new memory is obtained.
-    const size_t largest = block * reuse_up_to_;
-    for (auto it = cache_.lower_bound({stream, block});
-         it != cache_.end() && it->first.first == stream && it->first.second <= largest; ++it) {
-      if (it->second.empty()) continue;
+    auto it = cache_.find({stream, block});
+    if (it != cache_.end() && !it->second.empty()) {
       data = it->second.back();
       it->second.pop_back();
-      block = it->first.second;
       ++stats_.hits;
-      break;
-    }
-    if (data == nullptr) {
+    } else {
       ++stats_.misses;
       stats_.reserved_bytes += block;
     }

@@ -3,16 +3,9 @@
 // Memory for activations, received tensors and gradients. Shapes change every
 // iteration (dynamic micro-batches), so exact-size caching would miss almost
 // always; the pool rounds requests up to size classes four per power of two
-// (at most 25% slack) and keeps freed blocks per class for reuse. A pool
-// may also serve a request from a cached block of a larger class (up to a
-// bound it is built with): memory already touched then serves before new
-// memory is obtained. On the CPU that bounds the pages a run touches: with
-// blocks of every class kept apart, fresh pages faulted in took 7-10% of a
-// training run's CPU time on our VMs (`perf`), and up to 4x cut that to
-// 3-5% and the run's CPU time by 7-11%.
-//
-// In-use, block and reserved bytes and their peaks are measured for the
-// iteration report (fragmentation = what is reserved but not requested).
+// (at most 25% slack) and keeps freed blocks per class for reuse. In-use,
+// block and reserved bytes and their peaks are measured for the iteration
+// report (fragmentation = what is reserved but not requested).
 //
 // Device memory is stream-ordered: a kernel queued on a stream may still use
 // a buffer after the host released it. A freed block therefore returns to the
@@ -24,7 +17,6 @@
 // are the device-specific parts: the CPU uses host memory and stream 0 (no
 // fences), the CUDA backend plugs in cudaMalloc and CUDA events.
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -155,13 +147,9 @@ class BufferPool {
  public:
   // `fences` may be null where every stream is the host (CPU).
   // `fence_timeout` bounds every wait for a fence (a hung device).
-  // A request takes the smallest cached block of its size class or of a
-  // larger one up to `reuse_up_to` times its class (1: its own class only).
-  static constexpr absl::Duration kFenceTimeout = absl::Minutes(1);
   explicit BufferPool(Allocator* allocator, StreamFences* fences = nullptr,
-                      absl::Duration fence_timeout = kFenceTimeout, size_t reuse_up_to = 1)
-      : allocator_(allocator), fences_(fences), fence_timeout_(fence_timeout),
-        reuse_up_to_(std::max<size_t>(1, reuse_up_to)) {}
+                      absl::Duration fence_timeout = absl::Minutes(1))
+      : allocator_(allocator), fences_(fences), fence_timeout_(fence_timeout) {}
   // Waits (bounded) for pending fences, then returns every cached block; a
   // block whose fence never passes is leaked with an error logged.
   ~BufferPool();
@@ -202,7 +190,6 @@ class BufferPool {
   Allocator* allocator_;
   StreamFences* fences_;
   absl::Duration fence_timeout_;
-  const size_t reuse_up_to_;
   mutable Mutex mu_;
   // (stream, size class) -> free blocks.
   std::map<std::pair<StreamHandle, size_t>, std::vector<void*>> cache_ ABSL_GUARDED_BY(mu_);

@@ -92,42 +92,6 @@ TEST_CASE("freed blocks are reused across varying shapes; peak tracks live bytes
   }
 }
 
-TEST_CASE("a pool built to reuse larger blocks serves a request from one up to its bound, and no larger",
-          "[memory]") {
-  CountingAllocator alloc;
-  for (const size_t up_to : {size_t{1}, size_t{4}}) {
-    CAPTURE(up_to);
-    BufferPool pool(&alloc, nullptr, BufferPool::kFenceTimeout, up_to);
-    void* big = nullptr;
-    {
-      Buffer b = *pool.Get(4096);
-      big = b.data();
-    }
-    const int before = alloc.allocations;
-    {
-      // Class 512: the cached 4,096 is 8x it, beyond either bound.
-      Buffer small = *pool.Get(512);
-      CHECK(small.data() != big);
-      CHECK(alloc.allocations == before + 1);
-    }
-    {
-      // Class 1,024: the cached 4,096 serves it where the bound is 4x.
-      Buffer mid = *pool.Get(1000);
-      CHECK((mid.data() == big) == (up_to == 4));
-      CHECK(alloc.allocations == before + (up_to == 4 ? 1 : 2));
-      CHECK(pool.stats().block_bytes == (up_to == 4 ? 4096u : 1024u));
-    }
-    // Released, the block goes back to its own class and serves its own size.
-    {
-      Buffer again = *pool.Get(4096);
-      CHECK(again.data() == big);
-    }
-    CHECK(pool.stats().in_use_bytes == 0);
-    CHECK(pool.stats().reserved_bytes == alloc.live);
-    REQUIRE(pool.Trim().ok());
-  }
-}
-
 TEST_CASE("a freed block is reused only by its own stream", "[memory]") {
   CountingAllocator alloc;
   ManualFences fences;
