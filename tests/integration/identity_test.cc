@@ -443,7 +443,9 @@ TEST_CASE("Requests without the token, or executor calls without a credential, a
       const grpc::Status nocred = call(huge_with(200u << 20), /*token=*/true, /*credential=*/false);
       CHECK(nocred.error_code() == grpc::StatusCode::UNAUTHENTICATED);
       CHECK_THAT(nocred.error_message(), Contains("missing executor credential"));
-      CHECK(PeakRss((*planner)->pid()) - before_nocred < (8 << 20));
+      // Far below the 200 MB again: 12 MB once with TLS on 2026-11-29 (its
+      // record buffers), past the 8 MB first allowed.
+      CHECK(PeakRss((*planner)->pid()) - before_nocred < (32 << 20));
       // A malformed one is refused there too; a well-formed but unknown one
       // by the handler, against the store.
       {
