@@ -345,12 +345,17 @@ TEST_CASE("Ended jobs release the planning state this process holds") {
     ids.push_back(*id);
   }
   svc.Start();
+  // The gauge as last read: read again after the loop, it can show a job
+  // the planning loop loaded again between its check of the job's state and
+  // the cancel, which the next sweep releases (seen once on 2026-11-29).
   auto wait_for = [&](double want) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (Gauge(svc.MetricsText(), "dynapipe_jobs_loaded") != want && absl::Now() < deadline) {
+    double loaded = Gauge(svc.MetricsText(), "dynapipe_jobs_loaded");
+    while (loaded != want && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(20));
+      loaded = Gauge(svc.MetricsText(), "dynapipe_jobs_loaded");
     }
-    return Gauge(svc.MetricsText(), "dynapipe_jobs_loaded");
+    return loaded;
   };
   CHECK(wait_for(3) == 3);  // planning ahead loaded every job
   for (const std::string& id : ids) {
