@@ -273,6 +273,7 @@ proto::IterationReport IterationReportOf(const proto::Assignment& a, int64_t ite
   r.set_predicted_iteration_ms(plan.predicted_iteration_ms());
   r.set_peak_memory_mb(result.peak_memory_mb);
   r.set_peak_reserved_mb(result.peak_reserved_mb);
+  r.set_peak_class_mb(result.peak_class_mb);
   r.set_memory_fragmentation(result.memory_fragmentation);
   r.set_loss(result.loss);
   r.set_lr(result.lr);

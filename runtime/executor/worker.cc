@@ -209,6 +209,7 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   const PoolStats stats = pool.stats();
   it.result.peak_memory_mb = static_cast<double>(stats.peak_in_use_bytes + state_bytes) / (1 << 20);
   it.result.peak_reserved_mb = static_cast<double>(stats.peak_reserved_bytes + state_bytes) / (1 << 20);
+  it.result.peak_class_mb = static_cast<double>(stats.peak_class_bytes + state_bytes) / (1 << 20);
   it.result.memory_fragmentation = stats.Fragmentation();
   it.result.iteration_ms = MsBetween(it.start, Clock::now());
   return std::move(it.result);

@@ -53,6 +53,7 @@ struct IterationResult {
   double iteration_ms = 0;  // host time, the device's work included
   double peak_memory_mb = 0;      // requested activation/buffer peak + model and optimizer state
   double peak_reserved_mb = 0;    // the same, with the pool's reservation instead of its requests
+  double peak_class_mb = 0;       // the same, with requests rounded up to the pool's size classes
   double memory_fragmentation = 0;  // of the pool's peak reservation (PoolStats::Fragmentation)
   std::vector<proto::InstructionTiming> timings;  // on the backend's clock (device time on CUDA)
   int buckets_started_early = 0;  // gradient buckets whose reduction started during backward

@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +21,17 @@ class HostAllocator final : public Allocator {
  public:
   void* Allocate(size_t bytes) override { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
   void Free(void* ptr, size_t) override { std::free(ptr); }
+  bool CanShrink() const override { return true; }
+  // The whole pages past `keep` go back to the system (a later touch maps a
+  // fresh zero page); a part page stays. The block stays allocated, to free.
+  void Shrink(void* ptr, size_t bytes, size_t keep) override {
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t from = (reinterpret_cast<uintptr_t>(ptr) + keep + page - 1) / page * page;
+    const uintptr_t to = (reinterpret_cast<uintptr_t>(ptr) + bytes) / page * page;
+    if (to > from && madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED) != 0) {
+      spdlog::warn("buffer pool: giving back {} bytes of a block failed: {}", to - from, std::strerror(errno));
+    }
+  }
 };
 
 constexpr size_t kMinBlock = 256;
@@ -45,6 +61,12 @@ void BudgetAllocator::Free(void* ptr, size_t bytes) {
   base_->Free(ptr, bytes);
   MutexLock l(&mu_);
   allocated_ -= bytes;
+}
+
+void BudgetAllocator::Shrink(void* ptr, size_t bytes, size_t keep) {
+  base_->Shrink(ptr, bytes, keep);
+  MutexLock l(&mu_);
+  allocated_ -= bytes - keep;
 }
 
 std::string BudgetAllocator::Bound() const {
@@ -113,24 +135,38 @@ absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
   Buffer b;
   if (bytes == 0) return b;
   const size_t block = SizeClass(bytes);
+  size_t held = block;
   void* data = nullptr;
   {
     MutexLock l(&mu_);
     if (!pending_.empty()) CollectPassed();
-    auto it = cache_.find({stream, block});
-    if (it != cache_.end() && !it->second.empty()) {
+    // The smallest cached block of the class or, where tails can be given
+    // back, of a larger one.
+    const size_t largest = reuse_larger_ && block >= kReuseFrom ? block * kReuseUpTo : block;
+    for (auto it = cache_.lower_bound({stream, block});
+         it != cache_.end() && it->first.first == stream && it->first.second <= largest; ++it) {
+      if (it->second.empty()) continue;
       data = it->second.back();
       it->second.pop_back();
+      held = it->first.second;
+      break;
+    }
+    if (data != nullptr) {
       ++stats_.hits;
+      if (held != block) {
+        ++stats_.larger_hits;
+        larger_[data] = {held, block};
+      }
     } else {
       ++stats_.misses;
       stats_.reserved_bytes += block;
     }
     stats_.in_use_bytes += bytes;
-    stats_.block_bytes += block;
+    stats_.block_bytes += held;
+    stats_.class_bytes += block;
     // Peaks count a block once it is there (below for a miss), not a
     // request that then fails.
-    if (data != nullptr) stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    if (data != nullptr) UpdatePeaks();
   }
   if (data == nullptr) {
     data = allocator_->Allocate(block);
@@ -139,12 +175,14 @@ absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
       trimmed = Trim(/*wait_pending=*/true);  // cached blocks of other classes or streams may make room
       data = allocator_->Allocate(block);
     }
+    if (data == nullptr && ShedLarger()) data = allocator_->Allocate(block);
     if (data == nullptr) {
       PoolStats s;
       {
         MutexLock l(&mu_);
         stats_.in_use_bytes -= bytes;
         stats_.block_bytes -= block;
+        stats_.class_bytes -= block;
         stats_.reserved_bytes -= block;
         s = stats_;
       }
@@ -157,8 +195,7 @@ absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
       return absl::ResourceExhaustedError(what);
     }
     MutexLock l(&mu_);
-    stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    UpdatePeaks();
   }
   b.pool_ = this;
   b.data_ = data;
@@ -170,17 +207,23 @@ absl::StatusOr<Buffer> BufferPool::Get(size_t bytes, StreamHandle stream) {
 
 void BufferPool::Put(Buffer* b) {
   MutexLock l(&mu_);
+  size_t held = b->block_;
+  if (auto it = larger_.find(b->data_); it != larger_.end()) {
+    held = it->second.held;
+    larger_.erase(it);
+  }
   stats_.in_use_bytes -= b->bytes_;
-  stats_.block_bytes -= b->block_;
+  stats_.block_bytes -= held;
+  stats_.class_bytes -= b->block_;
   if (b->other_streams_.empty() || fences_ == nullptr) {
     // Later work on the same stream is ordered after this buffer's last use.
-    cache_[{b->stream_, b->block_}].push_back(b->data_);
+    cache_[{b->stream_, held}].push_back(b->data_);
     return;
   }
-  Pending p{b->data_, b->block_, b->stream_, {}};
+  Pending p{b->data_, held, b->stream_, {}};
   p.fences.reserve(b->other_streams_.size());
   for (StreamHandle s : b->other_streams_) p.fences.push_back(fences_->Record(s));
-  stats_.pending_bytes += b->block_;
+  stats_.pending_bytes += held;
   pending_.push_back(std::move(p));
 }
 
@@ -197,6 +240,19 @@ void BufferPool::CollectPassed() {
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(), passed), pending_.end());
 }
 
+bool BufferPool::ShedLarger() {
+  MutexLock l(&mu_);
+  if (larger_.empty()) return false;
+  for (const auto& [data, larger] : larger_) {
+    allocator_->Shrink(data, larger.held, larger.block);
+    stats_.block_bytes -= larger.held - larger.block;
+    stats_.reserved_bytes -= larger.held - larger.block;
+    ++stats_.sheds;
+  }
+  larger_.clear();  // each buffer now holds its class
+  return true;
+}
+
 PoolStats BufferPool::stats() const {
   MutexLock l(&mu_);
   return stats_;
@@ -205,7 +261,14 @@ PoolStats BufferPool::stats() const {
 void BufferPool::ResetPeak() {
   MutexLock l(&mu_);
   stats_.peak_in_use_bytes = stats_.in_use_bytes;
+  stats_.peak_class_bytes = stats_.class_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+void BufferPool::UpdatePeaks() {
+  stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  stats_.peak_class_bytes = std::max(stats_.peak_class_bytes, stats_.class_bytes);
+  stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
 }
 
 absl::Status BufferPool::Trim(bool wait_pending) {

@@ -1,5 +1,6 @@
 #include "runtime/memory/buffer_pool.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -19,9 +20,17 @@ class CountingAllocator final : public Allocator {
     live -= bytes;
     CpuAllocator()->Free(p, bytes);
   }
+  bool CanShrink() const override { return shrinkable; }
+  void Shrink(void* p, size_t bytes, size_t keep) override {
+    ++shrinks;
+    live -= bytes - keep;
+    CpuAllocator()->Shrink(p, bytes, keep);
+  }
   int allocations = 0;
+  int shrinks = 0;
   size_t live = 0;
   size_t capacity = 0;  // 0: unlimited
+  bool shrinkable = false;
 };
 
 // Fences a test completes by hand: fence i passes once `passed_upto` > i.
@@ -232,6 +241,65 @@ TEST_CASE("a budget bounds what the pool obtains; the error names it; a new budg
   Buffer huge = *pool.Get(1 << 20);
   CHECK(budget.allocated() == 6144 + (1 << 20));
   CHECK(budget.Bound().empty());
+}
+
+TEST_CASE("where blocks can shrink, a cached block up to 4x a request's class serves it, from a page up",
+          "[memory]") {
+  for (const bool shrinkable : {false, true}) {
+    CAPTURE(shrinkable);
+    CountingAllocator alloc;
+    alloc.shrinkable = shrinkable;
+    BufferPool pool(&alloc);
+    void* big = pool.Get(64 << 10)->data();  // released at once: cached
+    // Class 12,288: the cached 64 KiB is over 4x it.
+    CHECK(pool.Get(12000)->data() != big);
+    CHECK(alloc.allocations == 2);
+    {
+      Buffer mid = *pool.Get(20000);  // class 20,480: 64 KiB is within 4x
+      CHECK((mid.data() == big) == shrinkable);
+      CHECK(pool.stats().block_bytes == (shrinkable ? 64u << 10 : 20480u));
+      CHECK(pool.stats().larger_hits == (shrinkable ? 1 : 0));
+    }
+    // Released, the block goes back under what it holds and serves its own class.
+    CHECK(pool.Get(64 << 10)->data() == big);
+    // Below a page only the request's own class serves: a 1,024-byte class
+    // is not taken from the cached 1,280-byte one, whatever the allocator.
+    void* small = pool.Get(1280)->data();
+    CHECK(pool.Get(1000)->data() != small);
+    CHECK(pool.stats().block_bytes == 0);
+  }
+}
+
+TEST_CASE("out of memory gives back the tails of live larger blocks: no more is needed than with exact classes",
+          "[memory]") {
+  BudgetAllocator budget(CpuAllocator());
+  budget.SetBudget(96 << 10, "a test's 96 KiB");
+  BufferPool pool(&budget);
+  void* big = pool.Get(64 << 10)->data();
+  Buffer a = *pool.Get(20000);  // class 20,480, served by the cached 64 KiB
+  REQUIRE(a.data() == big);
+  std::memset(a.data(), 7, a.bytes());
+  // Class 40,960: 64 KiB + 40 KiB would pass the budget; with a's block cut
+  // to its class, 20 KiB + 40 KiB fit, as they would in a pool of exact classes.
+  absl::StatusOr<Buffer> b = pool.Get(40000);
+  INFO(b.status());
+  REQUIRE(b.ok());
+  PoolStats s = pool.stats();
+  CHECK(s.sheds == 1);
+  CHECK(s.block_bytes == 20480 + 40960);
+  CHECK(s.reserved_bytes == 20480 + 40960);
+  CHECK(budget.allocated() == 20480 + 40960);
+  // What a buffer holds survives the cut.
+  const auto* bytes = a.as<unsigned char>();
+  CHECK(std::all_of(bytes, bytes + a.bytes(), [](unsigned char c) { return c == 7; }));
+  // Released, the cut block counts as its class, no more.
+  a.Release();
+  b->Release();
+  CHECK(pool.stats().block_bytes == 0);
+  CHECK(pool.stats().reserved_bytes == 20480 + 40960);
+  CHECK(pool.Get(20000)->data() == big);
+  REQUIRE(pool.Trim().ok());
+  CHECK(budget.allocated() == 0);
 }
 
 TEST_CASE("a fence that never passes bounds an out-of-memory retry instead of hanging", "[memory]") {
