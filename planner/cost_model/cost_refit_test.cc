@@ -396,5 +396,17 @@ TEST_CASE("Reports that do not match their plans are refused") {
   CHECK_FALSE(SamplesOf(h.planner->model(), *h.base, plan->plans, reports).ok());
 }
 
+TEST_CASE("A refit model's description names every term it prices with, in readable units") {
+  RefitTerms t;
+  t.fw = {.scale = 0.5, .token_ms = 2e-3, .attention_ms = 3e-6, .micro_batch_ms = 0.1, .size_ms = 1e-3};
+  t.bw = {.scale = 0, .token_ms = 4e-3, .attention_ms = 0, .micro_batch_ms = 0, .size_ms = 0};
+  const std::string d = RefitCostModel(Base(Config(1, 1)), t).Describe();
+  INFO(d);
+  CHECK(d.find("fw x0.50 +0.10 ms/mb, bw x0.00 +0.00 ms/mb") != std::string::npos);
+  // Per transformer layer: ms per thousand tokens, per million attention
+  // pairs, and per thousand tokens at 1,000 tokens from the size term.
+  CHECK(d.find("fw 2 ms/ktok, 3 ms/Mpair, size 0.1; bw 4 ms/ktok, 0 ms/Mpair, size 0)") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace dynapipe::planner

@@ -95,11 +95,24 @@ OverheadTerms RefitCostModel::Overheads() const {
   return o;
 }
 
+namespace {
+
+// A pass's terms beyond the scale and the per-micro-batch constant, per
+// transformer layer: ms per thousand tokens, per million attention pairs,
+// and per thousand tokens at 1,000 tokens from the size term.
+std::string PassShape(const PassFit& p) {
+  return absl::StrFormat("%.3g ms/ktok, %.3g ms/Mpair, size %.3g", p.token_ms * 1e3, p.attention_ms * 1e6,
+                         p.size_ms * 1e6 * kSizeUnit);
+}
+
+}  // namespace
+
 std::string RefitCostModel::Describe() const {
-  return absl::StrFormat("%s, refit (fw x%.2f +%.2f ms/mb, bw x%.2f +%.2f ms/mb, pipeline x%.2f +%.2f ms/mb)",
-                         base_->Describe(), terms_.fw.scale, terms_.fw.micro_batch_ms + terms_.dispatch_fw_ms,
-                         terms_.bw.scale, terms_.bw.micro_batch_ms + terms_.dispatch_bw_ms, terms_.pipeline_factor,
-                         terms_.pipeline_mb_ms);
+  return absl::StrFormat(
+      "%s, refit (fw x%.2f +%.2f ms/mb, bw x%.2f +%.2f ms/mb, pipeline x%.2f +%.2f ms/mb; fw %s; bw %s)",
+      base_->Describe(), terms_.fw.scale, terms_.fw.micro_batch_ms + terms_.dispatch_fw_ms, terms_.bw.scale,
+      terms_.bw.micro_batch_ms + terms_.dispatch_bw_ms, terms_.pipeline_factor, terms_.pipeline_mb_ms,
+      PassShape(terms_.fw), PassShape(terms_.bw));
 }
 
 }  // namespace dynapipe::planner
