@@ -22,12 +22,10 @@ class CountingAllocator final : public Allocator {
   }
   bool CanShrink() const override { return shrinkable; }
   void Shrink(void* p, size_t bytes, size_t keep) override {
-    ++shrinks;
     live -= bytes - keep;
     CpuAllocator()->Shrink(p, bytes, keep);
   }
   int allocations = 0;
-  int shrinks = 0;
   size_t live = 0;
   size_t capacity = 0;  // 0: unlimited
   bool shrinkable = false;
