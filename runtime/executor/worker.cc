@@ -207,9 +207,12 @@ absl::StatusOr<IterationResult> Worker::RunIteration(const proto::ExecutionPlan&
   size_t state_bytes = 0;
   for (const auto& c : chunks_) state_bytes += c->state_bytes();
   const PoolStats stats = pool.stats();
-  it.result.peak_memory_mb = static_cast<double>(stats.peak_in_use_bytes + state_bytes) / (1 << 20);
-  it.result.peak_reserved_mb = static_cast<double>(stats.peak_reserved_bytes + state_bytes) / (1 << 20);
-  it.result.peak_class_mb = static_cast<double>(stats.peak_class_bytes + state_bytes) / (1 << 20);
+  auto with_state_mb = [state_bytes](size_t pool_bytes) {
+    return static_cast<double>(pool_bytes + state_bytes) / (1 << 20);
+  };
+  it.result.peak_memory_mb = with_state_mb(stats.peak_in_use_bytes);
+  it.result.peak_reserved_mb = with_state_mb(stats.peak_reserved_bytes);
+  it.result.peak_class_mb = with_state_mb(stats.peak_class_bytes);
   it.result.memory_fragmentation = stats.Fragmentation();
   it.result.iteration_ms = MsBetween(it.start, Clock::now());
   return std::move(it.result);
