@@ -29,7 +29,11 @@
 // exceed the gap between methods; neighbouring blocks share its load. The
 // median leaves out the blocks a method loses badly as readily as another
 // tenant's stalls, so beside it stands the ratio of the blocks' summed
-// times (what the run's throughput compares).
+// times (what the run's throughput compares). Under it, "same batches":
+// packing's time over the method's for each batch both trained (the i-th
+// iteration of a method's block trains the batch of the i-th of packing's),
+// the median of all and per micro-batch count the method chose for the
+// batch: where a method loses, and at which of its own choices.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -153,6 +157,11 @@ struct Bench {
   // Per (kernel, method) with --turns: packing's seconds and the method's,
   // summed over the blocks whose ratio is kept.
   std::map<std::pair<int, int>, std::pair<double, double>> block_seconds;
+  // Per (kernel, method) with --turns: packing's time over the method's for
+  // each batch both trained (exploring iterations left out), by the
+  // method's micro-batch count for it: where a method loses, and at what
+  // choice of its own.
+  std::map<std::pair<int, int>, std::map<int, std::vector<double>>> same_batch;
 };
 
 // The job with the flags' overrides; returns the exit status.
@@ -320,6 +329,12 @@ int RunTurns(Bench& b, int round, proto::AttentionKernel::Value kernel) {
       const Span& theirs = spans[b.reference][block];
       if (theirs.begin == 0 || spans[job][block].begin == 0) continue;  // no end before it to time from
       b.block_ratios[{kernel, job}].push_back(seconds(theirs) / seconds(spans[job][block]));
+      for (int i = 0; i < b.turns; ++i) {  // the i-th iteration of either block trains the same batch
+        const int ours = spans[job][block].begin + i, ref = theirs.begin + i;
+        if (run->explore_plan[ours] || run->explore_plan[ref]) continue;
+        b.same_batch[{kernel, job}][run->micro_batches[ours]].push_back(MeasuredMs(*run, ref) /
+                                                                          MeasuredMs(*run, ours));
+      }
       auto& [reference_s, method_s] = b.block_seconds[{kernel, job}];
       reference_s += seconds(theirs);
       method_s += seconds(spans[job][block]);
@@ -397,6 +412,25 @@ int RunRounds(Bench& b) {
   return 0;
 }
 
+// Packing's time over the method's on the same batches: the median of all,
+// then per micro-batch count the method chose (counts under 2% of the
+// batches together as "other").
+void PrintSameBatch(const std::map<int, std::vector<double>>& by_count) {
+  std::vector<double> all, other;
+  for (const auto& [count, r] : by_count) all.insert(all.end(), r.begin(), r.end());
+  if (all.empty()) return;
+  std::printf("%-21s same batches: %.3fx (median of %zu); by its micro-batches:", "", Median(all), all.size());
+  for (const auto& [count, r] : by_count) {
+    if (50 * r.size() < all.size()) {
+      other.insert(other.end(), r.begin(), r.end());
+    } else {
+      std::printf(" %d %.3fx (%zu)", count, Median(r), r.size());
+    }
+  }
+  if (!other.empty()) std::printf(" other %.3fx (%zu)", Median(other), other.size());
+  std::printf("\n");
+}
+
 // Medians over the rounds, and the median of the per-round ratios to packing
 // (with --turns, of the per-block ratios, and their middle half).
 void PrintMedians(Bench& b) {
@@ -430,6 +464,7 @@ void PrintMedians(Bench& b) {
         std::printf(" %11.3fx (middle half %.3f-%.3f of %zu blocks; their summed time %.3fx)\n", Median(ratio),
                     ratio[(ratio.size() - 1) / 4], ratio[3 * (ratio.size() - 1) / 4], ratio.size(),
                     reference_s / method_s);
+        PrintSameBatch(b.same_batch[{kernel, index}]);
       } else {
         std::printf(" %11.2fx\n", Median(ratio));
       }
