@@ -409,7 +409,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Executor::ConnectJob(const p
   co.listen_address = options_.listen_address;
   co.connect_timeout = options_.connect_timeout;
   auto comm = backend_->Connect(co, store);
-  if (!comm.ok()) return Annotate(comm.status(), "connecting to the job's ranks");
+  if (!comm.ok()) return Annotate(comm.status(), absl::StrCat("rank ", a.rank(), ": connecting to the job's ranks"));
   MutexLock l(&mu_);
   comm_ = comm->get();
   if (stop_job_) (*comm)->Abort();

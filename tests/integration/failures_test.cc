@@ -115,9 +115,12 @@ TEST_CASE("An executor out of host memory fails the job naming rank, layers and 
           "[executor][integration]") {
   OneExecutor c;
   const pid_t pid = c.executor->pid();
-  // Room for 256 MiB more than it holds now; the job's stage needs ~3 GiB
-  // (4 layers of hidden 2048, ffn 8192: 200M parameters x 16 bytes).
-  LimitAddressSpace(pid, int64_t{256} << 20);
+  // Room for 1 GiB more than it holds now; the job's stage needs ~3 GiB
+  // (4 layers of hidden 2048, ffn 8192: 200M parameters x 16 bytes). The
+  // room is wide because starting a job reserves address space before the
+  // stage: each new thread's stack and malloc arena (64 MiB) and Gloo's TCP
+  // device; with 256 MiB a loaded CI machine once failed there instead.
+  LimitAddressSpace(pid, int64_t{1} << 30);
   auto big = c.client->Submit(OneRankJob(2048, 8192, 5));
   INFO(big.status());
   REQUIRE(big.ok());
