@@ -33,7 +33,9 @@
 // packing's time over the method's for each batch both trained (the i-th
 // iteration of a method's block trains the batch of the i-th of packing's),
 // the median of all and per micro-batch count the method chose for the
-// batch: where a method loses, and at which of its own choices.
+// batch: where a method loses, and at which of its own choices. With
+// --plan_models each iteration's line is followed by the cost model that
+// planned it (the refit's fitted terms), to read why a choice was made.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +68,8 @@ ABSL_FLAG(bool, refit, true,
           "learn the cost model from measured iterations (cost_refit.mode on); plans then depend on timings");
 ABSL_FLAG(int, warmup, 20, "iterations before predicted vs measured is reported (the refit's warm-up)");
 ABSL_FLAG(bool, per_iteration, true, "print predicted vs measured ms of every iteration after the warm-up");
+ABSL_FLAG(bool, plan_models, false,
+          "with --per_iteration, also the cost model each iteration was planned with (the refit's terms then)");
 ABSL_FLAG(int, turns, 0,
           "0: each method a run of its own; N: the methods take turns in one run, N iterations each over the same "
           "batches (--iterations a multiple of N)");
@@ -236,6 +240,7 @@ void PrintIterations(const cli::LocalRunResult& run, const std::vector<std::stri
     std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", names[i].c_str(), i,
                 run.predicted_ms[i], measured, 100 * (run.predicted_ms[i] / measured - 1),
                 run.explore_plan[i] ? " explore" : run.refit_plan[i] ? " refit" : "", run.micro_batches[i]);
+    if (absl::GetFlag(FLAGS_plan_models)) std::printf("    planned with %s\n", run.plan_model[i].c_str());
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
     double plan_ms = 0, k = 0;

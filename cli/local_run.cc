@@ -80,6 +80,7 @@ void SizePerIteration(int64_t count, LocalRunResult* out) {
   out->refit_plan.resize(count);
   out->explore_plan.resize(count);
   out->micro_batches.resize(count);
+  out->plan_model.resize(count);
   out->padding_efficiency.resize(count);
 }
 
@@ -106,6 +107,7 @@ absl::Status PlanIteration(const Jobs& jobs, int64_t i, PlanExchange& exchange, 
   int micro_batches = 0;
   for (const auto& g : p.groups) micro_batches += static_cast<int>(g.size());
   out.micro_batches[i] = micro_batches;
+  out.plan_model[i] = planner->model().cost_model().Describe();
   out.padding_efficiency[i] = p.padding_efficiency;
   if (rt.refit) rt.refit->Remember(i, p.plans);
   exchange.Publish(i, std::move(p.plans));

@@ -35,6 +35,7 @@ struct LocalRunResult {
   std::vector<bool> refit_plan;                        // per iteration: planned with a refit cost model
   std::vector<bool> explore_plan;                      // per iteration: planned to explore (its prediction is off by design)
   std::vector<int> micro_batches;                      // per iteration, all dp groups together
+  std::vector<std::string> plan_model;                 // per iteration: the cost model that planned it (Describe())
   std::vector<double> padding_efficiency;              // per iteration: real / computed tokens
   std::vector<std::vector<float>> final_params;        // per rank, chunks concatenated
   double wall_s = 0;  // iterations only (no setup; planning ahead with the refit on overlaps them)

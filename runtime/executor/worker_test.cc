@@ -163,6 +163,14 @@ TEST_CASE("a local run refits its cost model and plans ahead with it", "[executo
   for (int i = 0; i < 8; ++i) CHECK(refit->refit_plan[i] == (i >= 4));
   // Every other iteration after the first refit explores.
   for (int i = 0; i < 8; ++i) CHECK(refit->explore_plan[i] == (i == 5 || i == 7));
+  // Each iteration names the model it was planned with: the base until the
+  // first refit, then the refit's terms; an exploring one its own (a larger
+  // cost per micro-batch).
+  for (int i = 0; i < 8; ++i) {
+    INFO("iteration " << i << ": " << refit->plan_model[i]);
+    CHECK((refit->plan_model[i].find("refit") != std::string::npos) == (i >= 4));
+  }
+  CHECK(refit->plan_model[5] != refit->plan_model[4]);
   CHECK(refit->models[0].description.find("refit") != std::string::npos);
   CHECK(refit->models[0].refit_terms.iteration_ms > 0);
   // Other splits of the same global batches: the same training within
