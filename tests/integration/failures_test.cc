@@ -117,9 +117,9 @@ TEST_CASE("An executor out of host memory fails the job naming rank, layers and 
   const pid_t pid = c.executor->pid();
   // Room for 1 GiB more than it holds now; the job's stage needs ~3 GiB
   // (4 layers of hidden 2048, ffn 8192: 200M parameters x 16 bytes). The
-  // room is wide because starting a job reserves address space before the
-  // stage: each new thread's stack and malloc arena (64 MiB) and Gloo's TCP
-  // device; with 256 MiB a loaded CI machine once failed there instead.
+  // room is wide because starting a job maps address space before the stage
+  // is made (new threads' stacks and malloc arenas, Gloo's TCP device): with
+  // 256 MiB, a CI run once failed creating Gloo's device instead.
   LimitAddressSpace(pid, int64_t{1} << 30);
   auto big = c.client->Submit(OneRankJob(2048, 8192, 5));
   INFO(big.status());
