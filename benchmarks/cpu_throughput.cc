@@ -166,6 +166,8 @@ struct Bench {
   // method's micro-batch count for it: where a method loses, and at what
   // choice of its own.
   std::map<std::pair<int, int>, std::map<int, std::vector<double>>> same_batch;
+  // The same ratios by whether the method (dynamic) chose its own split: [own].
+  std::map<std::pair<int, int>, std::map<int, std::vector<double>>> same_batch_origin;
 };
 
 // The job with the flags' overrides; returns the exit status.
@@ -237,9 +239,10 @@ void PrintIterations(const cli::LocalRunResult& run, const std::vector<std::stri
   if (!absl::GetFlag(FLAGS_per_iteration)) return;
   for (int i = std::min(first, n - 1); i < n; ++i) {
     const double measured = MeasuredMs(run, i);
-    std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d\n", names[i].c_str(), i,
+    std::printf("  %s iteration %d predicted %.1f ms measured %.1f ms (%+.0f%%)%s mb %d%s\n", names[i].c_str(), i,
                 run.predicted_ms[i], measured, 100 * (run.predicted_ms[i] / measured - 1),
-                run.explore_plan[i] ? " explore" : run.refit_plan[i] ? " refit" : "", run.micro_batches[i]);
+                run.explore_plan[i] ? " explore" : run.refit_plan[i] ? " refit" : "", run.micro_batches[i],
+                run.own_split[i] ? " own" : "");
     if (absl::GetFlag(FLAGS_plan_models)) std::printf("    planned with %s\n", run.plan_model[i].c_str());
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -337,8 +340,9 @@ int RunTurns(Bench& b, int round, proto::AttentionKernel::Value kernel) {
       for (int i = 0; i < b.turns; ++i) {  // the i-th iteration of either block trains the same batch
         const int ours = spans[job][block].begin + i, ref = theirs.begin + i;
         if (run->explore_plan[ours] || run->explore_plan[ref]) continue;
-        b.same_batch[{kernel, job}][run->micro_batches[ours]].push_back(MeasuredMs(*run, ref) /
-                                                                          MeasuredMs(*run, ours));
+        const double ratio = MeasuredMs(*run, ref) / MeasuredMs(*run, ours);
+        b.same_batch[{kernel, job}][run->micro_batches[ours]].push_back(ratio);
+        b.same_batch_origin[{kernel, job}][run->own_split[ours]].push_back(ratio);
       }
       auto& [reference_s, method_s] = b.block_seconds[{kernel, job}];
       reference_s += seconds(theirs);
@@ -436,6 +440,18 @@ void PrintSameBatch(const std::map<int, std::vector<double>>& by_count) {
   std::printf("\n");
 }
 
+// The same batches split by where the method's split came from (only
+// dynamic has splits of its own).
+void PrintByOrigin(const std::map<int, std::vector<double>>& by_own) {
+  const auto own = by_own.find(1);
+  if (own == by_own.end()) return;
+  std::printf("%-21s by origin: its own splits %.3fx (%zu)", "", Median(own->second), own->second.size());
+  if (const auto base = by_own.find(0); base != by_own.end()) {
+    std::printf(", baseline splits %.3fx (%zu)", Median(base->second), base->second.size());
+  }
+  std::printf("\n");
+}
+
 // Medians over the rounds, and the median of the per-round ratios to packing
 // (with --turns, of the per-block ratios, and their middle half).
 void PrintMedians(Bench& b) {
@@ -470,6 +486,7 @@ void PrintMedians(Bench& b) {
                     ratio[(ratio.size() - 1) / 4], ratio[3 * (ratio.size() - 1) / 4], ratio.size(),
                     reference_s / method_s);
         PrintSameBatch(b.same_batch[{kernel, index}]);
+        PrintByOrigin(b.same_batch_origin[{kernel, index}]);
       } else {
         std::printf(" %11.2fx\n", Median(ratio));
       }

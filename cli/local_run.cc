@@ -81,6 +81,7 @@ void SizePerIteration(int64_t count, LocalRunResult* out) {
   out->explore_plan.resize(count);
   out->micro_batches.resize(count);
   out->plan_model.resize(count);
+  out->own_split.resize(count);
   out->padding_efficiency.resize(count);
 }
 
@@ -108,6 +109,7 @@ absl::Status PlanIteration(const Jobs& jobs, int64_t i, PlanExchange& exchange, 
   for (const auto& g : p.groups) micro_batches += static_cast<int>(g.size());
   out.micro_batches[i] = micro_batches;
   out.plan_model[i] = planner->model().cost_model().Describe();
+  out.own_split[i] = p.own_split;
   out.padding_efficiency[i] = p.padding_efficiency;
   if (rt.refit) rt.refit->Remember(i, p.plans);
   exchange.Publish(i, std::move(p.plans));

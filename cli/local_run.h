@@ -36,6 +36,7 @@ struct LocalRunResult {
   std::vector<bool> explore_plan;                      // per iteration: planned to explore (its prediction is off by design)
   std::vector<int> micro_batches;                      // per iteration, all dp groups together
   std::vector<std::string> plan_model;                 // per iteration: the cost model that planned it (Describe())
+  std::vector<bool> own_split;                         // per iteration: dynamic chose its own split, not a baseline's
   std::vector<double> padding_efficiency;              // per iteration: real / computed tokens
   std::vector<std::vector<float>> final_params;        // per rank, chunks concatenated
   double wall_s = 0;  // iterations only (no setup; planning ahead with the refit on overlaps them)

@@ -40,12 +40,14 @@ absl::StatusOr<CandidateSplits> CandidateMaker::Make(Batching b) {
       const int dp_count = static_cast<int>((out.splits.front().size() + config_.dp - 1) / config_.dp);
       RampedPadded(dp_count, out);
     }
+    out.own = out.splits.size();
     for (int other = 1; other < kNumBatchings && config_.parts.baselines; ++other) {
       Sizes(static_cast<Batching>(other), out);
     }
     return out;
   }
   Sizes(b, out);
+  out.own = out.splits.size();
   if (out.splits.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(BatchingName(b), ": even the smallest micro-batch does not fit in ",
                                                       static_cast<int64_t>(config_.memory_limit_mb), " MB with ",

@@ -22,6 +22,10 @@ namespace dynapipe::planner {
 
 struct CandidateSplits {
   std::vector<std::vector<MicroBatch>> splits;
+  // Dynamic's own splits (the DP's, the balanced and ramped ones) come first,
+  // then the baselines' from index `own` on (for a baseline method, `own`
+  // counts all its splits).
+  size_t own = 0;
   // Some split was left out because a micro-batch did not fit in memory (or
   // the cost model's range): more recomputation could admit it.
   bool memory_bound = false;

@@ -204,8 +204,9 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   // could still win.
   std::vector<Candidate> prepared;
   bool all_found = true;
-  for (std::vector<MicroBatch>& mbs : candidates->splits) {
-    std::optional<Candidate> c = Prepare(std::move(mbs), r, s);
+  for (size_t k = 0; k < candidates->splits.size(); ++k) {
+    const bool own = s.batching == Batching::kDynamic && k < candidates->own;
+    std::optional<Candidate> c = Prepare(std::move(candidates->splits[k]), r, own, s);
     if (c.has_value()) {
       prepared.push_back(std::move(*c));
     } else {
@@ -237,11 +238,13 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   return !candidates->memory_bound && memory_rejections == 0 && all_found;
 }
 
-std::optional<Planner::Candidate> Planner::Prepare(std::vector<MicroBatch> mbs, Recompute r, Search& s) const {
+std::optional<Planner::Candidate> Planner::Prepare(std::vector<MicroBatch> mbs, Recompute r, bool own,
+                                                   Search& s) const {
   const int D = config_.dp;
   ++s.candidates;
   const auto split = SplitGroups(mbs, r);
   Candidate c;
+  c.own = own;
   c.costs.resize(D);
   c.group_mbs.resize(D);
   for (int g = 0; g < D; ++g) {
@@ -287,6 +290,7 @@ bool Planner::SearchCandidate(Candidate& c, Recompute r, double allreduce, Searc
   }
   if (slowest + allreduce < s.best.predicted_ms) {
     s.best.predicted_ms = slowest + allreduce;
+    s.best.own_split = c.own;
     s.best.allreduce_ms = allreduce;
     s.best.recompute = r;
     s.best.groups.assign(D, {});

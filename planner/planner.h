@@ -89,6 +89,9 @@ struct IterationPlan {
   std::vector<ScheduleKind> schedules;          // per dp group
   std::vector<SimResult> sims;                  // per dp group (recorded)
   double predicted_ms = 0;                      // slowest group + gradient all-reduce
+  // Dynamic chose one of its own splits, not one of a baseline method's
+  // (which Rebalance may then have changed).
+  bool own_split = false;
   double allreduce_ms = 0;
   // Slowest data-parallel group's simulated pipeline over the mean (1: even).
   double dp_imbalance = 1;
@@ -150,10 +153,12 @@ class Planner {
     std::vector<GroupCosts> costs;
     std::vector<PipelineTimes> times;  // per group, once tightened (empty before)
     double bound = 0;  // no schedule search of this split can do better
+    // One of dynamic's own splits (not a baseline's).
+    bool own = false;
   };
   // The split's Candidate with its per-device bound (MakespanLowerBound);
   // nullopt (last_error set) when a shape has no cost.
-  std::optional<Candidate> Prepare(std::vector<MicroBatch> mbs, Recompute r, Search& s) const;
+  std::optional<Candidate> Prepare(std::vector<MicroBatch> mbs, Recompute r, bool own, Search& s) const;
   // Builds the candidate's simulator inputs and raises its bound to the
   // chain bound of the orders the search tries (SearchLowerBound).
   void Tighten(Candidate& c, const SearchOptions& options) const;

@@ -4,6 +4,7 @@
 #include "planner/planner.h"
 
 #include <catch2/catch.hpp>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -198,6 +199,10 @@ struct MethodTimes {
   int cases = 0;
   int violations = 0;  // some other method predicted faster than dynamic
   std::string first;   // the first violation, for the failure message
+  // Dynamic predicted faster than every other method: with its own split
+  // (IterationPlan::own_split), and without saying so.
+  int own_faster = 0, unflagged = 0;
+  int own = 0;  // dynamic's plans that say their split is its own
 };
 
 // Terms of the kind a CPU job's refit learns (2026-11-29, cpu_throughput at
@@ -244,9 +249,11 @@ MethodTimes CompareWithEveryMethod(const DynamicParts& parts) {
           auto dynamic = planner->Plan(batch, trial, Batching::kDynamic, request);
           REQUIRE(dynamic.ok());
           ++out.cases;
+          double fastest = std::numeric_limits<double>::infinity();
           for (int b = 1; b < kNumBatchings; ++b) {
             auto other = planner->Plan(batch, trial, static_cast<Batching>(b), request);
             if (!other.ok()) continue;  // nothing of this method fits
+            fastest = std::min(fastest, other->predicted_ms);
             if (dynamic->predicted_ms > other->predicted_ms * (1 + 1e-9)) {
               if (out.violations++ == 0) {
                 out.first = absl::StrCat(device, varlen ? " varlen" : " materialized", " pp ", pp, " dp ", dp,
@@ -255,6 +262,9 @@ MethodTimes CompareWithEveryMethod(const DynamicParts& parts) {
               }
             }
           }
+          const double d = dynamic->predicted_ms;
+          out.own += dynamic->own_split;
+          if (d < fastest * (1 - 1e-9)) ++(dynamic->own_split ? out.own_faster : out.unflagged);
         }
       }
     }
@@ -273,6 +283,19 @@ TEST_CASE("Dynamic is never predicted slower than any other method on the same b
   dp_only.baselines = false;
   dp_only.balanced = false;
   CHECK(CompareWithEveryMethod(dp_only).violations > 0);
+}
+
+TEST_CASE("Dynamic says whether it chose one of its own splits or a baseline's", "[property]") {
+  // Rebalancing off: it may make a baseline's split faster than the baseline.
+  DynamicParts parts;
+  parts.rebalance = false;
+  const MethodTimes t = CompareWithEveryMethod(parts);
+  CHECK(t.violations == 0);
+  // Faster than every other method only with a split of its own.
+  CHECK(t.unflagged == 0);
+  CHECK(t.own_faster > 0);
+  // Some plans keep a baseline's split (not all say "own").
+  CHECK(t.own < t.cases);
 }
 
 TEST_CASE("Rebalancing trades micro-batches between groups: plans stay valid, never slower, groups even out",

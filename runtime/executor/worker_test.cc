@@ -163,6 +163,10 @@ TEST_CASE("a local run refits its cost model and plans ahead with it", "[executo
   for (int i = 0; i < 8; ++i) CHECK(refit->refit_plan[i] == (i >= 4));
   // Every other iteration after the first refit explores.
   for (int i = 0; i < 8; ++i) CHECK(refit->explore_plan[i] == (i == 5 || i == 7));
+  // Exploring plans choose among dynamic's own splits only.
+  REQUIRE(refit->own_split.size() == 8);
+  CHECK(refit->own_split[5]);
+  CHECK(refit->own_split[7]);
   // Each iteration names the model it was planned with: the base until the
   // first refit, then the refit's terms; an exploring one its own (a larger
   // cost per micro-batch).
