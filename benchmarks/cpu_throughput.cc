@@ -37,6 +37,7 @@
 // --plan_models each iteration's line is followed by the cost model that
 // planned it (the refit's fitted terms), to read why a choice was made.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -167,7 +168,7 @@ struct Bench {
   // choice of its own.
   std::map<std::pair<int, int>, std::map<int, std::vector<double>>> same_batch;
   // The same ratios by whether the method (dynamic) chose its own split: [own].
-  std::map<std::pair<int, int>, std::map<int, std::vector<double>>> same_batch_origin;
+  std::map<std::pair<int, int>, std::array<std::vector<double>, 2>> same_batch_origin;
 };
 
 // The job with the flags' overrides; returns the exit status.
@@ -442,13 +443,12 @@ void PrintSameBatch(const std::map<int, std::vector<double>>& by_count) {
 
 // The same batches split by where the method's split came from (only
 // dynamic has splits of its own).
-void PrintByOrigin(const std::map<int, std::vector<double>>& by_own) {
-  const auto own = by_own.find(1);
-  if (own == by_own.end()) return;
-  std::printf("%-21s by origin: its own splits %.3fx (%zu)", "", Median(own->second), own->second.size());
-  if (const auto base = by_own.find(0); base != by_own.end()) {
-    std::printf(", baseline splits %.3fx (%zu)", Median(base->second), base->second.size());
-  }
+void PrintByOrigin(const std::array<std::vector<double>, 2>& by_own) {
+  const std::vector<double>& own = by_own[1];
+  const std::vector<double>& baseline = by_own[0];
+  if (own.empty()) return;
+  std::printf("%-21s by origin: its own splits %.3fx (%zu)", "", Median(own), own.size());
+  if (!baseline.empty()) std::printf(", baseline splits %.3fx (%zu)", Median(baseline), baseline.size());
   std::printf("\n");
 }
 

@@ -205,9 +205,9 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   std::vector<Candidate> prepared;
   bool all_found = true;
   for (size_t k = 0; k < candidates->splits.size(); ++k) {
-    const bool own = s.batching == Batching::kDynamic && k < candidates->own;
-    std::optional<Candidate> c = Prepare(std::move(candidates->splits[k]), r, own, s);
+    std::optional<Candidate> c = Prepare(std::move(candidates->splits[k]), r, s);
     if (c.has_value()) {
+      c->own = s.batching == Batching::kDynamic && k < candidates->own;
       prepared.push_back(std::move(*c));
     } else {
       all_found = false;
@@ -238,13 +238,11 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   return !candidates->memory_bound && memory_rejections == 0 && all_found;
 }
 
-std::optional<Planner::Candidate> Planner::Prepare(std::vector<MicroBatch> mbs, Recompute r, bool own,
-                                                   Search& s) const {
+std::optional<Planner::Candidate> Planner::Prepare(std::vector<MicroBatch> mbs, Recompute r, Search& s) const {
   const int D = config_.dp;
   ++s.candidates;
   const auto split = SplitGroups(mbs, r);
   Candidate c;
-  c.own = own;
   c.costs.resize(D);
   c.group_mbs.resize(D);
   for (int g = 0; g < D; ++g) {

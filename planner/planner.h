@@ -158,7 +158,7 @@ class Planner {
   };
   // The split's Candidate with its per-device bound (MakespanLowerBound);
   // nullopt (last_error set) when a shape has no cost.
-  std::optional<Candidate> Prepare(std::vector<MicroBatch> mbs, Recompute r, bool own, Search& s) const;
+  std::optional<Candidate> Prepare(std::vector<MicroBatch> mbs, Recompute r, Search& s) const;
   // Builds the candidate's simulator inputs and raises its bound to the
   // chain bound of the orders the search tries (SearchLowerBound).
   void Tighten(Candidate& c, const SearchOptions& options) const;

@@ -3,6 +3,7 @@
 // inputs give clear errors; tampered plans are rejected by the validator.
 #include "planner/planner.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <limits>
 #include <string>
