@@ -22,6 +22,10 @@ constexpr double kExploreMbShare = 0.3;
 // Exploration toward smaller micro-batches: the size term's share of a
 // typical pass at least this.
 constexpr double kExploreSizeShare = 0.3;
+// With a measured shape, the pull toward the previous fit's scale and cost
+// per micro-batch (scaled problem: a direction the window's passes tell
+// apart this weakly moves half way).
+constexpr double kLevelRidge = 1e-1;
 
 Recompute RecomputeOf(proto::RecomputeLevel::Value v) {
   switch (v) {
@@ -99,28 +103,41 @@ double PassTime(const PassFit& p, const ComputeSample& s) {
          p.micro_batch_ms;
 }
 
+// One pass's terms over the window. With `shape` every term; without, the
+// base model's shape is kept (a measured profile's): only its scale and the
+// cost per micro-batch are fitted, and once `fitted`, what the window cannot
+// tell apart (passes of one size: a scale from a cost per micro-batch)
+// stays where the previous fit (`prior`) put it.
 PassFit FitPass(std::span<const IterationSamples* const> window, bool backward, const PassFit& prior,
-                double ridge) {
+                double ridge, bool shape, bool fitted) {
+  // Columns: base, tokens, attention, per micro-batch, size; without
+  // `shape` base and per micro-batch.
   NnlsProblem p;
-  p.num_features = 5;
+  p.num_features = shape ? 5 : 2;
+  double measured = 0, base = 0;
   for (const IterationSamples* it : window) {
     for (const ComputeSample& s : it->compute) {
       if (s.backward != backward) continue;
-      const double row[5] = {s.base_ms, s.tokens, s.attention, 1.0, s.size};
-      p.AddRow(row, s.measured_ms);
+      const double full[5] = {s.base_ms, s.tokens, s.attention, 1.0, s.size};
+      const double level[2] = {s.base_ms, 1.0};
+      p.AddRow(shape ? std::span<const double>(full) : std::span<const double>(level), s.measured_ms);
+      measured += s.measured_ms;
+      base += s.base_ms;
     }
   }
   if (p.rows() == 0) return prior;
   // What the data cannot tell apart keeps the base model's shape, scaled to
-  // the measured total.
-  double measured = 0, base = 0;
-  for (int i = 0; i < p.rows(); ++i) {
-    measured += p.y[i];
-    base += p.x[static_cast<size_t>(i) * 5];
+  // the measured total. The size term is pulled toward what earlier fits
+  // learned, as a tie-breaker only: once plans settle on one size, the
+  // window no longer shows how a token's cost grows with it, and the term
+  // falls to about 0 (a measured shape is kept whole instead, above).
+  const double scale = base > 0 ? measured / base : 1.0;
+  if (!shape) {
+    const double prior_w[2] = {fitted ? prior.scale : scale, fitted ? prior.micro_batch_ms : 0};
+    const std::vector<double> w = SolveNnls(p, prior_w, fitted ? std::max(ridge, kLevelRidge) : ridge);
+    return {.scale = w[0], .micro_batch_ms = w[1]};
   }
-  // The size term keeps what earlier fits learned: once plans settle on one
-  // size, the window no longer shows how a token's cost grows with it.
-  const double prior_w[5] = {base > 0 ? measured / base : 1.0, 0, 0, 0, prior.size_ms};
+  const double prior_w[5] = {scale, 0, 0, 0, prior.size_ms};
   const std::vector<double> w = SolveNnls(p, prior_w, ridge);
   return {w[0], w[1], w[2], w[3], w[4]};
 }
@@ -181,11 +198,13 @@ absl::Status AddReplay(const PipelineModel& layout, const LayerCostModel& base,
   return absl::OkStatus();
 }
 
-// The forward and backward pass terms fitted over `its`; the rest is `prior`.
-RefitTerms FitCompute(std::span<const IterationSamples* const> its, const RefitTerms& prior, double ridge) {
+// The forward and backward pass terms fitted over `its` (FitPass); the rest
+// is `prior`.
+RefitTerms FitCompute(std::span<const IterationSamples* const> its, const RefitTerms& prior, double ridge,
+                      bool shape, bool fitted) {
   RefitTerms t = prior;
-  t.fw = FitPass(its, false, prior.fw, ridge);
-  t.bw = FitPass(its, true, prior.bw, ridge);
+  t.fw = FitPass(its, false, prior.fw, ridge, shape, fitted);
+  t.bw = FitPass(its, true, prior.bw, ridge, shape, fitted);
   return t;
 }
 
@@ -520,10 +539,11 @@ void CostRefit::Refit() {
   std::vector<const IterationSamples*> all;
   for (const IterationSamples& s : window_) all.push_back(&s);
   const RefitTerms prior = terms_;
-  RefitTerms fit = FitCompute(all, prior, options_.ridge);
+  const bool shape = !base_->MeasuredShape();
+  RefitTerms fit = FitCompute(all, prior, options_.ridge, shape, fitted_);
   std::vector<const IterationSamples*> kept = WithoutOutliers(all, fit, options_.outlier);
   outliers_ = static_cast<int>(all.size() - kept.size());
-  if (kept.size() < all.size() && !kept.empty()) fit = FitCompute(kept, prior, options_.ridge);
+  if (kept.size() < all.size() && !kept.empty()) fit = FitCompute(kept, prior, options_.ridge, shape, fitted_);
   if (kept.empty()) kept = all;
   FitScalarTerms(kept, prior, options_.ridge, fit);
   BoundStep(kept, prior, fitted_, options_.max_step, fit);

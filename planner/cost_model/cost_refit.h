@@ -9,15 +9,20 @@
 // RefitTerms (refit_cost_model.h) over a sliding window of iterations:
 // non-negative least squares per pass, iterations whose speed is far from
 // the window's median left out, medians for the scalar terms, and a bounded
-// change per refit, so one noisy iteration cannot derail it. Last, what
-// per-instruction times do not show (hand-offs between ranks that wait on
-// each other, threads sharing cores) becomes a cost per pass: the one that
-// makes each pipeline, replayed with its passes as measured, last as long as
-// it did (the median over the window); and a pipeline factor (the median of
-// measured over simulated under the fitted costs) takes in what the fitted
-// passes miss. Until
-// `min_iterations` iterations are in, the base model answers. Pure and
-// single-threaded (callers lock).
+// change per refit, so one noisy iteration cannot derail it. Where the base
+// model's shape was measured on the machine (a cost profile:
+// LayerCostModel::MeasuredShape), the pass fit keeps that shape and learns
+// only its scale and a cost per micro-batch, pulled toward the previous fit
+// where the window cannot tell the two apart: a window of micro-batches of
+// one size cannot show how cost grows with size, and a fit of every term
+// over such a window forgets it. Last, what per-instruction times do not
+// show (hand-offs between ranks that wait on each other, threads sharing
+// cores) becomes a cost per pass: the one that makes each pipeline,
+// replayed with its passes as measured, last as long as it did (the median
+// over the window); and a pipeline factor (the median of measured over
+// simulated under the fitted costs) takes in what the fitted passes miss.
+// Until `min_iterations` iterations are in, the base model answers. Pure
+// and single-threaded (callers lock).
 
 #include <cstdint>
 #include <deque>

@@ -11,6 +11,7 @@
 
 #include "planner/cost_model/analytic_cost_model.h"
 #include "planner/cost_model/nnls.h"
+#include "planner/cost_model/profile_cost_model.h"
 #include "planner/planner.h"
 #include "planner/testing/timed_report.h"
 
@@ -74,6 +75,46 @@ struct TrueCosts {
   double Backward(const Chunk& c, const Shape& s) const { return 2 * Forward(c, s) + 0.5; }
 };
 
+// A profile of the synthetic machine's transformer layers as measured at
+// `level` times their true cost (the embedding and head nearly free, as
+// they are to the truth; the per-chunk constant left to the refit).
+std::shared_ptr<const LayerCostModel> ProfileOf(const TrueCosts& truth, double level) {
+  constexpr int kMaxTokens = 16384;
+  proto::CostProfile p;
+  p.set_device("cpu");
+  p.set_model_kind(proto::ModelKind::gpt);
+  p.set_hidden(64);
+  p.set_heads(4);
+  p.set_ffn(256);
+  p.set_max_tokens(kMaxTokens);
+  for (const auto kind : {proto::LayerProfile::embedding, proto::LayerProfile::encoder,
+                          proto::LayerProfile::postprocess}) {
+    proto::LayerProfile* layer = p.add_layers();
+    layer->set_kind(kind);
+    layer->set_param_mb(0.2);
+    for (int mbs = 1; mbs <= kMaxTokens / 8; mbs *= 2) {
+      for (const int seq : {8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}) {  // 1.5x apart, as profiled
+        const double t = static_cast<double>(mbs) * seq;
+        if (t > kMaxTokens) continue;
+        const double fw = kind == proto::LayerProfile::encoder
+                              ? level * (truth.token_ms * t + truth.attention_ms * t * seq +
+                                         truth.size_ms * t * t * kSizeUnit)
+                              : 1e-6 * t;
+        proto::CostPoint* point = layer->add_points();
+        point->set_mbs(mbs);
+        point->set_seq(seq);
+        point->set_fw_ms(fw);
+        point->set_bw_ms(2 * fw);
+        point->set_stored_activation_mb(1e-3 * t);
+        point->set_peak_activation_mb(2e-3 * t);
+      }
+    }
+  }
+  auto m = ProfileCostModel::Create(p, 4);
+  REQUIRE(m.ok());
+  return std::shared_ptr<const LayerCostModel>(std::move(*m));
+}
+
 std::vector<Sample> Batch(std::mt19937& rng, int64_t budget = 8192) {
   std::vector<Sample> out;
   std::uniform_int_distribution<int> len(8, 512);
@@ -133,7 +174,10 @@ struct Harness {
   bool one_batch = false;  // every iteration trains the first batch drawn
   std::vector<Sample> first;
 
-  Harness(int pp, int dp) : config(Config(pp, dp)), base(Base(config)) {
+  Harness(int pp, int dp) : config(Config(pp, dp)) { UseBase(Base(config)); }
+  // Plans and base costs from `model` from now on.
+  void UseBase(std::shared_ptr<const LayerCostModel> model) {
+    base = std::move(model);
     auto p = Planner::Create(config, base);
     REQUIRE(p.ok());
     planner = std::move(*p);
@@ -269,6 +313,37 @@ TEST_CASE("Refit learns that a token costs more in a larger micro-batch (caches 
   CostRefit plain(linear.base);
   for (int i = 0; i < 12; ++i) plain.Add(linear.Run(i));
   CHECK(plain.terms().fw.size_ms < 0.1 * refit.terms().fw.size_ms);
+}
+
+TEST_CASE("A measured profile keeps its shape: the refit corrects its level and the cost per micro-batch") {
+  // The profile prices the layers at half their true cost, a token dearer
+  // in a larger micro-batch as the truth has it. Twelve iterations of
+  // batches of every kind, then two windows of one batch of equal samples
+  // (micro-batches of one shape), as when plans settle.
+  Harness h(1, 1);
+  h.truth.size_ms = 2e-3;
+  h.UseBase(ProfileOf(h.truth, 0.5));
+  REQUIRE(h.base->MeasuredShape());
+  CostRefit refit(h.base);
+  for (int i = 0; i < 12; ++i) refit.Add(h.Run(i));
+  const double varied = h.WorstError(*refit.model());
+  h.one_batch = true;
+  h.first.clear();
+  for (int64_t id = 0; id < 32; ++id) h.first.push_back({id, 256, 64});
+  for (int i = 12; i < 28; ++i) refit.Add(h.Run(i));
+  const RefitTerms& t = refit.terms();
+  CAPTURE(varied, h.WorstError(*refit.model()), t.fw.scale, t.fw.micro_batch_ms, t.bw.scale, t.bw.micro_batch_ms);
+  for (const PassFit& pass : {t.fw, t.bw}) {
+    CHECK(pass.token_ms == 0);
+    CHECK(pass.attention_ms == 0);
+    CHECK(pass.size_ms == 0);
+    CHECK(pass.scale == Catch::Detail::Approx(2).epsilon(0.1));
+  }
+  // The truth's per-chunk constant, which the profile does not time.
+  CHECK(t.fw.micro_batch_ms == Catch::Detail::Approx(1.5).epsilon(0.15));
+  CHECK(t.bw.micro_batch_ms == Catch::Detail::Approx(3.5).epsilon(0.15));
+  CHECK(varied < 0.04);
+  CHECK(h.WorstError(*refit.model()) < 0.04);
 }
 
 // Micro-batches of group 0 per batch, planned by `config` over `model`, for

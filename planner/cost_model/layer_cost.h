@@ -121,6 +121,10 @@ class LayerCostModel {
   // price a varlen micro-batch from its grid's line (ShapeCosts) instead of
   // asking per run of samples.
   virtual bool AffineInCells() const { return false; }
+  // Whether how Cost grows with the shape (tokens, attention, micro-batch
+  // size) was measured on the machine that runs the job (a cost profile):
+  // the cost refit then corrects its level, not its shape.
+  virtual bool MeasuredShape() const { return false; }
 };
 
 }  // namespace dynapipe::planner

@@ -28,6 +28,7 @@ class ProfileCostModel : public LayerCostModel {
   absl::StatusOr<LayerCost> Cost(LayerKind kind, const Shape& shape, Recompute r) const override;
   double ParamsMillions(LayerKind kind) const override;
   std::string Describe() const override;
+  bool MeasuredShape() const override { return true; }
 
  private:
   struct Grid {

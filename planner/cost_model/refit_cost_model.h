@@ -75,6 +75,7 @@ class RefitCostModel : public LayerCostModel {
   double ParamsMillions(LayerKind kind) const override { return base_->ParamsMillions(kind); }
   OverheadTerms Overheads() const override;
   std::string Describe() const override;
+  bool MeasuredShape() const override { return base_->MeasuredShape(); }
 
   const RefitTerms& terms() const { return terms_; }
   const LayerCostModel& base() const { return *base_; }
