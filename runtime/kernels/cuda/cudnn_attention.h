@@ -164,7 +164,7 @@ class CudnnAttention {
   size_t cached_graphs() const { return graphs_.size(); }
   const CudnnApi& api() const { return *api_; }
 
-  struct Graph;  // descriptors of one pass (cudnn_attention.cc)
+  struct Graph;  // descriptors of one pass (cudnn_attention_graph.h)
 
  private:
   CudnnAttention(const CudnnApi* api, cudnnHandle_t handle, CudnnGraphOptions options);
