@@ -197,7 +197,7 @@ bool Planner::SearchLevel(std::span<const Sample> samples, uint64_t seed, Recomp
   // Every split's groups and per-device lower bound first (from cached
   // costs), then best-first on bounds: the split with the lowest bound is
   // taken; if that bound is only the per-device one, the tighter chain bound
-  // over its simulator inputs (SearchLowerBound) replaces it and the split
+  // over its simulator inputs (OrdersToSearch) replaces it and the split
   // goes back; otherwise it is searched. Splits are searched in order of
   // their chain bounds, and once the lowest bound cannot beat the plan in
   // hand no split can; a split is tightened only when its per-device bound
@@ -262,9 +262,11 @@ std::optional<Planner::Candidate> Planner::Prepare(std::vector<MicroBatch> mbs, 
 void Planner::Tighten(Candidate& c, const SearchOptions& options) const {
   const int D = config_.dp;
   c.times.resize(D);
+  c.orders.resize(D);
   for (int g = 0; g < D; ++g) {
     c.times[g] = GroupTimes(c.group_mbs[g], c.costs[g], *model_, comm_, g);
-    c.bound = std::max(c.bound, SearchLowerBound(c.times[g], options));
+    c.orders[g] = OrdersToSearch(c.times[g], options);
+    c.bound = std::max(c.bound, c.orders[g].lower_bound);
   }
 }
 
@@ -273,7 +275,7 @@ bool Planner::SearchCandidate(Candidate& c, Recompute r, double allreduce, Searc
   std::vector<GroupSchedule> found(D);
   double slowest = 0;
   for (int g = 0; g < D; ++g) {
-    found[g] = SearchSchedule(c.times[g], config_.memory_limit_mb, s.options);
+    found[g] = SearchSchedule(c.times[g], c.orders[g], config_.memory_limit_mb, s.options);
     s.simulations += found[g].simulations;
     *memory_rejections += found[g].memory_rejections;
     if (!found[g].found) {
@@ -367,16 +369,18 @@ bool Planner::TryTrade(Search& s, int a, int b, int i, int j) const {
   const double slowest = s.best_groups[a].makespan_ms;
   GroupCosts costs[2];
   PipelineTimes times[2];
+  SearchOrders orders[2];
   for (int side = 0; side < 2; ++side) {
     auto cost = CostsOf(mbs[side], *costs_, s.best.recompute);  // every shape was priced for the split
     if (!cost.ok()) return false;
     costs[side] = std::move(*cost);
     times[side] = GroupTimes(mbs[side], costs[side], *model_, comm_, side == 0 ? a : b);
-    if (SearchLowerBound(times[side], s.options) >= slowest) return false;
+    orders[side] = OrdersToSearch(times[side], s.options);
+    if (orders[side].lower_bound >= slowest) return false;
   }
   GroupSchedule found[2];
   for (int side = 0; side < 2; ++side) {
-    found[side] = SearchSchedule(times[side], config_.memory_limit_mb, s.options);
+    found[side] = SearchSchedule(times[side], orders[side], config_.memory_limit_mb, s.options);
     s.simulations += found[side].simulations;
     if (!found[side].found || found[side].makespan_ms >= slowest * (1 - 1e-9)) return false;
   }

@@ -152,6 +152,7 @@ class Planner {
     std::vector<std::vector<MicroBatch>> group_mbs;
     std::vector<GroupCosts> costs;
     std::vector<PipelineTimes> times;  // per group, once tightened (empty before)
+    std::vector<SearchOrders> orders;  // per group, with times
     double bound = 0;  // no schedule search of this split can do better
     // One of dynamic's own splits (not a baseline's).
     bool own = false;
@@ -160,7 +161,7 @@ class Planner {
   // nullopt (last_error set) when a shape has no cost.
   std::optional<Candidate> Prepare(std::vector<MicroBatch> mbs, Recompute r, Search& s) const;
   // Builds the candidate's simulator inputs and raises its bound to the
-  // chain bound of the orders the search tries (SearchLowerBound).
+  // chain bound of the orders the search tries (OrdersToSearch).
   void Tighten(Candidate& c, const SearchOptions& options) const;
   // Schedules a candidate on every group and keeps it if fastest so far;
   // false when a group has no schedule that fits.

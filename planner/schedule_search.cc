@@ -222,18 +222,26 @@ bool TrySchedule(const PipelineTimes& t, std::span<const int> order, ScheduleKin
 
 }  // namespace
 
-double SearchLowerBound(const PipelineTimes& base, const SearchOptions& options) {
-  double bound = std::numeric_limits<double>::infinity();  // Orders always has the identity
-  for (const std::vector<int>& order : Orders(base, options)) bound = std::min(bound, OrderLowerBound(base, order));
-  return bound;
+SearchOrders OrdersToSearch(const PipelineTimes& base, const SearchOptions& options) {
+  SearchOrders s;
+  s.orders = Orders(base, options);  // always has the identity
+  s.bounds.reserve(s.orders.size());
+  s.lower_bound = std::numeric_limits<double>::infinity();
+  for (const std::vector<int>& order : s.orders) {
+    s.bounds.push_back(OrderLowerBound(base, order));
+    s.lower_bound = std::min(s.lower_bound, s.bounds.back());
+  }
+  return s;
 }
 
-GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
+GroupSchedule SearchSchedule(const PipelineTimes& base, const SearchOrders& orders, double limit,
+                             const SearchOptions& options) {
   GroupSchedule best;
   best.makespan_ms = std::numeric_limits<double>::infinity();
-  for (const std::vector<int>& order : Orders(base, options)) {
+  for (size_t i = 0; i < orders.orders.size(); ++i) {
     // The margin keeps rounding from skipping an equal schedule.
-    if (OrderLowerBound(base, order) * (1 - 1e-9) >= best.makespan_ms) continue;
+    if (orders.bounds[i] * (1 - 1e-9) >= best.makespan_ms) continue;
+    const std::vector<int>& order = orders.orders[i];
     const PipelineTimes t = Permute(base, order);
     for (int k = 0; k < kNumScheduleKinds; ++k) {
       if (options.try_kind[k]) TrySchedule(t, order, static_cast<ScheduleKind>(k), limit, best);
@@ -241,4 +249,9 @@ GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const Sear
   }
   return best;
 }
+
+GroupSchedule SearchSchedule(const PipelineTimes& base, double limit, const SearchOptions& options) {
+  return SearchSchedule(base, OrdersToSearch(base, options), limit, options);
+}
+
 }  // namespace dynapipe::planner

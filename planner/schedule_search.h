@@ -75,12 +75,22 @@ double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm);
 // device's work; 0 for interleaved layouts (several chunks on a device).
 double OrderLowerBound(const PipelineTimes& t, std::span<const int> order);
 
-// The smallest OrderLowerBound over the orders SearchSchedule tries.
-double SearchLowerBound(const PipelineTimes& base, const SearchOptions& options);
+// The orders SearchSchedule tries on one group's simulator inputs, each with
+// its OrderLowerBound: made once per group, they bound the group before its
+// search (a split whose bound cannot win is not searched) and order it.
+struct SearchOrders {
+  std::vector<std::vector<int>> orders;
+  std::vector<double> bounds;  // OrderLowerBound of each order
+  double lower_bound = 0;      // the smallest: no schedule of these orders is faster
+};
+SearchOrders OrdersToSearch(const PipelineTimes& base, const SearchOptions& options);
 
-// The search described above; an order whose OrderLowerBound is no better
-// than the schedule in hand is not simulated. found = false when nothing
-// fits in memory.
+// The search described above over `orders` (OrdersToSearch of `base`); an
+// order whose bound is no better than the schedule in hand is not
+// simulated. found = false when nothing fits in memory.
+GroupSchedule SearchSchedule(const PipelineTimes& base, const SearchOrders& orders, double memory_limit_mb,
+                             const SearchOptions& options);
+// The same with the orders made here.
 GroupSchedule SearchSchedule(const PipelineTimes& base, double memory_limit_mb, const SearchOptions& options);
 
 }  // namespace dynapipe::planner
