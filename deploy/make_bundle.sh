@@ -75,6 +75,11 @@ for bin in "$@"; do
   fi
   cp -L "$bin" "$root/bin/$base"
   chmod u+w "$root/bin/$base"
+  # Without the DWARF of -g1 (symbols stay, so backtraces keep their
+  # names): the GPU bundle fell from 53 to 21 MB (xz), the CPU bundle from
+  # 38 to 26 MB (gzip), leaving room beside the tree in one transfer to a
+  # lent machine.
+  if [ "$(head -c 4 "$root/bin/$base" | tail -c 3)" = ELF ]; then strip --strip-debug "$root/bin/$base"; fi
   while read -r soname path; do
     if [ "$soname" = MISSING ]; then
       echo "make_bundle: $base needs $path, which is not installed" >&2
