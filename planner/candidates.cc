@@ -142,9 +142,10 @@ void CandidateMaker::Balanced(CandidateSplits& out) {
 void CandidateMaker::RampedPadded(int dp_count, CandidateSplits& out) {
   const int S = config_.pp;
   Scored scored;
+  RampedRunMaker runs(samples_, order_, config_.dp, costs_, r_, config_.round_multiple);
   for (const Ramp& ramp : Ramps()) {
     for (const int m : {dp_count + std::max(1, S / 2), dp_count + S}) {  // a ramp needs more than the DP's count
-      std::vector<MicroBatch> mbs = RampedRuns(samples_, order_, config_.dp, m, ramp, costs_, r_, config_.round_multiple);
+      std::vector<MicroBatch> mbs = runs.Make(m, ramp);
       if (!mbs.empty()) Score(std::move(mbs), scored, out);  // empty: too few samples per group, or one fits nowhere
     }
   }

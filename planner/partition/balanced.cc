@@ -319,10 +319,12 @@ std::vector<int> CutRuns(const RunShapes& shapes, std::span<const double> target
 }
 
 // `order` dealt to `groups` by each sample's own padded cost: heaviest first
-// onto the lightest group, each group's members kept in `order`'s order.
-// Empty when a lone sample has no cost (out of the model's range).
+// onto the lightest group, each group's members kept in `order`'s order,
+// and each group's costs summed in that order into `lone`. Empty when a
+// lone sample has no cost (out of the model's range).
 std::vector<std::vector<int>> GroupsByCost(std::span<const Sample> samples, std::span<const int> order, int groups,
-                                           ShapeCosts& costs, Recompute r, int round_multiple) {
+                                           ShapeCosts& costs, Recompute r, int round_multiple,
+                                           std::vector<double>& lone) {
   const bool ed = costs.model().encoder_decoder();
   const int n = static_cast<int>(order.size());
   std::vector<double> cost(n);
@@ -342,7 +344,11 @@ std::vector<std::vector<int>> GroupsByCost(std::span<const Sample> samples, std:
     load[g] += cost[k];
   }
   std::vector<std::vector<int>> of_group(groups);
-  for (int k = 0; k < n; ++k) of_group[group_of[k]].push_back(order[k]);
+  lone.assign(groups, 0);
+  for (int k = 0; k < n; ++k) {
+    of_group[group_of[k]].push_back(order[k]);
+    lone[group_of[k]] += cost[k];
+  }
   return of_group;
 }
 
@@ -351,9 +357,22 @@ std::vector<std::vector<int>> GroupsByCost(std::span<const Sample> samples, std:
 std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<const int> order, int groups,
                                    int per_group, const Ramp& ramp, ShapeCosts& costs, Recompute r,
                                    int round_multiple) {
+  return RampedRunMaker(samples, order, groups, costs, r, round_multiple).Make(per_group, ramp);
+}
+
+RampedRunMaker::RampedRunMaker(std::span<const Sample> samples, std::span<const int> order, int groups,
+                               ShapeCosts& costs, Recompute r, int round_multiple)
+    : samples_(samples), costs_(costs), r_(r), round_multiple_(round_multiple) {
+  of_group_ = GroupsByCost(samples, order, groups, costs, r, round_multiple, lone_);
+}
+
+std::vector<MicroBatch> RampedRunMaker::Make(int per_group, const Ramp& ramp) {
+  if (of_group_.empty()) return {};
+  const std::span<const Sample> samples = samples_;
+  ShapeCosts& costs = costs_;
+  const Recompute r = r_;
+  const int round_multiple = round_multiple_, groups = static_cast<int>(of_group_.size());
   const bool ed = costs.model().encoder_decoder();
-  std::vector<std::vector<int>> of_group = GroupsByCost(samples, order, groups, costs, r, round_multiple);
-  if (of_group.empty()) return {};
   // Runs are cut along the order with targets ascending (the cheapest on the
   // shortest samples); run k then takes the position of the k-th lightest
   // target in the execution order, later positions first among equal
@@ -370,18 +389,13 @@ std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<co
   std::sort(target.begin(), target.end());
   std::vector<MicroBatch> out;
   for (int g = 0; g < groups; ++g) {
-    const std::vector<int>& mine = of_group[g];
+    const std::vector<int>& mine = of_group_[g];
     if (static_cast<int>(mine.size()) < per_group) return {};
     // The smallest unit whose runs cover the group, by bisection from the
     // unit at which the samples' lone costs would meet the targets (runs
     // cost less than their samples alone, so it nearly always covers).
     const RunShapes shapes(samples, mine, round_multiple, ed);
-    double lone = 0;
-    for (int i = 0; i < shapes.size(); ++i) {
-      auto t = costs.Time(shapes.Of(i, i + 1), r);
-      if (t.ok()) lone += t->time_ms;
-    }
-    double hi = std::max(1e-9, lone / std::accumulate(target.begin(), target.end(), 0.0));
+    double hi = std::max(1e-9, lone_[g] / std::accumulate(target.begin(), target.end(), 0.0));
     std::vector<int> ends;
     for (int i = 0; i < 60 && (ends = CutRuns(shapes, target, hi, costs, r)).empty(); ++i) {
       hi *= 2;

@@ -91,6 +91,24 @@ std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<co
                                    int per_group, const Ramp& ramp, ShapeCosts& costs, Recompute r,
                                    int round_multiple);
 
+// RampedRuns for several counts and ramps of one batch: the samples are
+// dealt to groups and priced alone once, then cut for each (the same
+// micro-batches as RampedRuns). `samples`, `order` and `costs` must outlive it.
+class RampedRunMaker {
+ public:
+  RampedRunMaker(std::span<const Sample> samples, std::span<const int> order, int groups, ShapeCosts& costs,
+                 Recompute r, int round_multiple);
+  std::vector<MicroBatch> Make(int per_group, const Ramp& ramp);
+
+ private:
+  std::span<const Sample> samples_;
+  ShapeCosts& costs_;
+  Recompute r_;
+  int round_multiple_;
+  std::vector<std::vector<int>> of_group_;  // empty: a sample has no cost
+  std::vector<double> lone_;                // per group: its samples' own costs summed
+};
+
 // Megatron-Core's balanced THD packing: samples dealt to data-parallel groups
 // by tokens (longest first onto the group with fewest tokens), then each
 // group's samples packed first-fit-decreasing into rows of row_len, `rows`

@@ -197,6 +197,36 @@ TEST_CASE("RampedRuns: contiguous runs of similar lengths per group, the cheapes
   }
 }
 
+TEST_CASE("RampedRunMaker: one maker cuts every count and ramp as RampedRuns does afresh") {
+  ShapeCosts costs(Pipeline(false));
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 4; ++trial) {
+    const auto s = Samples(rng, 140, 2048, false);
+    const std::vector<int> order = OrderSamples(s, false, 1);
+    const int groups = 1 + trial % 3;
+    RampedRunMaker maker(s, order, groups, costs, Recompute::kNone, 8);
+    int compared = 0;
+    for (const Ramp& ramp : {Ramp{0.5, 2, 4}, Ramp{0.1, 3, 6}, Ramp{0.25, 1}}) {
+      for (int per_group : {4, 7, 11}) {
+        const auto made = maker.Make(per_group, ramp);
+        const auto fresh = RampedRuns(s, order, groups, per_group, ramp, costs, Recompute::kNone, 8);
+        REQUIRE(made.size() == fresh.size());
+        for (size_t i = 0; i < made.size(); ++i) {
+          CHECK(made[i].group == fresh[i].group);
+          CHECK(made[i].shape.mbs == fresh[i].shape.mbs);
+          CHECK(made[i].shape.seq == fresh[i].shape.seq);
+          REQUIRE(made[i].samples.size() == fresh[i].samples.size());
+          for (size_t k = 0; k < made[i].samples.size(); ++k) {
+            CHECK(made[i].samples[k].sample == fresh[i].samples[k].sample);
+          }
+        }
+        compared += made.empty() ? 0 : 1;
+      }
+    }
+    CHECK(compared == 9);
+  }
+}
+
 TEST_CASE("RampedRuns: groups balanced by padded cost, the heaviest run first after the fill, lighter to the end") {
   ShapeCosts costs(Pipeline(false));
   std::mt19937 rng(6);
