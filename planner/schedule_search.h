@@ -76,8 +76,9 @@ double MakespanLowerBound(const GroupCosts& costs, const PipelineModel& pm);
 double OrderLowerBound(const PipelineTimes& t, std::span<const int> order);
 
 // The orders SearchSchedule tries on one group's simulator inputs, each with
-// its OrderLowerBound: made once per group, they bound the group before its
-// search (a split whose bound cannot win is not searched) and order it.
+// its OrderLowerBound: made once per group, they give the group's chain
+// bound before any search (a split whose bound cannot win is not searched)
+// and are then searched in.
 struct SearchOrders {
   std::vector<std::vector<int>> orders;
   std::vector<double> bounds;  // OrderLowerBound of each order

@@ -93,7 +93,7 @@ std::vector<MicroBatch> RampedRuns(std::span<const Sample> samples, std::span<co
 
 // RampedRuns for several counts and ramps of one batch: the samples are
 // dealt to groups and priced alone once, then cut for each (the same
-// micro-batches as RampedRuns). `samples`, `order` and `costs` must outlive it.
+// micro-batches as RampedRuns). `samples` and `costs` must outlive it.
 class RampedRunMaker {
  public:
   RampedRunMaker(std::span<const Sample> samples, std::span<const int> order, int groups, ShapeCosts& costs,
