@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 #include "src/common/status_macros.h"
 
 namespace dynapipe::planner::service {
@@ -9,6 +11,10 @@ namespace dynapipe::planner::service {
 absl::StatusOr<std::shared_ptr<const JobRuntime>> JobRuntimes::Get(const std::string& job) {
   if (auto rt = Loaded(job)) return rt;
   ASSIGN_OR_RETURN(const proto::JobStatus status, store_->GetJob(job));
+  if (store::IsTerminal(status.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job, " has ended (", proto::JobState::Value_Name(status.state()), ")"));
+  }
   // A stored spec is normalised where it is loaded (a planner of another
   // version may have stored it).
   ASSIGN_OR_RETURN(const spec::NormalizedJobSpec spec, spec::NormalizedJobSpec::Normalize(status.spec()));

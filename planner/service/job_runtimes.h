@@ -20,6 +20,8 @@ class JobRuntimes {
   JobRuntimes(store::PlanStore* store, std::string data_root) : store_(store), data_root_(std::move(data_root)) {}
 
   // The job's runtime, built from the store's spec if not loaded.
+  // FAILED_PRECONDITION for a job that ended (none is built: a job cancelled
+  // after its state was read is not loaded again).
   absl::StatusOr<std::shared_ptr<const JobRuntime>> Get(const std::string& job);
   // Keeps `rt` as job's runtime (built for its submission) unless one is loaded.
   void Adopt(const std::string& job, std::shared_ptr<const JobRuntime> rt);

@@ -345,9 +345,11 @@ TEST_CASE("Ended jobs release the planning state this process holds") {
     ids.push_back(*id);
   }
   svc.Start();
-  // The gauge as last read: read again after the loop, it can show a job
+  // The gauge as last read: read again after the loop, it could show a job
   // the planning loop loaded again between its check of the job's state and
-  // the cancel, which the next sweep releases (seen once on 2026-11-29).
+  // the cancel, until the next sweep (seen once on 2026-11-29). Since
+  // 2026-11-30 a job read as ended is not loaded (JobRuntimes::Get), which
+  // leaves only a cancel between that read and the load.
   auto wait_for = [&](double want) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     double loaded = Gauge(svc.MetricsText(), "dynapipe_jobs_loaded");

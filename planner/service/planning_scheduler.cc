@@ -66,6 +66,8 @@ bool PlanningScheduler::ClaimWork(std::string* job, int64_t* iteration, std::sha
         (void)store_->ReleaseLease(id, i, options_.owner);
         const auto code = runtime.status().code();
         if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) continue;
+        // Ended since its state was read above (cancelled, say): nothing to plan.
+        if (auto now = store_->GetJob(id); now.ok() && store::IsTerminal(now->state())) break;
         spdlog::error("job {}: {}", id, runtime.status().message());
         (void)store_->SetJobState(id, proto::JobState::failed, std::string(runtime.status().message()), NowMs());
         continue;

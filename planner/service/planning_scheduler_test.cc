@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <random>
 #include <thread>
 
@@ -115,6 +116,42 @@ TEST_CASE("A job whose data cannot be read fails, naming the field", "[scheduler
   ASSIGN_OR_REQUIRE(const proto::JobStatus st, store.GetJob(job));
   CHECK_THAT(st.error(), Contains("dataset.path"));
   CHECK_FALSE(Planned(store, job, 0));
+}
+
+TEST_CASE("A job that ended is not loaded again", "[scheduler]") {
+  store::MemoryPlanStore store;
+  ASSIGN_OR_REQUIRE(const std::string job, store.CreateJob(Job(LengthsFile()), 0, 0));
+  JobRuntimes runtimes(&store, "/");
+  REQUIRE_OK(store.SetJobState(job, proto::JobState::cancelled, "", 0).status());
+  auto rt = runtimes.Get(job);
+  REQUIRE(rt.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(rt.status().message()), Contains("has ended (cancelled)"));
+  CHECK(runtimes.size() == 0);
+}
+
+// Cancels a job right after the first read of it: the scheduler then finds it
+// running, leases an iteration and only meets the cancel when it loads it.
+class CancelsAfterFirstRead : public store::MemoryPlanStore {
+ public:
+  absl::StatusOr<proto::JobStatus> GetJob(const std::string& job) override {
+    auto status = MemoryPlanStore::GetJob(job);
+    if (status.ok() && reads_++ == 0) (void)SetJobState(job, proto::JobState::cancelled, "", 0);
+    return status;
+  }
+
+ private:
+  std::atomic<int> reads_{0};
+};
+
+TEST_CASE("A job cancelled while the scheduler claims it is neither loaded nor planned", "[scheduler]") {
+  CancelsAfterFirstRead store;
+  ASSIGN_OR_REQUIRE(const std::string job, store.CreateJob(Job(LengthsFile()), 0, 0));
+  Scheduling s(&store);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // some 15 scheduler passes
+  ASSIGN_OR_REQUIRE(const proto::JobStatus st, store.GetJob(job));
+  CHECK(st.state() == proto::JobState::cancelled);
+  CHECK_FALSE(Planned(store, job, 0));
+  CHECK(s.runtimes.size() == 0);
 }
 
 }  // namespace
