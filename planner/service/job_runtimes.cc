@@ -3,7 +3,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
 #include "src/common/status_macros.h"
 
 namespace dynapipe::planner::service {
