@@ -126,17 +126,17 @@ PassFit FitPass(std::span<const IterationSamples* const> window, bool backward, 
     }
   }
   if (p.rows() == 0) return prior;
-  // What the data cannot tell apart keeps the base model's shape, scaled to
-  // the measured total. The size term is pulled toward what earlier fits
-  // learned, as a tie-breaker only: once plans settle on one size, the
-  // window no longer shows how a token's cost grows with it, and the term
-  // falls to about 0 (a measured shape is kept whole instead, above).
   const double scale = base > 0 ? measured / base : 1.0;
   if (!shape) {
     const double prior_w[2] = {fitted ? prior.scale : scale, fitted ? prior.micro_batch_ms : 0};
     const std::vector<double> w = SolveNnls(p, prior_w, fitted ? std::max(ridge, kLevelRidge) : ridge);
     return {.scale = w[0], .micro_batch_ms = w[1]};
   }
+  // What the data cannot tell apart keeps the base model's shape, scaled to
+  // the measured total. The size term is pulled toward what earlier fits
+  // learned, as a tie-breaker only: once plans settle on one size, the
+  // window no longer shows how a token's cost grows with it, and the term
+  // falls to about 0 (a measured shape is kept whole instead, above).
   const double prior_w[5] = {scale, 0, 0, 0, prior.size_ms};
   const std::vector<double> w = SolveNnls(p, prior_w, ridge);
   return {w[0], w[1], w[2], w[3], w[4]};

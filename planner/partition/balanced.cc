@@ -366,13 +366,9 @@ RampedRunMaker::RampedRunMaker(std::span<const Sample> samples, std::span<const 
   of_group_ = GroupsByCost(samples, order, groups, costs, r, round_multiple, lone_);
 }
 
-std::vector<MicroBatch> RampedRunMaker::Make(int per_group, const Ramp& ramp) {
+std::vector<MicroBatch> RampedRunMaker::Make(int per_group, const Ramp& ramp) const {
   if (of_group_.empty()) return {};
-  const std::span<const Sample> samples = samples_;
-  ShapeCosts& costs = costs_;
-  const Recompute r = r_;
-  const int round_multiple = round_multiple_, groups = static_cast<int>(of_group_.size());
-  const bool ed = costs.model().encoder_decoder();
+  const bool ed = costs_.model().encoder_decoder();
   // Runs are cut along the order with targets ascending (the cheapest on the
   // shortest samples); run k then takes the position of the k-th lightest
   // target in the execution order, later positions first among equal
@@ -388,30 +384,30 @@ std::vector<MicroBatch> RampedRunMaker::Make(int per_group, const Ramp& ramp) {
   std::vector<double> target(in_order);
   std::sort(target.begin(), target.end());
   std::vector<MicroBatch> out;
-  for (int g = 0; g < groups; ++g) {
+  for (size_t g = 0; g < of_group_.size(); ++g) {
     const std::vector<int>& mine = of_group_[g];
     if (static_cast<int>(mine.size()) < per_group) return {};
     // The smallest unit whose runs cover the group, by bisection from the
     // unit at which the samples' lone costs would meet the targets (runs
     // cost less than their samples alone, so it nearly always covers).
-    const RunShapes shapes(samples, mine, round_multiple, ed);
+    const RunShapes shapes(samples_, mine, round_multiple_, ed);
     double hi = std::max(1e-9, lone_[g] / std::accumulate(target.begin(), target.end(), 0.0));
     std::vector<int> ends;
-    for (int i = 0; i < 60 && (ends = CutRuns(shapes, target, hi, costs, r)).empty(); ++i) {
+    for (int i = 0; i < 60 && (ends = CutRuns(shapes, target, hi, costs_, r_)).empty(); ++i) {
       hi *= 2;
     }
     if (ends.empty()) return {};
     // Halve while the runs still cover: the unit then lies in (lo, 2 lo].
     double lo = hi / 2;
     for (int i = 0; i < 60; ++i, lo /= 2) {
-      std::vector<int> e = CutRuns(shapes, target, lo, costs, r);
+      std::vector<int> e = CutRuns(shapes, target, lo, costs_, r_);
       if (e.empty()) break;
       hi = lo;
       ends = std::move(e);
     }
     for (int i = 0; i < 6; ++i) {  // within 2^-6 of the bracket, under 2% of the unit
       const double mid = 0.5 * (lo + hi);
-      std::vector<int> e = CutRuns(shapes, target, mid, costs, r);
+      std::vector<int> e = CutRuns(shapes, target, mid, costs_, r_);
       if (e.empty()) {
         lo = mid;
       } else {
@@ -419,12 +415,12 @@ std::vector<MicroBatch> RampedRunMaker::Make(int per_group, const Ramp& ramp) {
         ends = std::move(e);
       }
     }
-    std::vector<MicroBatch> runs = FromSplit(samples, mine, ends, round_multiple, ed);
+    std::vector<MicroBatch> runs = FromSplit(samples_, mine, ends, round_multiple_, ed);
     std::vector<MicroBatch> placed(per_group);
     for (size_t k = 0; k < runs.size(); ++k) placed[position[k]] = std::move(runs[k]);
     for (MicroBatch& mb : placed) {
       if (mb.samples.empty()) continue;  // fewer runs than targets covered the group
-      mb.group = g;
+      mb.group = static_cast<int>(g);
       out.push_back(std::move(mb));
     }
   }

@@ -98,7 +98,8 @@ class RampedRunMaker {
  public:
   RampedRunMaker(std::span<const Sample> samples, std::span<const int> order, int groups, ShapeCosts& costs,
                  Recompute r, int round_multiple);
-  std::vector<MicroBatch> Make(int per_group, const Ramp& ramp);
+  // `per_group` runs per group under `ramp`, as RampedRuns makes them.
+  std::vector<MicroBatch> Make(int per_group, const Ramp& ramp) const;
 
  private:
   std::span<const Sample> samples_;
