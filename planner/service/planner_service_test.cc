@@ -345,11 +345,9 @@ TEST_CASE("Ended jobs release the planning state this process holds") {
     ids.push_back(*id);
   }
   svc.Start();
-  // The gauge as last read: read again after the loop, it could show a job
-  // the planning loop loaded again between its check of the job's state and
-  // the cancel, until the next sweep (seen once on 2026-11-29). Since
-  // 2026-11-30 a job read as ended is not loaded (JobRuntimes::Get), which
-  // leaves only a cancel between that read and the load.
+  // The gauge as last read: a job cancelled between the loader's read of
+  // its state and the load is loaded once more, until the next sweep (a
+  // job read as ended is not loaded: JobRuntimes::Get).
   auto wait_for = [&](double want) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     double loaded = Gauge(svc.MetricsText(), "dynapipe_jobs_loaded");
